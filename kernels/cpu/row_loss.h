@@ -1,0 +1,29 @@
+#ifndef KLSERVE_KERNELS_CPU_ROW_LOSS_H_
+#define KLSERVE_KERNELS_CPU_ROW_LOSS_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "kernels/cpu/row_scratch.h"
+#include "kernels/cpu/row_target.h"
+#include "kernels/cpu/row_validity.h"
+#include "kernels/loss_accumulator.h"
+#include "kernels/problem.h"
+
+namespace klserve::cpu {
+
+// Row r's KL, diagnostics and gradient, given its validity and target. Reads
+// and checks the scores row (NaN or +inf anywhere; a valid row needs a finite
+// score at some valid slot; EXACT needs a finite score wherever p > 0).
+// When `grad` is given it receives grad_scale * dKL/dI on all K slots (0 on
+// invalid slots and for rows without a KL).
+absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& problem,
+                                         const RowData& data, int64_t r,
+                                         const RowValidity& validity,
+                                         const RowTarget& target,
+                                         float grad_scale, float* grad,
+                                         RowScratch& scratch);
+
+}  // namespace klserve::cpu
+
+#endif  // KLSERVE_KERNELS_CPU_ROW_LOSS_H_

@@ -1,0 +1,86 @@
+#include "kernels/cpu/row_target.h"
+
+#include "kernels/cpu/row_convert.h"
+#include "kernels/cpu/row_passes.h"
+#include "kernels/value_errors.h"
+
+namespace klserve::cpu {
+namespace {
+
+absl::StatusOr<RowTarget> LoadWeights(const IndexerKlProblem& p,
+                                      const RowData& data, int64_t r,
+                                      const RowValidity& v,
+                                      RowScratch& scratch) {
+  const float* x = FloatRow(data.target.dtype, data.target.Row(r, p.T), p.K,
+                            scratch.target.data());
+  // Zero the invalid slots into scratch only when some slot below the limit
+  // is invalid; otherwise w is the row itself.
+  float* copy = v.bytes != nullptr ? scratch.w.data() : nullptr;
+  const ScanResult scan =
+      v.bytes != nullptr ? ScanWeights<true>(x, p.K, v.limit, v.bytes, copy)
+                         : ScanWeights<false>(x, p.K, v.limit, nullptr, copy);
+  if (scan.any_bad) {
+    const int64_t j = FirstBadValue(x, p.K, /*weights=*/true);
+    return ValueError("attention_weights",
+                      "weights must be finite and >= 0",
+                      DescribeValue(x[j]), {r / p.T, r % p.T, j});
+  }
+  RowTarget target;
+  target.w = copy != nullptr ? copy : x;
+  target.zero = v.count > 0 && scan.sum == 0;
+  target.z = p.options.flavor == Flavor::kMaxText ? scan.sum + kMaxTextEpsilon
+                                                  : scan.sum;
+  return target;
+}
+
+absl::StatusOr<RowTarget> LoadPerHead(const IndexerKlProblem& p,
+                                      const RowData& data, int64_t r,
+                                      const RowValidity& v,
+                                      RowScratch& scratch) {
+  const float scale = p.options.softmax_scale;
+  for (int64_t h = 0; h < p.H; ++h) {
+    const float* x = FloatRow(data.target.dtype, data.target.Row(r, p.T, h),
+                              p.K, scratch.target.data());
+    const ScanResult scan =
+        v.bytes != nullptr ? ScanLogits<true>(x, p.K, v.limit, v.bytes)
+                           : ScanLogits<false>(x, p.K, v.limit, nullptr);
+    if (scan.any_bad) {
+      const int64_t j = FirstBadValue(x, p.K, /*weights=*/false);
+      return ValueError("attention_logits", "logits must not be NaN or +inf",
+                        DescribeValue(x[j]), {r / p.T, h, r % p.T, j});
+    }
+    if (v.count == 0) continue;  // fully masked: checks only
+    if (scan.max == -kInf) {
+      return ValueError("attention_logits",
+                        "a head needs a finite logit at some valid key",
+                        "-inf at every valid key", {r / p.T, h, r % p.T});
+    }
+    // P_h = softmax(scale * x) over valid slots; w accumulates sum_h P_h.
+    const double sum =
+        v.bytes != nullptr
+            ? ExpRow<true>(x, v.limit, v.bytes, scan.max, scale,
+                           scratch.e.data(), nullptr)
+            : ExpRow<false>(x, v.limit, nullptr, scan.max, scale,
+                            scratch.e.data(), nullptr);
+    AccumulateHead(scratch.w.data(), scratch.e.data(),
+                   static_cast<float>(1.0 / sum), v.limit, h == 0);
+  }
+  RowTarget target;
+  target.w = scratch.w.data();
+  target.z = p.options.flavor == Flavor::kMaxText
+                 ? static_cast<double>(p.H) + kMaxTextEpsilon
+                 : static_cast<double>(p.H);
+  return target;
+}
+
+}  // namespace
+
+absl::StatusOr<RowTarget> LoadRowTarget(const IndexerKlProblem& problem,
+                                        const RowData& data, int64_t r,
+                                        const RowValidity& validity,
+                                        RowScratch& scratch) {
+  return problem.per_head ? LoadPerHead(problem, data, r, validity, scratch)
+                          : LoadWeights(problem, data, r, validity, scratch);
+}
+
+}  // namespace klserve::cpu

@@ -1,0 +1,121 @@
+#include "kernels/cpu/row_validity.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/value_errors.h"
+
+namespace klserve::cpu {
+namespace {
+
+int32_t LoadInt32(const std::byte* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Per-key rules of row (b, t) other than causality, for key s.
+struct KeyRules {
+  const std::byte* segment_kv = nullptr;  // row b of segment_ids_kv
+  int32_t segment_q = 0;
+  const std::byte* key_padding = nullptr;  // row b of key_padding_mask
+  const std::byte* mask = nullptr;         // row (b, t) of attention_mask
+
+  bool Allows(int64_t s) const {
+    if (segment_kv != nullptr) {
+      const int32_t id = LoadInt32(segment_kv + 4 * s);
+      if (id < 0 || id != segment_q) return false;
+    }
+    if (key_padding != nullptr && key_padding[s] == std::byte{0}) return false;
+    if (mask != nullptr && mask[s] == std::byte{0}) return false;
+    return true;
+  }
+};
+
+KeyRules RulesOf(const IndexerKlProblem& p, const RowData& data, int64_t r) {
+  const int64_t b = r / p.T, t = r % p.T;
+  KeyRules rules;
+  if (p.segment_ids_q != nullptr) {
+    rules.segment_q = LoadInt32(p.segment_ids_q + 4 * (b * p.T + t));
+    rules.segment_kv = p.segment_ids_kv + 4 * b * p.S;
+  }
+  if (p.key_padding_mask != nullptr) {
+    rules.key_padding = p.key_padding_mask + b * p.S;
+  }
+  if (data.mask.present()) rules.mask = data.mask.Row(r, p.T);
+  return rules;
+}
+
+}  // namespace
+
+absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
+                                             const RowData& data, int64_t r,
+                                             RowScratch& scratch) {
+  const int64_t t = r % p.T;
+  // Keys at or past `causal_end` lie in the query's future.
+  const int64_t causal_end =
+      p.options.causal ? std::clamp<int64_t>(t + p.q_offset + 1, 0, p.S) : p.S;
+  const KeyRules rules = RulesOf(p, data, r);
+  uint8_t* bytes = scratch.valid.data();
+  RowValidity validity;
+
+  if (!p.sparse) {
+    validity.limit = causal_end;
+    if (!p.has_row_mask()) {
+      validity.count = causal_end;
+      return validity;
+    }
+    // One simple loop per rule, so that each vectorises.
+    std::memset(bytes, 1, causal_end);
+    if (rules.segment_kv != nullptr) {
+      for (int64_t s = 0; s < causal_end; ++s) {
+        const int32_t id = LoadInt32(rules.segment_kv + 4 * s);
+        bytes[s] &= (id >= 0) & (id == rules.segment_q);
+      }
+    }
+    if (rules.key_padding != nullptr) {
+      for (int64_t s = 0; s < causal_end; ++s) {
+        bytes[s] &= rules.key_padding[s] != std::byte{0};
+      }
+    }
+    if (rules.mask != nullptr) {
+      for (int64_t s = 0; s < causal_end; ++s) {
+        bytes[s] &= rules.mask[s] != std::byte{0};
+      }
+    }
+    int64_t count = 0;
+    for (int64_t s = 0; s < causal_end; ++s) count += bytes[s];
+    validity.bytes = bytes;
+    validity.count = count;
+    return validity;
+  }
+
+  const std::byte* indices = data.indices.Row(r, p.T);
+  const uint32_t stamp = static_cast<uint32_t>(r) + 1;
+  int64_t count = 0;
+  for (int64_t j = 0; j < p.K; ++j) {
+    const int32_t key = LoadInt32(indices + 4 * j);
+    bytes[j] = 0;
+    if (key == -1) continue;  // empty slot
+    if (key < 0 || key >= p.S) {
+      return ValueError("topk_indices",
+                        absl::StrCat("an index must be -1 or in [0, S=", p.S,
+                                     ")"),
+                        absl::StrCat(key), {r / p.T, t, j});
+    }
+    if (scratch.seen[key] == stamp) {
+      return ValueError("topk_indices", "a key may appear once per row",
+                        absl::StrCat("key ", key, " again"), {r / p.T, t, j});
+    }
+    scratch.seen[key] = stamp;
+    bytes[j] = key < causal_end && rules.Allows(key);
+    count += bytes[j];
+  }
+  validity.limit = p.K;
+  validity.bytes = bytes;
+  validity.count = count;
+  return validity;
+}
+
+}  // namespace klserve::cpu

@@ -1,0 +1,29 @@
+#ifndef KLSERVE_KERNELS_CPU_ROW_VALIDITY_H_
+#define KLSERVE_KERNELS_CPU_ROW_VALIDITY_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/row_scratch.h"
+#include "kernels/problem.h"
+
+namespace klserve::cpu {
+
+// Which slots of one row may be used: those below `limit` whose byte in
+// `bytes` is nonzero, or all below `limit` when `bytes` is null.
+struct RowValidity {
+  int64_t limit = 0;
+  const uint8_t* bytes = nullptr;
+  int64_t count = 0;  // valid slots
+};
+
+// The mask of row r from every mask the problem carries. In the sparse stage
+// it also checks the row's indices: each is -1 or in [0, S), and no key is
+// named twice (INVALID_ARGUMENT otherwise).
+absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& problem,
+                                             const RowData& data, int64_t r,
+                                             RowScratch& scratch);
+
+}  // namespace klserve::cpu
+
+#endif  // KLSERVE_KERNELS_CPU_ROW_VALIDITY_H_

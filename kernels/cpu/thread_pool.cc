@@ -1,0 +1,66 @@
+#include "kernels/cpu/thread_pool.h"
+
+#include <algorithm>
+
+namespace klserve::cpu {
+
+ThreadPool::ThreadPool(int num_threads) {
+  if (num_threads <= 0) {
+    num_threads = std::max(1u, std::thread::hardware_concurrency());
+  }
+  workers_.reserve(num_threads - 1);
+  for (int i = 1; i < num_threads; ++i) {
+    workers_.emplace_back([this] { WorkerLoop(); });
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& worker : workers_) worker.join();
+}
+
+void ThreadPool::RunTasks(Job& job) {
+  while (job.next < job.n) {
+    const int64_t index = job.next++;
+    if (job.next == job.n) {
+      // Nothing left to hand out: stop offering the job to other workers.
+      jobs_.erase(std::find(jobs_.begin(), jobs_.end(), &job));
+    }
+    mu_.Unlock();
+    job.task(index);
+    mu_.Lock();
+    ++job.finished;
+  }
+}
+
+void ThreadPool::WorkerLoop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    mu_.Await(absl::Condition(
+        +[](ThreadPool* pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return pool->stopping_ || !pool->jobs_.empty();
+        },
+        this));
+    if (jobs_.empty()) return;  // stopping and nothing left
+    RunTasks(*jobs_.front());
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> task) {
+  if (n <= 1 || workers_.empty()) {
+    for (int64_t i = 0; i < n; ++i) task(i);
+    return;
+  }
+  Job job{task, n};
+  absl::MutexLock lock(&mu_);
+  jobs_.push_back(&job);
+  RunTasks(job);
+  // Other threads may still run tasks of this job; it lives on our stack.
+  mu_.Await(absl::Condition(
+      +[](Job* j) { return j->finished == j->n; }, &job));
+}
+
+}  // namespace klserve::cpu

@@ -1,0 +1,51 @@
+#ifndef KLSERVE_KERNELS_CPU_THREAD_POOL_H_
+#define KLSERVE_KERNELS_CPU_THREAD_POOL_H_
+
+#include <cstdint>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/synchronization/mutex.h"
+
+namespace klserve::cpu {
+
+// A fixed set of threads created once. ParallelFor runs tasks 0..n-1 on the
+// pool and on the calling thread, and returns when all are done. Several
+// threads may call ParallelFor at once; their tasks share the workers.
+class ThreadPool {
+ public:
+  // num_threads <= 0 means one per core. The caller counts as one of them,
+  // so num_threads - 1 workers are started.
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> task);
+
+ private:
+  struct Job {
+    absl::FunctionRef<void(int64_t)> task;
+    int64_t n;
+    int64_t next = 0;      // next task index to hand out
+    int64_t finished = 0;  // tasks completed
+  };
+
+  void WorkerLoop();
+  // Runs tasks of `job` until none are left. Called with mu_ held; drops it
+  // while a task runs.
+  void RunTasks(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  std::deque<Job*> jobs_ ABSL_GUARDED_BY(mu_);  // jobs with tasks to hand out
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace klserve::cpu
+
+#endif  // KLSERVE_KERNELS_CPU_THREAD_POOL_H_

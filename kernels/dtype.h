@@ -1,0 +1,24 @@
+#ifndef KLSERVE_KERNELS_DTYPE_H_
+#define KLSERVE_KERNELS_DTYPE_H_
+
+#include <cstdint>
+
+
+namespace klserve {
+
+// Element types a tensor may carry on the wire (little-endian, row-major).
+// BOOL is one byte per element, nonzero meaning true (the KServe v2 layout).
+enum class DType : uint8_t { kFloat32, kBFloat16, kFloat16, kInt32, kBool };
+
+// Bytes per element.
+int64_t DTypeSize(DType dtype);
+
+// Wire name: "FP32", "BF16", "FP16", "INT32", "BOOL".
+const char* DTypeName(DType dtype);
+
+// True for the floating types the loss accepts as inputs.
+bool IsFloatDType(DType dtype);
+
+}  // namespace klserve
+
+#endif  // KLSERVE_KERNELS_DTYPE_H_

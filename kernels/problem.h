@@ -1,0 +1,149 @@
+#ifndef KLSERVE_KERNELS_PROBLEM_H_
+#define KLSERVE_KERNELS_PROBLEM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "kernels/dtype.h"
+#include "kernels/tensor_view.h"
+
+// The indexer KL problem of ../shared/spec/indexer-kl.md: what a caller sends,
+// and the validated description every backend computes from.
+//
+// Letters follow the spec: B batch, T query rows, S keys, H main heads, K
+// top-k slots. A row is one (b, t); rows are numbered r = b * T + t.
+
+namespace klserve {
+
+enum class Flavor : uint8_t { kExact, kMaxText };
+enum class Reduction : uint8_t { kMean, kMeanValid, kSum };
+
+// The tensors of one request. Exactly one of `attention_logits` and
+// `attention_weights` gives the target; `topk_indices` selects the sparse
+// stage, in which every per-row tensor has K slots where the dense stage has
+// S keys.
+struct IndexerKlInputs {
+  // Per-head main-attention logits [B,H,T,S] (sparse: [B,H,T,K]); FP32, BF16
+  // or FP16. -inf means probability 0.
+  std::optional<TensorView> attention_logits;
+  // Head-aggregated target [B,T,S] (sparse: [B,T,K]), entries >= 0.
+  std::optional<TensorView> attention_weights;
+  // Lightning-indexer scores [B,T,S] (sparse: [B,T,K]).
+  TensorView indexer_scores;
+  // Top-k key indices [B,T,K], INT32; -1 marks an empty slot.
+  std::optional<TensorView> topk_indices;
+  // Packed segments: [B,T] and [B,S], INT32, both or neither.
+  std::optional<TensorView> segment_ids_q;
+  std::optional<TensorView> segment_ids_kv;
+  // Explicit mask [B,T,S], BOOL, true = query t may look at key s.
+  std::optional<TensorView> attention_mask;
+  // Key padding [B,S], BOOL, true = key s may be attended.
+  std::optional<TensorView> key_padding_mask;
+  // [B,T], BOOL: rows that count (see the spec's reductions).
+  std::optional<TensorView> row_valid;
+};
+
+struct IndexerKlOptions {
+  bool causal = false;
+  // Query t sits at position t + q_offset; defaults to S - T.
+  std::optional<int64_t> q_offset;
+  // S. Required in the sparse stage (the scores then have K slots, not S
+  // keys); in the dense stage 0 or equal to the scores' last dimension.
+  int64_t num_keys = 0;
+  // Multiplies the per-head logits before their softmax; finite and > 0.
+  float softmax_scale = 1.0f;
+  Flavor flavor = Flavor::kExact;
+  Reduction reduction = Reduction::kMean;
+  // c: the loss and the gradient are multiplied by it. Finite.
+  double scaling_factor = 1.0;
+  bool want_grad = true;
+  DType grad_dtype = DType::kFloat32;  // FP32, BF16 or FP16
+  bool want_row_kl = false;
+  bool want_diagnostics = false;
+  // Top-k recall diagnostic: the k of "target mass on the k keys with the
+  // highest indexer scores". 0 leaves it out; otherwise >= 1.
+  int64_t recall_k = 0;
+};
+
+// Where row r's elements of one per-row tensor live. Element (b, t, h, j) is
+// at data + ((b - b0) * batch_stride + (t - t0) * row_stride
+//            + h * head_stride + j) * DTypeSize(dtype),
+// where (b0, t0) is row `origin_row`. A whole [B,H,T,S] tensor has origin 0,
+// batch_stride H*T*S, row_stride S, head_stride T*S; a block of n consecutive
+// rows laid out [H, n, S] has origin at its first row, batch_stride T*S,
+// row_stride S and head_stride n*S. Strides count elements.
+struct RowView {
+  DType dtype = DType::kFloat32;
+  const std::byte* data = nullptr;
+  int64_t origin_row = 0;
+  int64_t batch_stride = 0;
+  int64_t row_stride = 0;
+  int64_t head_stride = 0;
+
+  bool present() const { return data != nullptr; }
+  // Address of row r's first element of head h; T is the problem's T.
+  const std::byte* Row(int64_t r, int64_t T, int64_t h = 0) const {
+    const int64_t b0 = origin_row / T, t0 = origin_row % T;
+    const int64_t offset = (r / T - b0) * batch_stride +
+                           (r % T - t0) * row_stride + h * head_stride;
+    return data + offset * DTypeSize(dtype);
+  }
+};
+
+// The large per-row tensors of a problem, or of a block of its rows.
+struct RowData {
+  RowView target;     // attention_logits or attention_weights
+  RowView scores;     // indexer_scores
+  RowView indices;    // topk_indices (sparse stage only)
+  RowView mask;       // attention_mask, if given
+};
+
+// A validated problem. Only Create makes one, so every backend may rely on
+// consistent shapes, byte sizes and options. Value rules that need a pass over
+// the data (NaN, infinities, index ranges, duplicate keys) are checked by the
+// backends as they compute, in the same pass, and reported as the same
+// INVALID_ARGUMENT errors.
+class IndexerKlProblem {
+ public:
+  // Checks shapes, dtypes, byte sizes, dimension products and options.
+  // Errors are INVALID_ARGUMENT with a message "<field>: <rule>, got <value>".
+  static absl::StatusOr<IndexerKlProblem> Create(const IndexerKlInputs& inputs,
+                                                 const IndexerKlOptions& options);
+
+  int64_t B = 0, T = 0, S = 0, H = 0;
+  // Slots per row: S in the dense stage, K in the sparse stage.
+  int64_t K = 0;
+  bool sparse = false;
+  bool per_head = false;  // target is attention_logits
+  int64_t q_offset = 0;
+  IndexerKlOptions options;
+
+  // The small per-batch tensors, kept whole (INT32 / BOOL), or null.
+  const std::byte* segment_ids_q = nullptr;   // [B,T]
+  const std::byte* segment_ids_kv = nullptr;  // [B,S]
+  const std::byte* key_padding_mask = nullptr;  // [B,S]
+  const std::byte* row_valid = nullptr;         // [B,T]
+
+  // The whole per-row tensors as sent.
+  RowData rows;
+
+  // N of the spec's reductions when it is known before computing: always,
+  // except for MEAN_VALID without row_valid, where it is the number of rows
+  // the computation finds to have a valid key and a positive target.
+  std::optional<int64_t> denominator;
+
+  int64_t num_rows() const { return B * T; }
+  bool has_row_mask() const {
+    return segment_ids_q != nullptr || key_padding_mask != nullptr ||
+           rows.mask.present();
+  }
+
+ private:
+  IndexerKlProblem() = default;
+};
+
+}  // namespace klserve
+
+#endif  // KLSERVE_KERNELS_PROBLEM_H_
