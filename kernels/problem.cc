@@ -12,9 +12,7 @@
 namespace klserve {
 namespace {
 
-// Row numbers are stored in 32 bits by the sparse duplicate check and S must
-// be addressable by INT32 indices.
-constexpr int64_t kMaxRows = (int64_t{1} << 31) - 1;
+// Keys must be addressable by INT32 indices.
 constexpr int64_t kMaxKeys = (int64_t{1} << 31) - 1;
 constexpr int64_t kMaxQOffset = int64_t{1} << 62;
 
@@ -144,10 +142,6 @@ absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
   p.B = scores.shape[0];
   p.T = scores.shape[1];
   p.K = scores.shape[2];
-  if (p.B * p.T > kMaxRows) {
-    return Invalid("indexer_scores", "B * T must be below 2^31",
-                   ShapeString(scores.shape));
-  }
   if (p.sparse) {
     if (options.num_keys <= 0) {
       return Invalid("num_keys", "must be given (S >= 1) in the sparse stage",

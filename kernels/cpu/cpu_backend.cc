@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/cpu/row_convert.h"
 #include "kernels/cpu/row_loss.h"
+#include "kernels/cpu/row_passes.h"
 #include "kernels/cpu/row_scratch.h"
 #include "kernels/cpu/row_target.h"
 #include "kernels/cpu/row_validity.h"
@@ -55,15 +56,25 @@ bool RowCounts(const IndexerKlProblem& p, int64_t r) {
   return p.row_valid == nullptr || p.row_valid[r] != std::byte{0};
 }
 
+// Row r + 1's target and scores, to be fetched while row r computes.
+cpu::Prefetcher NextRow(const IndexerKlProblem& p, const RowData& data,
+                        int64_t r) {
+  return cpu::Prefetcher(data.target.Row(r + 1, p.T),
+                         data.scores.Row(r + 1, p.T),
+                         p.K * std::max(DTypeSize(data.target.dtype),
+                                        DTypeSize(data.scores.dtype)));
+}
+
 absl::StatusOr<RowResult> ComputeRow(const IndexerKlProblem& p,
                                      const RowData& data, int64_t r,
                                      const BlockOutputs& out,
+                                     cpu::Prefetcher& next,
                                      cpu::RowScratch& scratch) {
   absl::StatusOr<cpu::RowValidity> validity =
       cpu::BuildRowValidity(p, data, r, scratch);
   if (!validity.ok()) return validity.status();
   absl::StatusOr<cpu::RowTarget> target =
-      cpu::LoadRowTarget(p, data, r, *validity, scratch);
+      cpu::LoadRowTarget(p, data, r, *validity, next, scratch);
   if (!target.ok()) return target.status();
 
   std::byte* grad_out = out.grad != nullptr ? GradRow(out, r, p.T) : nullptr;
@@ -72,11 +83,11 @@ absl::StatusOr<RowResult> ComputeRow(const IndexerKlProblem& p,
   if (grad_out != nullptr && counts) {
     grad = cpu::IsDirectFloat(out.grad_dtype, grad_out)
                ? reinterpret_cast<float*>(grad_out)
-               : scratch.grad.data();
+               : scratch.grad();
   }
   absl::StatusOr<RowResult> result = cpu::ComputeRowLoss(
       p, data, r, *validity, *target, static_cast<float>(out.grad_scale), grad,
-      scratch);
+      next, scratch);
   if (!result.ok()) return result;
   if (grad_out != nullptr) {
     if (!counts) {
@@ -108,15 +119,19 @@ absl::Status CpuBackend::ComputeRows(const IndexerKlProblem& p,
     const int64_t begin = rows.begin + n * chunk / chunks;
     const int64_t end = rows.begin + n * (chunk + 1) / chunks;
     if (error.Beyond(begin)) return;
-    cpu::RowScratch scratch(p);
+    cpu::RowScratch& scratch = cpu::RowScratch::ForThisThread(p);
     for (int64_t r = begin; r < end; ++r) {
-      absl::StatusOr<RowResult> result = ComputeRow(p, data, r, out, scratch);
+      cpu::Prefetcher next =
+          r + 1 < end ? NextRow(p, data, r) : cpu::Prefetcher();
+      absl::StatusOr<RowResult> result =
+          ComputeRow(p, data, r, out, next, scratch);
       if (!result.ok()) {
         error.Offer(r, result.status());
         return;
       }
       results[r - rows.begin] = *result;
     }
+    cpu::FinishStreamingStores();
   });
   if (absl::Status status = error.status(); !status.ok()) return status;
 

@@ -19,7 +19,7 @@ bool IsValid(const RowValidity& v, int64_t s) {
 double TopkRecall(const IndexerKlProblem& p, const RowValidity& v,
                   const float* I, const RowTarget& target,
                   RowScratch& scratch) {
-  auto* ranked = scratch.ranked.data();
+  auto* ranked = scratch.ranked();
   int64_t n = 0;
   for (int64_t s = 0; s < v.limit; ++s) {
     if (IsValid(v, s)) ranked[n++] = {I[s], static_cast<int32_t>(s)};
@@ -35,6 +35,21 @@ double TopkRecall(const IndexerKlProblem& p, const RowValidity& v,
   return mass / target.z;
 }
 
+// ScoreTermsRow with its template flags taken from the problem.
+ScoreTerms ComputeScoreTerms(const IndexerKlProblem& p, const RowValidity& v,
+                      const float* w, const float* I, float m, float* e,
+                      Prefetcher& next) {
+  const bool entropy = p.options.want_diagnostics;
+  if (v.bytes != nullptr) {
+    return entropy ? ScoreTermsRow<true, true>(w, I, v.limit, v.bytes, m, e, next)
+                   : ScoreTermsRow<true, false>(w, I, v.limit, v.bytes, m, e,
+                                                next);
+  }
+  return entropy ? ScoreTermsRow<false, true>(w, I, v.limit, nullptr, m, e, next)
+                 : ScoreTermsRow<false, false>(w, I, v.limit, nullptr, m, e,
+                                               next);
+}
+
 }  // namespace
 
 absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& p,
@@ -42,13 +57,14 @@ absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& p,
                                          const RowValidity& v,
                                          const RowTarget& target,
                                          float grad_scale, float* grad,
+                                         Prefetcher& next,
                                          RowScratch& scratch) {
   const int64_t b = r / p.T, t = r % p.T;
   const float* I = FloatRow(data.scores.dtype, data.scores.Row(r, p.T), p.K,
-                            scratch.scores.data());
+                            scratch.scores());
   const ScanResult scan =
-      v.bytes != nullptr ? ScanLogits<true>(I, p.K, v.limit, v.bytes)
-                         : ScanLogits<false>(I, p.K, v.limit, nullptr);
+      v.bytes != nullptr ? ScanLogits<true>(I, p.K, v.limit, v.bytes, next)
+                         : ScanLogits<false>(I, p.K, v.limit, nullptr, next);
   if (scan.any_bad) {
     const int64_t j = FirstBadValue(I, p.K, /*weights=*/false);
     return ValueError("indexer_scores", "scores must not be NaN or +inf",
@@ -69,16 +85,9 @@ absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& p,
     return result;
   }
 
-  const bool diagnostics = p.options.want_diagnostics;
   const float m = scan.max;
-  double e_dot_x = 0;
-  const double l =
-      v.bytes != nullptr
-          ? ExpRow<true>(I, v.limit, v.bytes, m, 1.0f, scratch.e.data(),
-                         diagnostics ? &e_dot_x : nullptr)
-          : ExpRow<false>(I, v.limit, nullptr, m, 1.0f, scratch.e.data(),
-                          diagnostics ? &e_dot_x : nullptr);
-  const TargetTerms terms = TargetTermsRow(target.w, I, v.limit);
+  const ScoreTerms terms = ComputeScoreTerms(p, v, target.w, I, m, scratch.e(), next);
+  const double l = terms.sum_e;
   const bool exact = p.options.flavor == Flavor::kExact;
   if (exact && terms.mass_on_minus_inf) {
     int64_t j = 0;
@@ -104,23 +113,23 @@ absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& p,
                  (terms.sum_w_scores - m * terms.sum_w) + terms.sum_w * log_l) /
                 target.z;
   } else {
-    maxtext = MaxTextTermsRow(scratch.e.data(), target.w, inv_l, inv_z,
+    maxtext = MaxTextTermsRow(scratch.e(), target.w, inv_l, inv_z,
                               v.limit);
     result.kl = maxtext.kl;
   }
-  if (diagnostics) {
+  if (p.options.want_diagnostics) {
     result.entropy_p = (terms.sum_w * log_z - sum_w_log_w) / target.z;
-    result.entropy_q = log_l - e_dot_x / l;
+    result.entropy_q = log_l - terms.sum_e_shifted / l;
     if (p.options.recall_k > 0) {
       result.recall = TopkRecall(p, v, I, target, scratch);
     }
   }
   if (grad != nullptr) {
     if (exact) {
-      ExactGradRow(scratch.e.data(), target.w, inv_l, inv_z, grad_scale,
+      ExactGradRow(scratch.e(), target.w, inv_l, inv_z, grad_scale,
                    v.limit, grad);
     } else {
-      MaxTextGradRow(scratch.e.data(), target.w, inv_l, inv_z,
+      MaxTextGradRow(scratch.e(), target.w, inv_l, inv_z,
                      static_cast<float>(maxtext.sum_qg), grad_scale, v.limit,
                      grad);
     }

@@ -40,6 +40,31 @@ inline VecI ValidLanes(const uint8_t* valid, int64_t i, int64_t limit) {
   }
 }
 
+// Pulls the next data into cache, one line of each of one or two arrays per
+// Step, while this row computes: memory transfer then overlaps arithmetic
+// instead of following it (bench: dense_agg_fp32 ~1.4x).
+class Prefetcher {
+ public:
+  Prefetcher() = default;
+  Prefetcher(const void* a, const void* b, int64_t bytes)
+      : a_(static_cast<const char*>(a)),
+        b_(static_cast<const char*>(b)),
+        bytes_(bytes) {}
+  void Step() {
+    if (done_ < bytes_) {
+      __builtin_prefetch(a_ + done_, 0, 2);
+      if (b_ != nullptr) __builtin_prefetch(b_ + done_, 0, 2);
+      done_ += 64;
+    }
+  }
+
+ private:
+  const char* a_ = nullptr;
+  const char* b_ = nullptr;
+  int64_t bytes_ = 0;
+  int64_t done_ = 0;
+};
+
 struct ScanResult {
   bool any_bad = false;  // some slot in [0, n) breaks the value rule
   float max = -kInf;     // logits: max over valid slots
@@ -50,10 +75,11 @@ struct ScanResult {
 // over valid slots.
 template <bool kMasked>
 ScanResult ScanLogits(const float* x, int64_t n, int64_t limit,
-                      const uint8_t* valid) {
+                      const uint8_t* valid, Prefetcher& next) {
   VecI bad{};
   VecF vmax = Splat(-kInf);
   for (int64_t i = 0; i < n; i += kLanes) {
+    next.Step();
     const VecF v = LoadAt(x, i, LanesAt(i, n), 0.0f);
     bad |= (v != v) | (v == Splat(kInf));
     if (i < limit) {
@@ -70,10 +96,12 @@ ScanResult ScanLogits(const float* x, int64_t n, int64_t limit,
 // row with invalid slots zeroed to it (slots [0, limit)).
 template <bool kMasked>
 ScanResult ScanWeights(const float* x, int64_t n, int64_t limit,
-                       const uint8_t* valid, float* masked_copy) {
+                       const uint8_t* valid, float* masked_copy,
+                       Prefetcher& next) {
   VecI bad{};
   VecD sum{};
   for (int64_t i = 0; i < n; i += kLanes) {
+    next.Step();
     const VecF v = LoadAt(x, i, LanesAt(i, n), 0.0f);
     bad |= ~(v >= Splat(0.0f)) | (v == Splat(kInf));
     if (i < limit) {
@@ -89,13 +117,13 @@ ScanResult ScanWeights(const float* x, int64_t n, int64_t limit,
 }
 
 // e[s] = exp(mul * (x[s] - shift)) on valid slots and 0 on invalid ones, for
-// s < limit. Returns sum(e); adds sum(e * (x - shift)) to *e_dot_x when given.
+// s < limit. Returns sum(e).
 template <bool kMasked>
 double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
-              float mul, float* e, double* e_dot_x) {
+              float mul, float* e, Prefetcher& next) {
   VecD sum{};
-  VecD dot{};
   for (int64_t i = 0; i < limit; i += kLanes) {
+    next.Step();
     const int64_t count = LanesAt(i, limit);
     const VecI in = ValidLanes<kMasked>(valid, i, limit);
     const VecF d = Select(in, LoadAt(x, i, count, 0.0f) - Splat(shift),
@@ -103,11 +131,7 @@ double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
     const VecF ev = Exp(Splat(mul) * d);
     StoreAt(e, i, count, ev);
     sum += WideSum(ev);
-    if (e_dot_x != nullptr) {
-      dot += WideDot(ev, Select(ev > Splat(0.0f), d, Splat(0.0f)));
-    }
   }
-  if (e_dot_x != nullptr) *e_dot_x += ReduceSum(dot);
   return ReduceSum(sum);
 }
 
@@ -122,10 +146,14 @@ inline void AccumulateHead(float* w, const float* e, float a, int64_t limit,
   }
 }
 
-// Sums over slots s < limit of the weights w (zero on invalid slots) against
-// the scores I: sum(w), sum(w log w) split as ln2 * sum(w * exponent) +
-// sum(w * mantissa_log), and sum(w * I) with exact products.
-struct TargetTerms {
+// One pass over the scores I of a row once the target weights w (zero on
+// invalid slots) are known, for s < limit: stores e = exp(I - m) (0 on
+// invalid slots) and sums L = sum(e), sum(e (I - m)) (kEntropy), sum(w), sum(w log w)
+// split as ln2 * sum(w * exponent) + sum(w * mantissa_log), and sum(w * I),
+// with exact products. Fusing them keeps the row's loads to one pass.
+struct ScoreTerms {
+  double sum_e = 0;
+  double sum_e_shifted = 0;
   double sum_w = 0;
   double sum_w_exponent = 0;
   double sum_w_mantissa_log = 0;
@@ -133,37 +161,58 @@ struct TargetTerms {
   bool mass_on_minus_inf = false;  // some w > 0 has I = -inf
 };
 
-inline TargetTerms TargetTermsRow(const float* w, const float* I,
-                                  int64_t limit) {
-  VecD sw{}, swe{}, swm{}, swi{};
+template <bool kMasked, bool kEntropy>
+ScoreTerms ScoreTermsRow(const float* w, const float* I, int64_t limit,
+                         const uint8_t* valid, float m, float* e,
+                         Prefetcher& next) {
+  VecD se{}, sed{}, sw{}, swe{}, swm{}, swi{};
   VecI inf_mass{};
   for (int64_t i = 0; i < limit; i += kLanes) {
+    next.Step();
     const int64_t count = LanesAt(i, limit);
     const VecF wv = LoadAt(w, i, count, 0.0f);
     const VecF iv = LoadAt(I, i, count, 0.0f);
-    const VecI mass = wv > Splat(0.0f);
     const VecI minus_inf = iv == Splat(-kInf);
-    inf_mass |= mass & minus_inf;
+    inf_mass |= (wv > Splat(0.0f)) & minus_inf;
+    const VecF d = Select(ValidLanes<kMasked>(valid, i, limit), iv - Splat(m),
+                          Splat(-kInf));
+    const VecF ev = Exp(d);
+    StoreAt(e, i, count, ev);
     // w = 0 lanes: the log parts are finite, so w * part is 0; I may be -inf
     // there and must not meet 0 * -inf.
     const LogParts parts = LogSplit(wv);
-    sw += WideSum(wv);
-    swe += WideDot(wv, parts.exponent);
-    swm += WideDot(wv, parts.mantissa_log);
-    swi += WideDot(wv, Select(minus_inf, Splat(0.0f), iv));
+    const VecF iv_finite = Select(minus_inf, Splat(0.0f), iv);
+    const VecD w_lo = WidenLow(wv), w_hi = WidenHigh(wv);
+    se += WideSum(ev);
+    if constexpr (kEntropy) {
+      sed += WideDot(ev, Select(ev > Splat(0.0f), d, Splat(0.0f)));
+    }
+    sw += w_lo + w_hi;
+    swe += w_lo * WidenLow(parts.exponent) + w_hi * WidenHigh(parts.exponent);
+    swm += w_lo * WidenLow(parts.mantissa_log) +
+           w_hi * WidenHigh(parts.mantissa_log);
+    swi += w_lo * WidenLow(iv_finite) + w_hi * WidenHigh(iv_finite);
   }
-  return {ReduceSum(sw), ReduceSum(swe), ReduceSum(swm), ReduceSum(swi),
+  return {ReduceSum(se),  ReduceSum(sed), ReduceSum(sw),
+          ReduceSum(swe), ReduceSum(swm), ReduceSum(swi),
           Any(inf_mass)};
 }
 
 // EXACT gradient on slots s < limit: scale * (e / L - w / Z).
+// Streams the stores when g is vector-aligned.
 inline void ExactGradRow(const float* e, const float* w, float inv_l,
                          float inv_z, float scale, int64_t limit, float* g) {
+  const bool stream = reinterpret_cast<uintptr_t>(g) % sizeof(VecF) == 0;
   for (int64_t i = 0; i < limit; i += kLanes) {
     const int64_t count = LanesAt(i, limit);
     const VecF q = LoadAt(e, i, count, 0.0f) * Splat(inv_l);
     const VecF p = LoadAt(w, i, count, 0.0f) * Splat(inv_z);
-    StoreAt(g, i, count, Splat(scale) * (q - p));
+    const VecF gv = Splat(scale) * (q - p);
+    if (stream && count == kLanes) {
+      StoreStream(g + i, gv);
+    } else {
+      StoreAt(g, i, count, gv);
+    }
   }
 }
 

@@ -2,35 +2,44 @@
 #define KLSERVE_KERNELS_CPU_ROW_SCRATCH_H_
 
 #include <cstdint>
+#include <memory>
 #include <utility>
-#include <vector>
 
 #include "kernels/problem.h"
 
 namespace klserve::cpu {
 
-// Buffers one worker reuses for every row of its chunk, sized once from the
-// problem so that nothing is allocated per row.
-struct RowScratch {
-  explicit RowScratch(const IndexerKlProblem& problem)
-      : target(problem.K),
-        scores(problem.K),
-        w(problem.K),
-        e(problem.K),
-        grad(problem.K),
-        valid(problem.K),
-        seen(problem.sparse ? problem.S : 0),
-        ranked(problem.options.recall_k > 0 ? problem.K : 0) {}
+// Buffers one thread reuses for every row it computes. They only grow, and
+// each thread keeps its own (ForThisThread), so nothing is allocated per row
+// and, once warm, nothing per request either.
+class RowScratch {
+ public:
+  // This thread's scratch, grown to fit `problem`.
+  static RowScratch& ForThisThread(const IndexerKlProblem& problem);
 
-  std::vector<float> target;  // a converted target row (one head)
-  std::vector<float> scores;  // the converted scores row
-  std::vector<float> w;       // target weights, zero on invalid slots
-  std::vector<float> e;       // exponentials of the row being worked on
-  std::vector<float> grad;    // gradient before conversion to its dtype
-  std::vector<uint8_t> valid;
-  // Sparse duplicate check: seen[key] == row + 1 once the row named the key.
-  std::vector<uint32_t> seen;
-  std::vector<std::pair<float, int32_t>> ranked;  // top-k recall
+  float* target() { return target_.get(); }  // a converted target row
+  float* scores() { return scores_.get(); }  // the converted scores row
+  float* w() { return w_.get(); }            // target weights
+  float* e() { return e_.get(); }            // exponentials of the row
+  float* grad() { return grad_.get(); }      // gradient before conversion
+  uint8_t* valid() { return valid_.get(); }
+  std::pair<float, int32_t>* ranked() { return ranked_.get(); }  // recall
+
+  // Sparse duplicate check: a fresh mark for the next row, and the per-key
+  // marks (seen[key] == mark once the row named the key).
+  uint64_t NextRowMark() { return ++mark_; }
+  uint64_t* seen() { return seen_.get(); }
+
+ private:
+  void Reserve(const IndexerKlProblem& problem);
+
+  int64_t slots_ = 0;
+  int64_t keys_ = 0;
+  std::unique_ptr<float[]> target_, scores_, w_, e_, grad_;
+  std::unique_ptr<uint8_t[]> valid_;
+  std::unique_ptr<std::pair<float, int32_t>[]> ranked_;
+  std::unique_ptr<uint64_t[]> seen_;
+  uint64_t mark_ = 0;
 };
 
 }  // namespace klserve::cpu

@@ -9,16 +9,17 @@ namespace {
 
 absl::StatusOr<RowTarget> LoadWeights(const IndexerKlProblem& p,
                                       const RowData& data, int64_t r,
-                                      const RowValidity& v,
+                                      const RowValidity& v, Prefetcher& next,
                                       RowScratch& scratch) {
   const float* x = FloatRow(data.target.dtype, data.target.Row(r, p.T), p.K,
-                            scratch.target.data());
+                            scratch.target());
   // Zero the invalid slots into scratch only when some slot below the limit
   // is invalid; otherwise w is the row itself.
-  float* copy = v.bytes != nullptr ? scratch.w.data() : nullptr;
+  float* copy = v.bytes != nullptr ? scratch.w() : nullptr;
   const ScanResult scan =
-      v.bytes != nullptr ? ScanWeights<true>(x, p.K, v.limit, v.bytes, copy)
-                         : ScanWeights<false>(x, p.K, v.limit, nullptr, copy);
+      v.bytes != nullptr ? ScanWeights<true>(x, p.K, v.limit, v.bytes, copy, next)
+                         : ScanWeights<false>(x, p.K, v.limit, nullptr, copy,
+                                              next);
   if (scan.any_bad) {
     const int64_t j = FirstBadValue(x, p.K, /*weights=*/true);
     return ValueError("attention_weights",
@@ -35,15 +36,23 @@ absl::StatusOr<RowTarget> LoadWeights(const IndexerKlProblem& p,
 
 absl::StatusOr<RowTarget> LoadPerHead(const IndexerKlProblem& p,
                                       const RowData& data, int64_t r,
-                                      const RowValidity& v,
+                                      const RowValidity& v, Prefetcher& next,
                                       RowScratch& scratch) {
   const float scale = p.options.softmax_scale;
+  const int64_t head_bytes = p.K * DTypeSize(data.target.dtype);
   for (int64_t h = 0; h < p.H; ++h) {
+    // Head rows lie T * K elements apart: fetch the next one ahead, since
+    // the hardware prefetcher stops at page boundaries.
+    Prefetcher next_head = h + 1 < p.H
+                               ? Prefetcher(data.target.Row(r, p.T, h + 1),
+                                            nullptr, head_bytes)
+                               : next;
     const float* x = FloatRow(data.target.dtype, data.target.Row(r, p.T, h),
-                              p.K, scratch.target.data());
+                              p.K, scratch.target());
     const ScanResult scan =
-        v.bytes != nullptr ? ScanLogits<true>(x, p.K, v.limit, v.bytes)
-                           : ScanLogits<false>(x, p.K, v.limit, nullptr);
+        v.bytes != nullptr ? ScanLogits<true>(x, p.K, v.limit, v.bytes, next_head)
+                           : ScanLogits<false>(x, p.K, v.limit, nullptr,
+                                               next_head);
     if (scan.any_bad) {
       const int64_t j = FirstBadValue(x, p.K, /*weights=*/false);
       return ValueError("attention_logits", "logits must not be NaN or +inf",
@@ -58,15 +67,15 @@ absl::StatusOr<RowTarget> LoadPerHead(const IndexerKlProblem& p,
     // P_h = softmax(scale * x) over valid slots; w accumulates sum_h P_h.
     const double sum =
         v.bytes != nullptr
-            ? ExpRow<true>(x, v.limit, v.bytes, scan.max, scale,
-                           scratch.e.data(), nullptr)
-            : ExpRow<false>(x, v.limit, nullptr, scan.max, scale,
-                            scratch.e.data(), nullptr);
-    AccumulateHead(scratch.w.data(), scratch.e.data(),
+            ? ExpRow<true>(x, v.limit, v.bytes, scan.max, scale, scratch.e(),
+                           next_head)
+            : ExpRow<false>(x, v.limit, nullptr, scan.max, scale, scratch.e(),
+                            next_head);
+    AccumulateHead(scratch.w(), scratch.e(),
                    static_cast<float>(1.0 / sum), v.limit, h == 0);
   }
   RowTarget target;
-  target.w = scratch.w.data();
+  target.w = scratch.w();
   target.z = p.options.flavor == Flavor::kMaxText
                  ? static_cast<double>(p.H) + kMaxTextEpsilon
                  : static_cast<double>(p.H);
@@ -78,9 +87,10 @@ absl::StatusOr<RowTarget> LoadPerHead(const IndexerKlProblem& p,
 absl::StatusOr<RowTarget> LoadRowTarget(const IndexerKlProblem& problem,
                                         const RowData& data, int64_t r,
                                         const RowValidity& validity,
-                                        RowScratch& scratch) {
-  return problem.per_head ? LoadPerHead(problem, data, r, validity, scratch)
-                          : LoadWeights(problem, data, r, validity, scratch);
+                                        Prefetcher& next, RowScratch& scratch) {
+  return problem.per_head
+             ? LoadPerHead(problem, data, r, validity, next, scratch)
+             : LoadWeights(problem, data, r, validity, next, scratch);
 }
 
 }  // namespace klserve::cpu

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "kernels/cpu/row_passes.h"
 #include "kernels/cpu/row_scratch.h"
 #include "kernels/cpu/row_validity.h"
 #include "kernels/problem.h"
@@ -22,11 +23,13 @@ struct RowTarget {
 
 // Reads row r of the target, checks its values everywhere in the row (NaN,
 // +inf; for weights also negatives; for logits a head with no finite valid
-// logit) and builds w. With no valid slot only the checks run.
+// logit) and builds w. With no valid slot only the checks run. `next`
+// fetches the next row while the weights stream in; per-head rows also
+// fetch each next head as they go.
 absl::StatusOr<RowTarget> LoadRowTarget(const IndexerKlProblem& problem,
                                         const RowData& data, int64_t r,
                                         const RowValidity& validity,
-                                        RowScratch& scratch);
+                                        Prefetcher& next, RowScratch& scratch);
 
 }  // namespace klserve::cpu
 

@@ -57,7 +57,7 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
   const int64_t causal_end =
       p.options.causal ? std::clamp<int64_t>(t + p.q_offset + 1, 0, p.S) : p.S;
   const KeyRules rules = RulesOf(p, data, r);
-  uint8_t* bytes = scratch.valid.data();
+  uint8_t* bytes = scratch.valid();
   RowValidity validity;
 
   if (!p.sparse) {
@@ -92,7 +92,8 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
   }
 
   const std::byte* indices = data.indices.Row(r, p.T);
-  const uint32_t stamp = static_cast<uint32_t>(r) + 1;
+  const uint64_t mark = scratch.NextRowMark();
+  uint64_t* seen = scratch.seen();
   int64_t count = 0;
   for (int64_t j = 0; j < p.K; ++j) {
     const int32_t key = LoadInt32(indices + 4 * j);
@@ -104,11 +105,11 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
                                      ")"),
                         absl::StrCat(key), {r / p.T, t, j});
     }
-    if (scratch.seen[key] == stamp) {
+    if (seen[key] == mark) {
       return ValueError("topk_indices", "a key may appear once per row",
                         absl::StrCat("key ", key, " again"), {r / p.T, t, j});
     }
-    scratch.seen[key] = stamp;
+    seen[key] = mark;
     bytes[j] = key < causal_end && rules.Allows(key);
     count += bytes[j];
   }

@@ -10,6 +10,8 @@
 // Loads and stores take unaligned pointers. A row's last, partial vector goes
 // through LoadPart/StorePart so that every element uses the same formula.
 
+#include <immintrin.h>
+
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -43,6 +45,20 @@ inline VecF Load(const float* p) {
   return *reinterpret_cast<const VecFu*>(p);
 }
 inline void Store(float* p, VecF v) { *reinterpret_cast<VecFu*>(p) = v; }
+
+// A store that bypasses the cache, for output the row will not read again
+// (no read-for-ownership of the destination line). `p` must be aligned to the
+// vector size; FinishStreamingStores orders them before later stores.
+inline void StoreStream(float* p, VecF v) {
+#if defined(__AVX512F__)
+  _mm512_stream_ps(p, v);
+#elif defined(__AVX__)
+  _mm256_stream_ps(p, v);
+#else
+  _mm_stream_ps(p, v);
+#endif
+}
+inline void FinishStreamingStores() { _mm_sfence(); }
 
 // Lanes [count, kLanes) read as `fill`.
 inline VecF LoadPart(const float* p, int64_t count, float fill) {
@@ -102,6 +118,16 @@ template <size_t... I>
 inline HalfF HighHalf(VecF v, std::index_sequence<I...>) {
   return __builtin_shufflevector(v, v, (I + kLanes / 2)...);
 }
+#if defined(__AVX512DQ__)
+// GCC splits the generic conversion into 128-bit pieces; the intrinsics give
+// one vcvtps2pd per half.
+inline VecD WidenLow(VecF v) {
+  return _mm512_maskz_cvtps_pd(0xff, _mm512_extractf32x8_ps(v, 0));
+}
+inline VecD WidenHigh(VecF v) {
+  return _mm512_maskz_cvtps_pd(0xff, _mm512_extractf32x8_ps(v, 1));
+}
+#else
 inline VecD WidenLow(VecF v) {
   return __builtin_convertvector(
       LowHalf(v, std::make_index_sequence<kLanes / 2>{}), VecD);
@@ -110,6 +136,7 @@ inline VecD WidenHigh(VecF v) {
   return __builtin_convertvector(
       HighHalf(v, std::make_index_sequence<kLanes / 2>{}), VecD);
 }
+#endif
 
 // Sum of the lanes of v, in double.
 inline VecD WideSum(VecF v) { return WidenLow(v) + WidenHigh(v); }
