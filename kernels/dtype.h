@@ -3,7 +3,6 @@
 
 #include <cstdint>
 
-
 namespace klserve {
 
 // Element types a tensor may carry on the wire (little-endian, row-major).

@@ -39,18 +39,18 @@ IndexerKlResult FinishLoss(const IndexerKlProblem& problem,
   return result;
 }
 
-absl::StatusOr<IndexerKlResult> ComputeIndexerKl(Backend& backend,
-                                                 const IndexerKlProblem& problem,
-                                                 const LossOutputs& outputs) {
+absl::StatusOr<IndexerKlResult> ComputeIndexerKl(
+    Backend& backend, const IndexerKlProblem& problem,
+    const LossOutputs& outputs) {
   const IndexerKlOptions& options = problem.options;
   const int64_t rows = problem.num_rows();
   BlockOutputs block;
   if (options.want_grad) {
     const int64_t needed = rows * problem.K * DTypeSize(options.grad_dtype);
     if (outputs.grad == nullptr || outputs.grad_byte_size < needed) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "grad: output buffer must hold ", needed, " bytes, got ",
-          outputs.grad == nullptr ? 0 : outputs.grad_byte_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("grad: output buffer must hold ", needed, " bytes, got ",
+                       outputs.grad == nullptr ? 0 : outputs.grad_byte_size));
     }
     block.grad = static_cast<std::byte*>(outputs.grad);
     block.grad_dtype = options.grad_dtype;

@@ -46,9 +46,9 @@ struct LossOutputs {
 // errors in the data (NaN, infinities, bad indices) come back as
 // INVALID_ARGUMENT; the output buffers then hold partial results. Thread-safe
 // for concurrent calls on one backend.
-absl::StatusOr<IndexerKlResult> ComputeIndexerKl(Backend& backend,
-                                                 const IndexerKlProblem& problem,
-                                                 const LossOutputs& outputs);
+absl::StatusOr<IndexerKlResult> ComputeIndexerKl(
+    Backend& backend, const IndexerKlProblem& problem,
+    const LossOutputs& outputs);
 
 // The gradient's scale c / N (0 when N = 0).
 double GradScale(const IndexerKlProblem& problem, int64_t denominator);

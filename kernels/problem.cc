@@ -49,10 +49,10 @@ absl::Status CheckLayout(absl::string_view field, const TensorView& view,
   int64_t bytes = DTypeSize(view.dtype);
   for (int64_t dim : view.shape) {
     if (dim <= 0) {
-      return Invalid(field,
-                     absl::StrCat("every dimension of ", layout,
-                                  " must be positive"),
-                     ShapeString(view.shape));
+      return Invalid(
+          field,
+          absl::StrCat("every dimension of ", layout, " must be positive"),
+          ShapeString(view.shape));
     }
     if (__builtin_mul_overflow(bytes, dim, &bytes)) {
       return Invalid(field, "the shape's byte size must fit in 64 bits",
@@ -60,11 +60,11 @@ absl::Status CheckLayout(absl::string_view field, const TensorView& view,
     }
   }
   if (view.byte_size != bytes) {
-    return Invalid(field,
-                   absl::StrCat("byte size must be ", bytes, " for shape ",
-                                ShapeString(view.shape), " of ",
-                                DTypeName(view.dtype)),
-                   absl::StrCat(view.byte_size));
+    return Invalid(
+        field,
+        absl::StrCat("byte size must be ", bytes, " for shape ",
+                     ShapeString(view.shape), " of ", DTypeName(view.dtype)),
+        absl::StrCat(view.byte_size));
   }
   if (view.data == nullptr) {
     return Invalid(field, "data must be present", "none");
@@ -80,10 +80,10 @@ absl::Status CheckTensor(absl::string_view field, const TensorView& view,
   RETURN_IF_ERROR(CheckDType(field, view, allowed));
   RETURN_IF_ERROR(CheckLayout(field, view, layout, expected.size()));
   if (!std::equal(expected.begin(), expected.end(), view.shape.begin())) {
-    return Invalid(field,
-                   absl::StrCat("shape must be ", layout, " = ",
-                                ShapeString(expected)),
-                   ShapeString(view.shape));
+    return Invalid(
+        field,
+        absl::StrCat("shape must be ", layout, " = ", ShapeString(expected)),
+        ShapeString(view.shape));
   }
   return absl::OkStatus();
 }
@@ -149,8 +149,7 @@ absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
     }
     p.S = options.num_keys;
     RETURN_IF_ERROR(CheckTensor("topk_indices", *in.topk_indices,
-                                {DType::kInt32}, "[B, T, K]",
-                                {p.B, p.T, p.K}));
+                                {DType::kInt32}, "[B, T, K]", {p.B, p.T, p.K}));
   } else {
     p.S = p.K;
     if (options.num_keys != 0 && options.num_keys != p.S) {
@@ -177,8 +176,8 @@ absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
     RETURN_IF_ERROR(CheckDType("attention_logits", logits, kFloatTypes));
     RETURN_IF_ERROR(CheckLayout("attention_logits", logits, layout, 4));
     p.H = logits.shape[1];
-    RETURN_IF_ERROR(CheckTensor("attention_logits", logits, kFloatTypes,
-                                layout, {p.B, p.H, p.T, p.K}));
+    RETURN_IF_ERROR(CheckTensor("attention_logits", logits, kFloatTypes, layout,
+                                {p.B, p.H, p.T, p.K}));
     p.rows.target = RowsOf(logits, p.T, p.K, p.H);
   } else {
     p.H = 1;
@@ -204,8 +203,7 @@ absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
   }
   if (in.attention_mask) {
     RETURN_IF_ERROR(CheckTensor("attention_mask", *in.attention_mask,
-                                {DType::kBool}, "[B, T, S]",
-                                {p.B, p.T, p.S}));
+                                {DType::kBool}, "[B, T, S]", {p.B, p.T, p.S}));
     p.rows.mask = RowsOf(*in.attention_mask, p.T, p.S, 1);
   }
   if (in.key_padding_mask) {

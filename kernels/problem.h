@@ -94,10 +94,10 @@ struct RowView {
 
 // The large per-row tensors of a problem, or of a block of its rows.
 struct RowData {
-  RowView target;     // attention_logits or attention_weights
-  RowView scores;     // indexer_scores
-  RowView indices;    // topk_indices (sparse stage only)
-  RowView mask;       // attention_mask, if given
+  RowView target;   // attention_logits or attention_weights
+  RowView scores;   // indexer_scores
+  RowView indices;  // topk_indices (sparse stage only)
+  RowView mask;     // attention_mask, if given
 };
 
 // A validated problem. Only Create makes one, so every backend may rely on
@@ -109,8 +109,8 @@ class IndexerKlProblem {
  public:
   // Checks shapes, dtypes, byte sizes, dimension products and options.
   // Errors are INVALID_ARGUMENT with a message "<field>: <rule>, got <value>".
-  static absl::StatusOr<IndexerKlProblem> Create(const IndexerKlInputs& inputs,
-                                                 const IndexerKlOptions& options);
+  static absl::StatusOr<IndexerKlProblem> Create(
+      const IndexerKlInputs& inputs, const IndexerKlOptions& options);
 
   int64_t B = 0, T = 0, S = 0, H = 0;
   // Slots per row: S in the dense stage, K in the sparse stage.
@@ -121,8 +121,8 @@ class IndexerKlProblem {
   IndexerKlOptions options;
 
   // The small per-batch tensors, kept whole (INT32 / BOOL), or null.
-  const std::byte* segment_ids_q = nullptr;   // [B,T]
-  const std::byte* segment_ids_kv = nullptr;  // [B,S]
+  const std::byte* segment_ids_q = nullptr;     // [B,T]
+  const std::byte* segment_ids_kv = nullptr;    // [B,S]
   const std::byte* key_padding_mask = nullptr;  // [B,S]
   const std::byte* row_valid = nullptr;         // [B,T]
 

@@ -11,9 +11,9 @@ namespace klserve {
 absl::Status ValueError(absl::string_view tensor, absl::string_view rule,
                         absl::string_view got,
                         std::initializer_list<int64_t> position) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      tensor, ": ", rule, ", got ", got, " at [",
-      absl::StrJoin(position, ", "), "]"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(tensor, ": ", rule, ", got ", got, " at [",
+                   absl::StrJoin(position, ", "), "]"));
 }
 
 int64_t FirstBadValue(const float* x, int64_t n, bool weights) {

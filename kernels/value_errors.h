@@ -5,9 +5,8 @@
 #include <initializer_list>
 #include <string>
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 // The INVALID_ARGUMENT errors a backend raises for bad values in the data,
 // shared so that every backend words them alike:

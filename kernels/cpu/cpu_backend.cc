@@ -47,8 +47,8 @@ class FirstError {
 
 std::byte* GradRow(const BlockOutputs& out, int64_t r, int64_t T) {
   const int64_t b0 = out.grad_origin_row / T, t0 = out.grad_origin_row % T;
-  const int64_t offset = (r / T - b0) * out.grad_batch_stride +
-                         (r % T - t0) * out.grad_row_stride;
+  const int64_t offset =
+      (r / T - b0) * out.grad_batch_stride + (r % T - t0) * out.grad_row_stride;
   return out.grad + offset * DTypeSize(out.grad_dtype);
 }
 

@@ -17,9 +17,8 @@ class CpuBackend final : public Backend {
 
   std::string_view name() const override { return "cpu"; }
   bool Supports(const IndexerKlProblem&) const override { return true; }
-  absl::Status ComputeRows(const IndexerKlProblem& problem,
-                           const RowData& data, RowRange rows,
-                           const BlockOutputs& outputs,
+  absl::Status ComputeRows(const IndexerKlProblem& problem, const RowData& data,
+                           RowRange rows, const BlockOutputs& outputs,
                            LossAccumulator& accumulator) override;
 
   int num_threads() const { return pool_.num_threads(); }

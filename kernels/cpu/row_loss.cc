@@ -37,28 +37,25 @@ double TopkRecall(const IndexerKlProblem& p, const RowValidity& v,
 
 // ScoreTermsRow with its template flags taken from the problem.
 ScoreTerms ComputeScoreTerms(const IndexerKlProblem& p, const RowValidity& v,
-                      const float* w, const float* I, float m, float* e,
-                      Prefetcher& next) {
+                             const float* w, const float* I, float m, float* e,
+                             Prefetcher& next) {
   const bool entropy = p.options.want_diagnostics;
   if (v.bytes != nullptr) {
-    return entropy ? ScoreTermsRow<true, true>(w, I, v.limit, v.bytes, m, e, next)
-                   : ScoreTermsRow<true, false>(w, I, v.limit, v.bytes, m, e,
-                                                next);
+    return entropy
+               ? ScoreTermsRow<true, true>(w, I, v.limit, v.bytes, m, e, next)
+               : ScoreTermsRow<true, false>(w, I, v.limit, v.bytes, m, e, next);
   }
-  return entropy ? ScoreTermsRow<false, true>(w, I, v.limit, nullptr, m, e, next)
-                 : ScoreTermsRow<false, false>(w, I, v.limit, nullptr, m, e,
-                                               next);
+  return entropy
+             ? ScoreTermsRow<false, true>(w, I, v.limit, nullptr, m, e, next)
+             : ScoreTermsRow<false, false>(w, I, v.limit, nullptr, m, e, next);
 }
 
 }  // namespace
 
-absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& p,
-                                         const RowData& data, int64_t r,
-                                         const RowValidity& v,
-                                         const RowTarget& target,
-                                         float grad_scale, float* grad,
-                                         Prefetcher& next,
-                                         RowScratch& scratch) {
+absl::StatusOr<RowResult> ComputeRowLoss(
+    const IndexerKlProblem& p, const RowData& data, int64_t r,
+    const RowValidity& v, const RowTarget& target, float grad_scale,
+    float* grad, Prefetcher& next, RowScratch& scratch) {
   const int64_t b = r / p.T, t = r % p.T;
   const float* I = FloatRow(data.scores.dtype, data.scores.Row(r, p.T), p.K,
                             scratch.scores());
@@ -86,7 +83,8 @@ absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& p,
   }
 
   const float m = scan.max;
-  const ScoreTerms terms = ComputeScoreTerms(p, v, target.w, I, m, scratch.e(), next);
+  const ScoreTerms terms =
+      ComputeScoreTerms(p, v, target.w, I, m, scratch.e(), next);
   const double l = terms.sum_e;
   const bool exact = p.options.flavor == Flavor::kExact;
   if (exact && terms.mass_on_minus_inf) {
@@ -113,8 +111,7 @@ absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& p,
                  (terms.sum_w_scores - m * terms.sum_w) + terms.sum_w * log_l) /
                 target.z;
   } else {
-    maxtext = MaxTextTermsRow(scratch.e(), target.w, inv_l, inv_z,
-                              v.limit);
+    maxtext = MaxTextTermsRow(scratch.e(), target.w, inv_l, inv_z, v.limit);
     result.kl = maxtext.kl;
   }
   if (p.options.want_diagnostics) {
@@ -126,8 +123,8 @@ absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& p,
   }
   if (grad != nullptr) {
     if (exact) {
-      ExactGradRow(scratch.e(), target.w, inv_l, inv_z, grad_scale,
-                   v.limit, grad);
+      ExactGradRow(scratch.e(), target.w, inv_l, inv_z, grad_scale, v.limit,
+                   grad);
     } else {
       MaxTextGradRow(scratch.e(), target.w, inv_l, inv_z,
                      static_cast<float>(maxtext.sum_qg), grad_scale, v.limit,

@@ -24,8 +24,7 @@ absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& problem,
                                          const RowValidity& validity,
                                          const RowTarget& target,
                                          float grad_scale, float* grad,
-                                         Prefetcher& next,
-                                         RowScratch& scratch);
+                                         Prefetcher& next, RowScratch& scratch);
 
 }  // namespace klserve::cpu
 

@@ -91,28 +91,45 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
     return validity;
   }
 
+  // Three passes over the slots: the range check and the causal cut (which
+  // vectorise), the duplicate check (scalar: one mark per key), then the
+  // other rules, gathered by key.
   const std::byte* indices = data.indices.Row(r, p.T);
-  const uint64_t mark = scratch.NextRowMark();
-  uint64_t* seen = scratch.seen();
-  int64_t count = 0;
+  bool out_of_range = false;
   for (int64_t j = 0; j < p.K; ++j) {
     const int32_t key = LoadInt32(indices + 4 * j);
-    bytes[j] = 0;
-    if (key == -1) continue;  // empty slot
-    if (key < 0 || key >= p.S) {
-      return ValueError("topk_indices",
-                        absl::StrCat("an index must be -1 or in [0, S=", p.S,
-                                     ")"),
-                        absl::StrCat(key), {r / p.T, t, j});
+    out_of_range |= key < -1 || key >= p.S;
+    bytes[j] = key >= 0 && key < causal_end;
+  }
+  if (out_of_range) {
+    for (int64_t j = 0;; ++j) {
+      const int32_t key = LoadInt32(indices + 4 * j);
+      if (key < -1 || key >= p.S) {
+        return ValueError(
+            "topk_indices",
+            absl::StrCat("an index must be -1 or in [0, S=", p.S, ")"),
+            absl::StrCat(key), {r / p.T, t, j});
+      }
     }
+  }
+  const uint64_t mark = scratch.NextRowMark();
+  uint64_t* seen = scratch.seen();
+  for (int64_t j = 0; j < p.K; ++j) {
+    const int32_t key = LoadInt32(indices + 4 * j);
+    if (key == -1) continue;  // empty slot
     if (seen[key] == mark) {
       return ValueError("topk_indices", "a key may appear once per row",
                         absl::StrCat("key ", key, " again"), {r / p.T, t, j});
     }
     seen[key] = mark;
-    bytes[j] = key < causal_end && rules.Allows(key);
-    count += bytes[j];
   }
+  if (p.has_row_mask()) {
+    for (int64_t j = 0; j < p.K; ++j) {
+      if (bytes[j]) bytes[j] = rules.Allows(LoadInt32(indices + 4 * j));
+    }
+  }
+  int64_t count = 0;
+  for (int64_t j = 0; j < p.K; ++j) count += bytes[j];
   validity.limit = p.K;
   validity.bytes = bytes;
   validity.count = count;

@@ -41,9 +41,7 @@ inline constexpr float kInf = std::numeric_limits<float>::infinity();
 inline VecF Splat(float v) { return VecF{} + v; }
 inline VecI SplatI(int32_t v) { return VecI{} + v; }
 
-inline VecF Load(const float* p) {
-  return *reinterpret_cast<const VecFu*>(p);
-}
+inline VecF Load(const float* p) { return *reinterpret_cast<const VecFu*>(p); }
 inline void Store(float* p, VecF v) { *reinterpret_cast<VecFu*>(p) = v; }
 
 // A store that bypasses the cache, for output the row will not read again

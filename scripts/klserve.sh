@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The one entry point for building, testing and running klserve.
+#
+#   scripts/klserve.sh deps    install the Debian packages the build needs
+#   scripts/klserve.sh build   deps, then a Release build into build/
+#   scripts/klserve.sh test    build, then every test (non-zero exit on failure)
+#   scripts/klserve.sh run     build, then the main job; extra arguments go to
+#                              it (for now the benchmark, bench/indexer_kl_bench.cc)
+#
+# BUILD_DIR overrides the build directory.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
+
+# Every Debian package the build and the tests need, in one place.
+PACKAGES=(
+  build-essential
+  cmake
+  ninja-build
+  libabsl-dev
+  libgtest-dev
+  libgmock-dev
+  libbenchmark-dev
+)
+
+log() { echo "klserve.sh: $*" >&2; }
+
+deps() {
+  if ! command -v dpkg-query >/dev/null 2>&1; then
+    log "not a Debian-based system; install the equivalents of: ${PACKAGES[*]}"
+    return 0
+  fi
+  local missing=() pkg
+  for pkg in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null |
+        grep -q 'install ok installed'; then
+      missing+=("$pkg")
+    fi
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+
+  local sudo=()
+  if [[ $(id -u) -ne 0 ]]; then
+    if ! command -v sudo >/dev/null 2>&1; then
+      log "need root (or sudo) to install: ${missing[*]}"
+      return 1
+    fi
+    sudo=(sudo)
+  fi
+  log "installing: ${missing[*]}"
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# build [TARGET...]: everything by default.
+build() {
+  deps
+  # Tests and benchmark on explicitly, whatever an older cache says.
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DKLSERVE_BUILD_TESTS=ON -DKLSERVE_BUILD_BENCHMARKS=ON
+  if [[ $# -gt 0 ]]; then
+    cmake --build "$BUILD_DIR" --target "$@"
+  else
+    cmake --build "$BUILD_DIR"
+  fi
+}
+
+run_tests() {
+  build
+  ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error \
+    -j "$(nproc)"
+}
+
+run_main() {
+  build klserve_bench
+  "$BUILD_DIR/bench/klserve_bench" "$@"
+}
+
+usage() {
+  sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+  exit 2
+}
+
+[[ $# -ge 1 ]] || usage
+command="$1"
+shift
+case "$command" in
+  deps) deps ;;
+  build) build ;;
+  test) run_tests ;;
+  run) run_main "$@" ;;
+  *) usage ;;
+esac

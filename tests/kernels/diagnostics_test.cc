@@ -1,0 +1,172 @@
+// The optional diagnostics (entropies of p and q, top-k recall, row counts)
+// against the reference and a few values worked by hand.
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "kernels/loss.h"
+#include "kernels/problem.h"
+#include "tests/kernels/test_data.h"
+
+namespace klserve::testdata {
+namespace {
+
+// One row, aggregated target, SUM reduction.
+Case OneRow(std::vector<double> weights, std::vector<double> scores) {
+  Case c;
+  c.B = 1;
+  c.T = 1;
+  c.S = static_cast<int64_t>(scores.size());
+  c.attention_weights = HostTensor(DType::kFloat32, {1, 1, c.S});
+  c.attention_weights->values = std::move(weights);
+  c.indexer_scores = HostTensor(DType::kFloat32, {1, 1, c.S});
+  c.indexer_scores.values = std::move(scores);
+  c.options.reduction = Reduction::kSum;
+  c.options.want_diagnostics = true;
+  return c;
+}
+
+TEST(Diagnostics, MatchReferenceForSeveralRecallK) {
+  std::mt19937_64 rng(77);
+  uint64_t seed = 1;
+  for (int i = 0; i < 60; ++i) {
+    CaseSpec spec = RandomSpec(rng);
+    // Float32 scores: no ties at the recall boundary.
+    spec.scores_dtype = DType::kFloat32;
+    spec.zero_weight_fraction = 0.4;
+    for (int64_t k : {int64_t{1}, int64_t{2}, int64_t{5}, spec.S + 10}) {
+      spec.options.want_diagnostics = true;
+      spec.options.recall_k = k;
+      SCOPED_TRACE(Describe(spec));
+      const klref::RefResult ref =
+          CheckAgainstReference(MakeRandomCase(spec, seed++));
+      if (::testing::Test::HasFatalFailure()) return;
+      EXPECT_FALSE(ref.recall_tie);
+    }
+  }
+}
+
+TEST(Diagnostics, HandComputedEntropiesAndRecall) {
+  // p = (0.1, 0.2, 0.7); the scores rank keys 2, 0, 1.
+  Case c = OneRow({1, 2, 7}, {1, 0, 2});
+  const double z = std::exp(1.0) + 1 + std::exp(2.0);
+  const double q[] = {std::exp(1.0) / z, 1 / z, std::exp(2.0) / z};
+  double hq = 0;
+  for (double x : q) hq -= x * std::log(x);
+  const double hp =
+      -(0.1 * std::log(0.1) + 0.2 * std::log(0.2) + 0.7 * std::log(0.7));
+  for (auto [k, want] : {std::pair{int64_t{1}, 0.7},
+                         {int64_t{2}, 0.8},
+                         {int64_t{3}, 1.0},
+                         {int64_t{100}, 1.0}}) {
+    c.options.recall_k = k;
+    const LibOutput lib = RunLibrary(c);
+    ASSERT_TRUE(lib.status.ok()) << lib.status;
+    ASSERT_TRUE(lib.result.diagnostics.has_value());
+    const Diagnostics& d = *lib.result.diagnostics;
+    EXPECT_NEAR(d.mean_entropy_p, hp, 1e-6);
+    EXPECT_NEAR(d.mean_entropy_q, hq, 1e-6);
+    ASSERT_TRUE(d.topk_recall.has_value());
+    EXPECT_NEAR(*d.topk_recall, want, 1e-6) << "k=" << k;
+  }
+}
+
+TEST(Diagnostics, RecallTiesGoToTheLowerKey) {
+  // Equal scores: the first keys win.
+  Case c = OneRow({1, 2, 3}, {0, 0, 0});
+  for (auto [k, want] : {std::pair{int64_t{1}, 1.0 / 6}, {int64_t{2}, 0.5}}) {
+    c.options.recall_k = k;
+    const LibOutput lib = RunLibrary(c);
+    ASSERT_TRUE(lib.status.ok()) << lib.status;
+    ASSERT_TRUE(lib.result.diagnostics.has_value());
+    ASSERT_TRUE(lib.result.diagnostics->topk_recall.has_value());
+    EXPECT_NEAR(*lib.result.diagnostics->topk_recall, want, 1e-6);
+  }
+}
+
+TEST(Diagnostics, RecallCountsOnlyValidKeys) {
+  // The best-scored key is masked out; recall over the valid keys only.
+  Case c = OneRow({1, 2, 7, 100}, {1, 0, 2, 50});
+  c.key_padding_mask = HostTensor(DType::kBool, {1, 4}, 1);
+  c.key_padding_mask->values[3] = 0;
+  c.options.recall_k = 1;
+  CheckAgainstReference(c);
+  const LibOutput lib = RunLibrary(c);
+  ASSERT_TRUE(lib.status.ok());
+  EXPECT_NEAR(*lib.result.diagnostics->topk_recall, 0.7, 1e-6);
+}
+
+TEST(Diagnostics, AbsentUnlessRequestedAndRecallAbsentForKZero) {
+  Case c = OneRow({1, 2, 7}, {1, 0, 2});
+  c.options.want_diagnostics = false;
+  c.options.recall_k = 2;
+  LibOutput lib = RunLibrary(c);
+  ASSERT_TRUE(lib.status.ok()) << lib.status;
+  EXPECT_FALSE(lib.result.diagnostics.has_value());
+
+  c.options.want_diagnostics = true;
+  c.options.recall_k = 0;
+  lib = RunLibrary(c);
+  ASSERT_TRUE(lib.status.ok()) << lib.status;
+  ASSERT_TRUE(lib.result.diagnostics.has_value());
+  EXPECT_FALSE(lib.result.diagnostics->topk_recall.has_value());
+}
+
+TEST(Diagnostics, RowCountsWithRowValid) {
+  // Fully masked, zero-target and computed rows, some of them dropped by
+  // row_valid: counts against the reference (which counts fully masked and
+  // zero-target rows whatever row_valid says).
+  Case c;
+  c.B = 1;
+  c.T = 6;
+  c.S = 3;
+  c.attention_weights = HostTensor(DType::kFloat32, {1, 6, 3}, 1.0);
+  c.indexer_scores = HostTensor(DType::kFloat32, {1, 6, 3}, 0.5);
+  c.attention_mask = HostTensor(DType::kBool, {1, 6, 3}, 1);
+  for (int64_t s = 0; s < 3; ++s) {
+    c.attention_mask->at({0, 0, s}) = 0;  // rows 0 and 1 fully masked
+    c.attention_mask->at({0, 1, s}) = 0;
+    c.attention_weights->at({0, 2, s}) = 0;  // rows 2 and 3 zero target
+    c.attention_weights->at({0, 3, s}) = 0;
+  }
+  c.indexer_scores.at({0, 4, 0}) = 3;
+  c.row_valid = HostTensor(DType::kBool, {1, 6}, 1);
+  c.row_valid->values = {0, 1, 0, 1, 0, 1};
+  c.options.want_diagnostics = true;
+  c.options.want_row_kl = true;
+  c.options.recall_k = 1;
+  for (Reduction reduction :
+       {Reduction::kMean, Reduction::kMeanValid, Reduction::kSum}) {
+    c.options.reduction = reduction;
+    const klref::RefResult ref = CheckAgainstReference(c);
+    EXPECT_EQ(ref.rows_fully_masked, 2);
+    EXPECT_EQ(ref.rows_zero_target, 2);
+    EXPECT_EQ(ref.rows_counted, 1);
+  }
+  // Without row_valid, MEAN_VALID counts the two computed rows.
+  c.row_valid.reset();
+  c.options.reduction = Reduction::kMeanValid;
+  const klref::RefResult ref = CheckAgainstReference(c);
+  EXPECT_EQ(ref.denominator, 2);
+}
+
+TEST(Diagnostics, NothingCountedGivesZeros) {
+  Case c = OneRow({1, 2, 7}, {1, 0, 2});
+  c.key_padding_mask = HostTensor(DType::kBool, {1, 3}, 0);
+  c.options.recall_k = 2;
+  const LibOutput lib = RunLibrary(c);
+  ASSERT_TRUE(lib.status.ok()) << lib.status;
+  EXPECT_EQ(lib.result.rows_counted, 0);
+  EXPECT_EQ(lib.result.rows_fully_masked, 1);
+  ASSERT_TRUE(lib.result.diagnostics.has_value());
+  EXPECT_EQ(lib.result.diagnostics->mean_entropy_p, 0);
+  EXPECT_EQ(lib.result.diagnostics->mean_entropy_q, 0);
+  ASSERT_TRUE(lib.result.diagnostics->topk_recall.has_value());
+  EXPECT_EQ(*lib.result.diagnostics->topk_recall, 0);
+}
+
+}  // namespace
+}  // namespace klserve::testdata

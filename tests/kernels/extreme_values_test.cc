@@ -1,0 +1,278 @@
+// Extreme but legal inputs against the reference: logits and scores of
+// +-1e4, -inf at valid positions, one-hot targets, indexer probabilities far
+// below 1e-30, weights near the float32 limits, large softmax scales.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/problem.h"
+#include "tests/kernels/test_data.h"
+#include "tests/reference/indexer_kl_reference.h"
+
+namespace klserve::testdata {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+CaseSpec Spec(bool per_head, int64_t K, Flavor flavor, DType dtype) {
+  CaseSpec spec;
+  spec.B = 2;
+  spec.T = 6;
+  spec.S = 19;
+  spec.per_head = per_head;
+  spec.H = 3;
+  spec.K = K;
+  spec.target_dtype = dtype;
+  spec.scores_dtype = dtype;
+  spec.causal = true;
+  spec.options.flavor = flavor;
+  return spec;
+}
+
+// Calls fn(b, t, j, r*L + j) for every valid slot.
+template <typename Fn>
+void ForEachValidSlot(const Case& c, Fn fn) {
+  const klref::RefResult ref = klref::ComputeReference(ToReference(c));
+  ASSERT_EQ(ref.error, "");
+  const int64_t L = c.slots();
+  for (int64_t r = 0; r < c.num_rows(); ++r) {
+    for (int64_t j = 0; j < L; ++j) {
+      if (ref.valid[r * L + j]) fn(r / c.T, r % c.T, j, r * L + j);
+    }
+  }
+}
+
+struct Combo {
+  bool per_head;
+  int64_t K;
+  Flavor flavor;
+  DType dtype;
+};
+
+std::vector<Combo> AllCombos() {
+  std::vector<Combo> combos;
+  for (bool per_head : {true, false}) {
+    for (int64_t K : {0, 12}) {
+      for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
+        for (DType dtype :
+             {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+          combos.push_back({per_head, K, flavor, dtype});
+        }
+      }
+    }
+  }
+  return combos;
+}
+
+std::string Name(const Combo& c) {
+  return std::string(c.per_head ? "per-head" : "aggregated") +
+         (c.K > 0 ? " sparse" : " dense") +
+         (c.flavor == Flavor::kExact ? " EXACT " : " MAXTEXT ") +
+         std::string(DTypeName(c.dtype));
+}
+
+TEST(ExtremeValues, LogitsOfTenThousand) {
+  std::mt19937_64 rng(1);
+  uint64_t seed = 10;
+  for (const Combo& combo : AllCombos()) {
+    if (!combo.per_head) continue;
+    SCOPED_TRACE(Name(combo));
+    Case c =
+        MakeRandomCase(Spec(true, combo.K, combo.flavor, combo.dtype), seed++);
+    for (double& a : c.attention_logits->values) {
+      if (std::isfinite(a)) a = (rng() % 2 ? 1e4 : -1e4) + (rng() % 7);
+    }
+    CheckAgainstReference(c);
+  }
+}
+
+TEST(ExtremeValues, ScoresOfTenThousand) {
+  // Keys with p > 0 get q = 0 in float32 (exp(-2e4)): the KL is huge but
+  // finite, and EXACT accepts it (only -inf is an error).
+  std::mt19937_64 rng(2);
+  uint64_t seed = 20;
+  for (const Combo& combo : AllCombos()) {
+    SCOPED_TRACE(Name(combo));
+    Case c = MakeRandomCase(
+        Spec(combo.per_head, combo.K, combo.flavor, combo.dtype), seed++);
+    ForEachValidSlot(c, [&](int64_t, int64_t, int64_t, int64_t i) {
+      c.indexer_scores.values[i] = rng() % 3 == 0 ? 1e4 : -1e4;
+    });
+    const klref::RefResult ref = CheckAgainstReference(c);
+    // MaxText's log(q + 1e-8) caps each key's term near 18 nats.
+    EXPECT_GT(ref.unscaled_loss, combo.flavor == Flavor::kExact ? 100 : 1);
+  }
+}
+
+TEST(ExtremeValues, NegativeInfinityAtValidPositions) {
+  std::mt19937_64 rng(3);
+  uint64_t seed = 30;
+  for (const Combo& combo : AllCombos()) {
+    SCOPED_TRACE(Name(combo));
+    Case c = MakeRandomCase(
+        Spec(combo.per_head, combo.K, combo.flavor, combo.dtype), seed++);
+    std::vector<int64_t> seen_in_row(c.num_rows(), 0);
+    ForEachValidSlot(c, [&](int64_t b, int64_t t, int64_t j, int64_t i) {
+      // Keep each row's first valid key finite everywhere.
+      if (seen_in_row[b * c.T + t]++ == 0) return;
+      const uint64_t u = rng() % 10;
+      if (u < 3) {
+        // p = 0 here: the score may be -inf in both flavours.
+        c.indexer_scores.values[i] = -kInf;
+        if (c.attention_logits) {
+          for (int64_t h = 0; h < c.H; ++h) {
+            c.attention_logits->at({b, h, t, j}) = -kInf;
+          }
+        } else {
+          c.attention_weights->values[i] = 0;
+        }
+      } else if (u < 5 && c.attention_logits) {
+        c.attention_logits->at({b, static_cast<int64_t>(u % c.H), t, j}) =
+            -kInf;  // one head only: p stays positive
+      } else if (u < 6 && combo.flavor == Flavor::kMaxText) {
+        c.indexer_scores.values[i] = -kInf;  // p > 0, q = 0: finite in MaxText
+      }
+    });
+    CheckAgainstReference(c);
+  }
+}
+
+TEST(ExtremeValues, AllTargetMassOnOneKey) {
+  uint64_t seed = 40;
+  for (const Combo& combo : AllCombos()) {
+    for (bool exactly_one_hot : {true, false}) {
+      SCOPED_TRACE(Name(combo) + (exactly_one_hot ? " one-hot" : " near"));
+      Case c = MakeRandomCase(
+          Spec(combo.per_head, combo.K, combo.flavor, combo.dtype), seed++);
+      std::vector<int64_t> seen_in_row(c.num_rows(), 0);
+      ForEachValidSlot(c, [&](int64_t b, int64_t t, int64_t j, int64_t i) {
+        const bool hot = seen_in_row[b * c.T + t]++ == 0;
+        if (c.attention_logits) {
+          for (int64_t h = 0; h < c.H; ++h) {
+            c.attention_logits->at({b, h, t, j}) =
+                hot ? (exactly_one_hot ? 0.0 : 60.0)
+                    : (exactly_one_hot ? -kInf : 0.0);
+          }
+        } else {
+          c.attention_weights->values[i] =
+              hot ? 1.0 : (exactly_one_hot ? 0.0 : 1e-30);
+        }
+      });
+      const klref::RefResult ref = CheckAgainstReference(c);
+      // KL = -log q of the hot key.
+      ASSERT_EQ(ref.error, "");
+    }
+  }
+}
+
+TEST(ExtremeValues, IndexerProbabilitiesFarBelowOneETo30) {
+  std::mt19937_64 rng(5);
+  uint64_t seed = 50;
+  for (const Combo& combo : AllCombos()) {
+    SCOPED_TRACE(Name(combo));
+    Case c = MakeRandomCase(
+        Spec(combo.per_head, combo.K, combo.flavor, combo.dtype), seed++);
+    ForEachValidSlot(c, [&](int64_t, int64_t, int64_t, int64_t i) {
+      const double u = static_cast<double>(rng() % 1000) / 1000;
+      c.indexer_scores.values[i] = rng() % 4 == 0 ? -103.0 : -100.0 * u;
+    });
+    const klref::RefResult ref = CheckAgainstReference(c);
+    double min_q = 1;
+    for (size_t i = 0; i < ref.q.size(); ++i) {
+      if (ref.valid[i] && ref.q[i] > 0) min_q = std::min(min_q, ref.q[i]);
+    }
+    EXPECT_LT(min_q, 1e-30);
+  }
+}
+
+// Sets the valid weights to w, 2w, 3w, w, ... in slot order.
+void SetValidWeights(Case& c, double w) {
+  int64_t n = 0;
+  ForEachValidSlot(c, [&](int64_t, int64_t, int64_t, int64_t i) {
+    c.attention_weights->values[i] = w * static_cast<double>(1 + (n++ % 3));
+  });
+}
+
+const char* FlavorName(Flavor flavor) {
+  return flavor == Flavor::kExact ? "EXACT" : "MAXTEXT";
+}
+
+TEST(ExtremeValues, WeightSumsBeyondFloat32) {
+  // Every weight is a finite float32, but the row sums (and, for the long
+  // rows, their reciprocals) lie outside float32; the spec sums in float64.
+  uint64_t seed = 60;
+  for (int64_t S : {19, 200}) {
+    for (int64_t K : {0, 12}) {
+      for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
+        CaseSpec spec = Spec(false, K, flavor, DType::kFloat32);
+        spec.S = S;
+        spec.T = S > 100 ? 2 : spec.T;
+        Case c = MakeRandomCase(spec, seed++);
+        SetValidWeights(c, 1e38);
+        SCOPED_TRACE(::testing::Message()
+                     << "S=" << S << " K=" << K << " " << FlavorName(flavor));
+        CheckAgainstReference(c);
+      }
+    }
+  }
+}
+
+TEST(ExtremeValues, SubnormalWeights) {
+  // Float32 subnormal weights: legal (finite, >= 0), and the reciprocal of
+  // their row sum overflows float32.
+  uint64_t seed = 65;
+  for (double w : {1e-40, 3e-39}) {
+    for (int64_t K : {0, 12}) {
+      for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
+        Case c =
+            MakeRandomCase(Spec(false, K, flavor, DType::kFloat32), seed++);
+        SetValidWeights(c, w);
+        SCOPED_TRACE(::testing::Message()
+                     << "w=" << w << " K=" << K << " " << FlavorName(flavor));
+        CheckAgainstReference(c);
+      }
+    }
+  }
+}
+
+TEST(ExtremeValues, SixteenBitWeightsAtTheirLimits) {
+  // bf16 near its max, fp16 near its max, fp16 subnormals.
+  uint64_t seed = 68;
+  for (auto [dtype, w] : {std::pair{DType::kBFloat16, 1e38},
+                          {DType::kFloat16, 2e4},
+                          {DType::kFloat16, 1e-7}}) {
+    for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
+      Case c = MakeRandomCase(Spec(false, 0, flavor, dtype), seed++);
+      SetValidWeights(c, w);
+      SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " w=" << w << " "
+                                        << FlavorName(flavor));
+      CheckAgainstReference(c);
+    }
+  }
+}
+
+TEST(ExtremeValues, LargeSoftmaxScale) {
+  uint64_t seed = 70;
+  for (float scale : {50.0f, 1000.0f}) {
+    for (int64_t K : {0, 12}) {
+      for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
+        CaseSpec spec = Spec(true, K, flavor, DType::kFloat32);
+        spec.options.softmax_scale = scale;
+        // Scaled logits of a few units: float32's rounding of scale * A
+        // then stays far below the tolerance.
+        spec.logit_spread = 2.0 / scale;
+        SCOPED_TRACE(scale);
+        CheckAgainstReference(MakeRandomCase(spec, seed++));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace klserve::testdata

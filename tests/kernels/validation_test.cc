@@ -1,0 +1,764 @@
+// Every error rule: INVALID_ARGUMENT with a message naming the field.
+// Structural rules (shapes, dtypes, byte sizes, options) must be caught by
+// IndexerKlProblem::Create; value rules (NaN, infinities, indices, rows with
+// no distribution) by the computation, with the message starting with the
+// tensor's name. For each value rule the reference is asked too, so that the
+// test is known to build the case it means.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "kernels/loss.h"
+#include "kernels/problem.h"
+#include "tests/kernels/test_data.h"
+#include "tests/reference/indexer_kl_reference.h"
+
+namespace klserve::testdata {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// B=2, T=4, S=6, H=2, K=5 with every optional tensor present.
+Case FullBase(bool per_head, bool sparse) {
+  CaseSpec spec;
+  spec.B = 2;
+  spec.T = 4;
+  spec.S = 6;
+  spec.per_head = per_head;
+  spec.H = 2;
+  spec.K = sparse ? 5 : 0;
+  spec.causal = true;
+  spec.segments = spec.attention_mask = spec.key_padding = true;
+  spec.row_valid = true;
+  return MakeRandomCase(spec, 7);
+}
+
+// The same shapes with a causal mask only and an all-true row_valid.
+Case DataBase(bool per_head, bool sparse) {
+  CaseSpec spec;
+  spec.B = 2;
+  spec.T = 4;
+  spec.S = 6;
+  spec.per_head = per_head;
+  spec.H = 2;
+  spec.K = sparse ? 5 : 0;
+  spec.causal = true;
+  spec.empty_slot_fraction = 0.3;
+  spec.zero_weight_fraction = 0;
+  Case c = MakeRandomCase(spec, 8);
+  c.row_valid = HostTensor(DType::kBool, {2, 4}, 1);
+  return c;
+}
+
+void Resize(HostTensor& t, std::vector<int64_t> shape) {
+  t.shape = std::move(shape);
+  t.values.assign(t.num_elements(), 0.5);
+}
+
+// Expects Create to reject `c`, naming one of `fields`.
+void ExpectCreateRejects(const Case& c,
+                         std::initializer_list<std::string_view> fields) {
+  const EncodedCase encoded(c);
+  ExpectInvalidNaming(CreateStatus(encoded), fields);
+}
+
+// Expects the reference and the library to reject `c` for `field`.
+void ExpectValueError(const Case& c, std::string_view field) {
+  EXPECT_EQ(klref::ComputeReference(ToReference(c)).error, field)
+      << "(the reference disagrees: the test case is wrong)";
+  ExpectInvalidStartingWith(RunStatus(c), {field});
+}
+
+const char* TargetName(const Case& c) {
+  return c.attention_logits ? "attention_logits" : "attention_weights";
+}
+
+struct BaseKind {
+  bool per_head;
+  bool sparse;
+};
+constexpr BaseKind kBases[] = {
+    {true, false}, {false, false}, {true, true}, {false, true}};
+
+std::string KindName(BaseKind k) {
+  return std::string(k.per_head ? "per-head" : "aggregated") +
+         (k.sparse ? " sparse" : " dense");
+}
+
+// Flat [B,T,L] index of the first slot of row r with the given validity.
+int64_t FindSlot(const Case& c, bool valid, int64_t first_row = 0) {
+  const klref::RefResult ref = klref::ComputeReference(ToReference(c));
+  EXPECT_EQ(ref.error, "");
+  const int64_t L = c.slots();
+  for (int64_t i = first_row * L; i < c.num_rows() * L; ++i) {
+    if ((ref.valid[i] != 0) == valid) return i;
+  }
+  ADD_FAILURE() << "no slot with validity " << valid;
+  return 0;
+}
+
+// Flat index of an empty (-1) slot.
+int64_t FindEmptySlot(const Case& c) {
+  for (size_t i = 0; i < c.topk_indices->values.size(); ++i) {
+    if (c.topk_indices->values[i] == -1) return static_cast<int64_t>(i);
+  }
+  ADD_FAILURE() << "no empty slot";
+  return 0;
+}
+
+// Sets the target value of slot i ([B,T,L] index) in every head.
+void SetTarget(Case& c, int64_t i, double value, int64_t only_head = -1) {
+  const int64_t L = c.slots(), r = i / L, j = i % L;
+  if (c.attention_logits) {
+    for (int64_t h = 0; h < c.H; ++h) {
+      if (only_head >= 0 && h != only_head) continue;
+      c.attention_logits->at({r / c.T, h, r % c.T, j}) = value;
+    }
+  } else {
+    c.attention_weights->values[i] = value;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Structural rules, caught by Create.
+
+TEST(Validate, AcceptsTheBaseCases) {
+  for (BaseKind k : kBases) {
+    SCOPED_TRACE(KindName(k));
+    const Case full = FullBase(k.per_head, k.sparse);
+    const EncodedCase encoded(full);
+    EXPECT_TRUE(CreateStatus(encoded).ok()) << CreateStatus(encoded);
+    EXPECT_TRUE(RunStatus(full).ok()) << RunStatus(full);
+    EXPECT_TRUE(RunStatus(DataBase(k.per_head, k.sparse)).ok());
+  }
+}
+
+TEST(Validate, RejectsScoresShapeMismatch) {
+  for (BaseKind k : kBases) {
+    SCOPED_TRACE(KindName(k));
+    const Case base = FullBase(k.per_head, k.sparse);
+    const int64_t L = base.slots();
+    for (std::vector<int64_t> shape :
+         {std::vector<int64_t>{2, 4, L + 1}, {2, 5, L}, {3, 4, L}}) {
+      Case c = base;
+      Resize(c.indexer_scores, shape);
+      ExpectCreateRejects(c, {"indexer_scores", TargetName(c), "topk_indices",
+                              "attention_mask", "row_valid", "segment_ids_q",
+                              "segment_ids_kv", "key_padding_mask"});
+    }
+  }
+}
+
+TEST(Validate, RejectsTargetShapeMismatch) {
+  for (BaseKind k : kBases) {
+    SCOPED_TRACE(KindName(k));
+    Case c = FullBase(k.per_head, k.sparse);
+    const int64_t L = c.slots();
+    if (k.per_head) {
+      Resize(*c.attention_logits, {2, 2, 4, L - 1});
+    } else {
+      Resize(*c.attention_weights, {2, 3, L});
+    }
+    ExpectCreateRejects(c, {TargetName(c), "indexer_scores"});
+  }
+}
+
+TEST(Validate, RejectsWrongRank) {
+  for (BaseKind k : kBases) {
+    SCOPED_TRACE(KindName(k));
+    const Case base = FullBase(k.per_head, k.sparse);
+    const int64_t L = base.slots();
+    Case c = base;
+    Resize(c.indexer_scores, {8, L});
+    ExpectCreateRejects(c, {"indexer_scores"});
+    c = base;
+    if (k.per_head) {
+      Resize(*c.attention_logits, {2, 4, L});  // a [B,T,S] tensor as logits
+    } else {
+      Resize(*c.attention_weights, {2, 1, 4, L});
+    }
+    ExpectCreateRejects(c, {TargetName(c)});
+    if (k.sparse) {
+      c = base;
+      Resize(*c.topk_indices, {2, 4, L, 1});
+      ExpectCreateRejects(c, {"topk_indices"});
+    }
+  }
+}
+
+TEST(Validate, RejectsTopkShapeMismatch) {
+  for (bool per_head : {true, false}) {
+    const Case base = FullBase(per_head, true);
+    for (std::vector<int64_t> shape :
+         {std::vector<int64_t>{2, 4, 6}, {2, 3, 5}, {1, 4, 5}}) {
+      Case c = base;
+      Resize(*c.topk_indices, shape);
+      for (double& v : c.topk_indices->values) v = -1;
+      ExpectCreateRejects(c, {"topk_indices", "indexer_scores"});
+    }
+  }
+}
+
+TEST(Validate, RejectsMaskShapeMismatch) {
+  for (BaseKind k : kBases) {
+    SCOPED_TRACE(KindName(k));
+    const Case base = FullBase(k.per_head, k.sparse);
+    Case c = base;
+    Resize(*c.segment_ids_q, {2, 5});
+    ExpectCreateRejects(c, {"segment_ids_q"});
+    c = base;
+    Resize(*c.segment_ids_kv, {2, 7});  // S + 1
+    ExpectCreateRejects(c, {"segment_ids_kv"});
+    c = base;
+    Resize(*c.attention_mask, {2, 4, 7});
+    ExpectCreateRejects(c, {"attention_mask"});
+    c = base;
+    Resize(*c.attention_mask, {2, 4});
+    ExpectCreateRejects(c, {"attention_mask"});
+    c = base;
+    Resize(*c.key_padding_mask, {3, 6});
+    ExpectCreateRejects(c, {"key_padding_mask"});
+    c = base;
+    Resize(*c.row_valid, {2, 3});
+    ExpectCreateRejects(c, {"row_valid"});
+  }
+}
+
+TEST(Validate, RejectsSparseAttentionMaskShapedLikeTheSlots) {
+  // The explicit mask is indexed by key ([B,T,S]) in both stages.
+  for (bool per_head : {true, false}) {
+    Case c = FullBase(per_head, true);
+    Resize(*c.attention_mask, {2, 4, 5});  // [B,T,K]
+    ExpectCreateRejects(c, {"attention_mask"});
+  }
+}
+
+TEST(Validate, RejectsByteSizeMismatch) {
+  for (BaseKind k : kBases) {
+    SCOPED_TRACE(KindName(k));
+    const Case base = FullBase(k.per_head, k.sparse);
+    struct Field {
+      const char* name;
+      std::optional<TensorView> IndexerKlInputs::*member;
+    };
+    const Field optional_fields[] = {
+        {"attention_logits", &IndexerKlInputs::attention_logits},
+        {"attention_weights", &IndexerKlInputs::attention_weights},
+        {"topk_indices", &IndexerKlInputs::topk_indices},
+        {"segment_ids_q", &IndexerKlInputs::segment_ids_q},
+        {"segment_ids_kv", &IndexerKlInputs::segment_ids_kv},
+        {"attention_mask", &IndexerKlInputs::attention_mask},
+        {"key_padding_mask", &IndexerKlInputs::key_padding_mask},
+        {"row_valid", &IndexerKlInputs::row_valid},
+    };
+    for (const Field& field : optional_fields) {
+      EncodedCase encoded(base);
+      std::optional<TensorView>& view = encoded.inputs().*(field.member);
+      if (!view.has_value()) continue;
+      SCOPED_TRACE(field.name);
+      view->byte_size -= 1;
+      ExpectInvalidNaming(CreateStatus(encoded), {field.name});
+      view->byte_size = 0;
+      ExpectInvalidNaming(CreateStatus(encoded), {field.name});
+    }
+    EncodedCase encoded(base);
+    encoded.inputs().indexer_scores.byte_size -= 1;
+    ExpectInvalidNaming(CreateStatus(encoded), {"indexer_scores"});
+  }
+}
+
+TEST(Validate, RejectsDisallowedDtypes) {
+  for (BaseKind k : kBases) {
+    SCOPED_TRACE(KindName(k));
+    const Case base = FullBase(k.per_head, k.sparse);
+    auto expect_rejected = [&](auto member, DType dtype, const char* name) {
+      Case c = base;
+      HostTensor& t = member(c);
+      t.dtype = dtype;
+      SCOPED_TRACE(std::string(name) + " as " + std::string(DTypeName(dtype)));
+      ExpectCreateRejects(c, {name});
+    };
+    auto scores = [](Case& c) -> HostTensor& { return c.indexer_scores; };
+    auto target = [](Case& c) -> HostTensor& { return c.target(); };
+    auto seg_q = [](Case& c) -> HostTensor& { return *c.segment_ids_q; };
+    auto seg_kv = [](Case& c) -> HostTensor& { return *c.segment_ids_kv; };
+    auto mask = [](Case& c) -> HostTensor& { return *c.attention_mask; };
+    auto padding = [](Case& c) -> HostTensor& { return *c.key_padding_mask; };
+    auto row_valid = [](Case& c) -> HostTensor& { return *c.row_valid; };
+    expect_rejected(scores, DType::kInt32, "indexer_scores");
+    expect_rejected(scores, DType::kBool, "indexer_scores");
+    expect_rejected(target, DType::kInt32, TargetName(base));
+    expect_rejected(target, DType::kBool, TargetName(base));
+    expect_rejected(seg_q, DType::kFloat32, "segment_ids_q");
+    expect_rejected(seg_kv, DType::kBool, "segment_ids_kv");
+    expect_rejected(mask, DType::kInt32, "attention_mask");
+    expect_rejected(mask, DType::kFloat32, "attention_mask");
+    expect_rejected(padding, DType::kFloat16, "key_padding_mask");
+    expect_rejected(row_valid, DType::kInt32, "row_valid");
+    if (k.sparse) {
+      auto topk = [](Case& c) -> HostTensor& { return *c.topk_indices; };
+      expect_rejected(topk, DType::kFloat32, "topk_indices");
+      expect_rejected(topk, DType::kBool, "topk_indices");
+    }
+  }
+}
+
+TEST(Validate, RejectsDimensionProductOverflow) {
+  // Views with huge dimensions over a few bytes: the element count or the
+  // byte count overflows int64 (one of them wraps to exactly 0).
+  const std::vector<std::vector<int64_t>> shapes = {
+      {int64_t{1} << 31, int64_t{1} << 31, int64_t{1} << 31},
+      {int64_t{1} << 32, int64_t{1} << 32, 4},  // 2^66 elements: wraps to 0
+      {int64_t{1} << 20, int64_t{1} << 20, int64_t{1} << 21},  // 2^63 bytes
+      {std::numeric_limits<int64_t>::max(), 2, 1},
+  };
+  const std::vector<std::byte> bytes(64);
+  for (const std::vector<int64_t>& shape : shapes) {
+    for (int64_t byte_size : {int64_t{0}, int64_t{64}}) {
+      IndexerKlInputs inputs;
+      TensorView view;
+      view.dtype = DType::kFloat32;
+      view.shape.assign(shape.begin(), shape.end());
+      view.data = bytes.data();
+      view.byte_size = byte_size;
+      inputs.indexer_scores = view;
+      inputs.attention_weights = view;
+      ExpectInvalidNaming(
+          IndexerKlProblem::Create(inputs, IndexerKlOptions()).status(),
+          {"indexer_scores", "attention_weights"});
+      // Per-head logits: B*H*T*S overflows while [B,T,S] does not.
+      IndexerKlInputs per_head;
+      per_head.indexer_scores = view;
+      per_head.indexer_scores.shape = {1, 1, 16};
+      per_head.indexer_scores.byte_size = 64;
+      per_head.attention_logits = view;
+      per_head.attention_logits->shape = {1, shape[0], 1, 16};
+      ExpectInvalidNaming(
+          IndexerKlProblem::Create(per_head, IndexerKlOptions()).status(),
+          {"attention_logits"});
+    }
+  }
+}
+
+TEST(Validate, RejectsZeroSizedDimensions) {
+  for (BaseKind k : kBases) {
+    SCOPED_TRACE(KindName(k));
+    for (int dim = 0; dim < 5; ++dim) {  // B, T, S, H, K
+      if (dim == 3 && !k.per_head) continue;
+      if (dim == 4 && !k.sparse) continue;
+      int64_t B = 2, T = 3, S = 4, H = 2, K = 3;
+      (dim == 0 ? B : dim == 1 ? T : dim == 2 ? S : dim == 3 ? H : K) = 0;
+      SCOPED_TRACE("zero dimension " + std::string(1, "BTSHK"[dim]));
+      Case c;
+      c.B = B;
+      c.T = T;
+      c.S = S;
+      c.K = k.sparse ? K : 0;
+      const int64_t L = k.sparse ? K : S;
+      c.indexer_scores = HostTensor(DType::kFloat32, {B, T, L});
+      if (k.per_head) {
+        c.H = H;
+        c.attention_logits = HostTensor(DType::kFloat32, {B, H, T, L});
+      } else {
+        c.attention_weights = HostTensor(DType::kFloat32, {B, T, L}, 1);
+      }
+      if (k.sparse) {
+        c.topk_indices = HostTensor(DType::kInt32, {B, T, K}, -1);
+        c.options.num_keys = S;
+      }
+      ExpectCreateRejects(c, {"indexer_scores", "attention_logits",
+                              "attention_weights", "topk_indices", "num_keys"});
+    }
+  }
+}
+
+TEST(Validate, RejectsBothTargetsOrNone) {
+  for (bool sparse : {false, true}) {
+    Case both = FullBase(true, sparse);
+    both.attention_weights =
+        HostTensor(DType::kFloat32, {2, 4, both.slots()}, 1.0);
+    ExpectCreateRejects(both, {"attention_logits", "attention_weights"});
+    Case none = FullBase(false, sparse);
+    none.attention_weights.reset();
+    ExpectCreateRejects(none, {"attention_logits", "attention_weights"});
+  }
+}
+
+TEST(Validate, RejectsSegmentIdsGivenAlone) {
+  for (BaseKind k : kBases) {
+    Case c = FullBase(k.per_head, k.sparse);
+    c.segment_ids_kv.reset();
+    ExpectCreateRejects(c, {"segment_ids_q", "segment_ids_kv"});
+    c = FullBase(k.per_head, k.sparse);
+    c.segment_ids_q.reset();
+    ExpectCreateRejects(c, {"segment_ids_q", "segment_ids_kv"});
+  }
+}
+
+TEST(Validate, RejectsBadNumKeys) {
+  for (bool per_head : {true, false}) {
+    Case sparse = FullBase(per_head, true);
+    sparse.options.num_keys = 0;
+    ExpectCreateRejects(sparse, {"num_keys"});
+    sparse.options.num_keys = -6;
+    ExpectCreateRejects(sparse, {"num_keys"});
+    Case dense = FullBase(per_head, false);
+    dense.options.num_keys = dense.S + 1;
+    ExpectCreateRejects(dense, {"num_keys"});
+    dense.options.num_keys = dense.S;  // allowed
+    const EncodedCase encoded(dense);
+    EXPECT_TRUE(CreateStatus(encoded).ok()) << CreateStatus(encoded);
+  }
+}
+
+TEST(Validate, RejectsBadSoftmaxScale) {
+  for (bool sparse : {false, true}) {
+    for (float scale :
+         {std::numeric_limits<float>::quiet_NaN(),
+          std::numeric_limits<float>::infinity(),
+          -std::numeric_limits<float>::infinity(), 0.0f, -0.0f, -0.5f}) {
+      Case c = FullBase(true, sparse);
+      c.options.softmax_scale = scale;
+      SCOPED_TRACE(scale);
+      ExpectCreateRejects(c, {"softmax_scale"});
+    }
+  }
+}
+
+TEST(Validate, RejectsBadScalingFactor) {
+  for (double factor : {kNaN, kInf, -kInf}) {
+    for (BaseKind k : kBases) {
+      Case c = FullBase(k.per_head, k.sparse);
+      c.options.scaling_factor = factor;
+      SCOPED_TRACE(factor);
+      ExpectCreateRejects(c, {"scaling_factor"});
+    }
+  }
+}
+
+TEST(Validate, RejectsNegativeRecallK) {
+  Case c = FullBase(false, false);
+  c.options.recall_k = -1;
+  ExpectCreateRejects(c, {"recall_k"});
+}
+
+TEST(Validate, RejectsGradDtypeThatIsNotAFloat) {
+  for (DType dtype : {DType::kInt32, DType::kBool}) {
+    Case c = FullBase(true, true);
+    c.options.grad_dtype = dtype;
+    ExpectCreateRejects(c, {"grad_dtype"});
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Output buffers, checked by ComputeIndexerKl.
+
+TEST(Validate, RejectsOutputBuffersTooSmall) {
+  for (DType grad_dtype : {DType::kFloat32, DType::kBFloat16}) {
+    Case c = DataBase(true, false);
+    c.options.grad_dtype = grad_dtype;
+    c.options.want_row_kl = true;
+    const EncodedCase encoded(c);
+    const absl::StatusOr<IndexerKlProblem> problem =
+        IndexerKlProblem::Create(encoded.inputs(), encoded.options());
+    ASSERT_TRUE(problem.ok()) << problem.status();
+    const int64_t grad_bytes = c.num_rows() * c.S * DTypeSize(grad_dtype);
+    std::vector<std::byte> grad(grad_bytes);
+    std::vector<double> row_kl(c.num_rows());
+    auto run = [&](void* g, int64_t g_size, double* kl, int64_t kl_size) {
+      LossOutputs outputs;
+      outputs.grad = g;
+      outputs.grad_byte_size = g_size;
+      outputs.row_kl = kl;
+      outputs.row_kl_size = kl_size;
+      return ComputeIndexerKl(SharedBackend(), *problem, outputs).status();
+    };
+    const int64_t rows = c.num_rows();
+    EXPECT_TRUE(run(grad.data(), grad_bytes, row_kl.data(), rows).ok());
+    ExpectInvalidNaming(run(grad.data(), grad_bytes - 1, row_kl.data(), rows),
+                        {"grad", "grad_byte_size"});
+    ExpectInvalidNaming(run(nullptr, 0, row_kl.data(), rows),
+                        {"grad", "grad_byte_size"});
+    ExpectInvalidNaming(run(grad.data(), grad_bytes, row_kl.data(), rows - 1),
+                        {"row_kl", "row_kl_size"});
+    ExpectInvalidNaming(run(grad.data(), grad_bytes, nullptr, 0),
+                        {"row_kl", "row_kl_size"});
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Value rules, caught while computing.
+
+TEST(Validate, RejectsTopkIndexOutOfRange) {
+  for (bool per_head : {true, false}) {
+    for (double index :
+         {6.0, 7.0, 1000.0, -2.0, -7.0, 2147483647.0, -2147483648.0}) {
+      Case c = DataBase(per_head, true);
+      c.topk_indices->at({1, 2, 3}) = index;
+      SCOPED_TRACE(index);
+      ExpectValueError(c, "topk_indices");
+      c.row_valid->at({1, 2}) = 0;  // whatever row_valid says
+      ExpectValueError(c, "topk_indices");
+    }
+  }
+}
+
+TEST(Validate, RejectsDuplicateTopkIndex) {
+  for (bool per_head : {true, false}) {
+    Case c = DataBase(per_head, true);
+    // Row (1, 3) sees every key; name key 1 in two slots.
+    for (int64_t j = 0; j < 5; ++j) c.topk_indices->at({1, 3, j}) = j;
+    c.topk_indices->at({1, 3, 4}) = 1;
+    ExpectValueError(c, "topk_indices");
+  }
+}
+
+TEST(Validate, RejectsDuplicateTopkIndexOfAMaskedKey) {
+  for (bool per_head : {true, false}) {
+    Case c = DataBase(per_head, true);
+    // Row (0, 0) sees keys 0..2 (causal, offset 2); name key 5 twice.
+    for (int64_t j = 0; j < 5; ++j) c.topk_indices->at({0, 0, j}) = j;
+    c.topk_indices->at({0, 0, 3}) = 5;
+    c.topk_indices->at({0, 0, 4}) = 5;
+    ExpectValueError(c, "topk_indices");
+  }
+}
+
+TEST(Validate, RejectsNanAnywhere) {
+  for (BaseKind k : kBases) {
+    const Case base = DataBase(k.per_head, k.sparse);
+    // Where: a valid slot, a masked slot, an empty slot, a row that
+    // row_valid drops.
+    std::vector<std::pair<std::string, int64_t>> places = {
+        {"valid slot", FindSlot(base, true)},
+        {"masked slot", FindSlot(base, false)}};
+    if (k.sparse) places.push_back({"empty slot", FindEmptySlot(base)});
+    for (const auto& [where, i] : places) {
+      for (bool drop_row : {false, true}) {
+        SCOPED_TRACE(KindName(k) + ", " + where +
+                     (drop_row ? ", row_valid false" : ""));
+        Case c = base;
+        if (drop_row) c.row_valid->values[i / c.slots()] = 0;
+        Case bad = c;
+        bad.indexer_scores.values[i] = kNaN;
+        ExpectValueError(bad, "indexer_scores");
+        bad = c;
+        SetTarget(bad, i, kNaN, /*only_head=*/1);
+        ExpectValueError(bad, TargetName(c));
+      }
+    }
+  }
+}
+
+TEST(Validate, RejectsPositiveInfinityInLogitsAndScores) {
+  for (BaseKind k : kBases) {
+    const Case base = DataBase(k.per_head, k.sparse);
+    for (bool valid : {true, false}) {
+      SCOPED_TRACE(KindName(k) + (valid ? ", valid slot" : ", masked slot"));
+      const int64_t i = FindSlot(base, valid);
+      Case bad = base;
+      bad.indexer_scores.values[i] = kInf;
+      ExpectValueError(bad, "indexer_scores");
+      if (k.per_head) {
+        bad = base;
+        SetTarget(bad, i, kInf, /*only_head=*/0);
+        ExpectValueError(bad, "attention_logits");
+      }
+    }
+  }
+}
+
+TEST(Validate, RejectsNegativeOrInfiniteWeights) {
+  for (bool sparse : {false, true}) {
+    const Case base = DataBase(false, sparse);
+    for (bool valid : {true, false}) {
+      for (double w : {-1.0, -1e-30, -kInf, kInf}) {
+        SCOPED_TRACE(std::string(sparse ? "sparse" : "dense") +
+                     (valid ? ", valid slot, " : ", masked slot, ") +
+                     std::to_string(w));
+        Case bad = base;
+        SetTarget(bad, FindSlot(base, valid), w);
+        ExpectValueError(bad, "attention_weights");
+      }
+    }
+  }
+}
+
+// Sets every valid slot of row r to `value` in the scores (or in head h's
+// logits when h >= 0).
+void FillValidSlots(Case& c, int64_t r, double value, int64_t h = -1) {
+  const klref::RefResult ref = klref::ComputeReference(ToReference(c));
+  const int64_t L = c.slots();
+  for (int64_t j = 0; j < L; ++j) {
+    if (!ref.valid[r * L + j]) continue;
+    if (h < 0) {
+      c.indexer_scores.values[r * L + j] = value;
+    } else {
+      c.attention_logits->at({r / c.T, h, r % c.T, j}) = value;
+    }
+  }
+}
+
+TEST(Validate, RejectsValidRowWhoseScoresAreAllNegativeInfinity) {
+  for (BaseKind k : kBases) {
+    for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
+      for (bool drop_row : {false, true}) {
+        SCOPED_TRACE(KindName(k) + (drop_row ? ", row_valid false" : ""));
+        Case c = DataBase(k.per_head, k.sparse);
+        c.options.flavor = flavor;
+        const int64_t r = FindSlot(c, true, 5) / c.slots();
+        FillValidSlots(c, r, -kInf);
+        if (drop_row) c.row_valid->values[r] = 0;
+        ExpectValueError(c, "indexer_scores");
+      }
+    }
+  }
+}
+
+TEST(Validate, RejectsValidRowWhoseZeroTargetHasAllNegativeInfinityScores) {
+  // A zero-target row still has valid keys, so its q must exist.
+  for (bool sparse : {false, true}) {
+    Case c = DataBase(false, sparse);
+    const int64_t r = FindSlot(c, true, 5) / c.slots();
+    for (int64_t j = 0; j < c.slots(); ++j) {
+      c.attention_weights->values[r * c.slots() + j] = 0;
+    }
+    FillValidSlots(c, r, -kInf);
+    ExpectValueError(c, "indexer_scores");
+  }
+}
+
+TEST(Validate, RejectsHeadWhoseLogitsAreAllNegativeInfinity) {
+  for (bool sparse : {false, true}) {
+    for (bool drop_row : {false, true}) {
+      Case c = DataBase(true, sparse);
+      const int64_t r = FindSlot(c, true, 6) / c.slots();
+      FillValidSlots(c, r, -kInf, /*h=*/1);  // head 0 stays finite
+      if (drop_row) c.row_valid->values[r] = 0;
+      ExpectValueError(c, "attention_logits");
+    }
+  }
+}
+
+TEST(Validate, RejectsExactNegativeInfinityScoreWhereTargetIsPositive) {
+  for (BaseKind k : kBases) {
+    SCOPED_TRACE(KindName(k));
+    Case c = DataBase(k.per_head, k.sparse);
+    const int64_t i = FindSlot(c, true, 3);
+    c.indexer_scores.values[i] = -kInf;
+    c.options.flavor = Flavor::kExact;
+    ExpectValueError(c, "indexer_scores");
+    // MaxText's epsilon keeps it finite: computed, and as the reference.
+    c.options.flavor = Flavor::kMaxText;
+    CheckAgainstReference(c);
+  }
+}
+
+// Flat index of the first valid slot in a row with at least two.
+int64_t SlotInRowWithTwoValid(const Case& c) {
+  const klref::RefResult ref = klref::ComputeReference(ToReference(c));
+  const int64_t L = c.slots();
+  for (int64_t r = 0; r < c.num_rows(); ++r) {
+    int64_t count = 0, first = -1;
+    for (int64_t j = 0; j < L; ++j) {
+      if (!ref.valid[r * L + j]) continue;
+      if (first < 0) first = r * L + j;
+      ++count;
+    }
+    if (count >= 2) return first;
+  }
+  ADD_FAILURE() << "no row with two valid slots";
+  return 0;
+}
+
+TEST(Validate, AcceptsNegativeInfinityScoreWhereTargetIsZero) {
+  for (bool sparse : {false, true}) {
+    Case c = DataBase(false, sparse);
+    const int64_t i = SlotInRowWithTwoValid(c);
+    c.indexer_scores.values[i] = -kInf;
+    c.attention_weights->values[i] = 0;
+    CheckAgainstReference(c);
+    // Per-head: p = 0 there when every head's logit is -inf.
+    Case h = DataBase(true, sparse);
+    const int64_t k = SlotInRowWithTwoValid(h);
+    h.indexer_scores.values[k] = -kInf;
+    SetTarget(h, k, -kInf);
+    CheckAgainstReference(h);
+  }
+}
+
+// The integers in `message`, in order.
+std::vector<int64_t> Integers(std::string_view message) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < message.size();) {
+    if (message[i] < '0' || message[i] > '9') {
+      ++i;
+      continue;
+    }
+    int64_t v = 0;
+    while (i < message.size() && message[i] >= '0' && message[i] <= '9') {
+      v = v * 10 + (message[i++] - '0');
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+// Expects the message to give the position as consecutive numbers.
+void ExpectNamesPosition(const absl::Status& status,
+                         const std::vector<int64_t>& position) {
+  const std::vector<int64_t> ints = Integers(std::string(status.message()));
+  const bool found = std::search(ints.begin(), ints.end(), position.begin(),
+                                 position.end()) != ints.end();
+  EXPECT_TRUE(found) << "\"" << status.message()
+                     << "\" should give the position";
+}
+
+TEST(Validate, NamesTheFirstBadPosition) {
+  for (bool sparse : {false, true}) {
+    Case c = DataBase(false, sparse);
+    c.indexer_scores.at({1, 2, 3}) = kNaN;
+    c.indexer_scores.at({1, 3, 4}) = kNaN;
+    ExpectNamesPosition(RunStatus(c), {1, 2, 3});
+    c = DataBase(false, sparse);
+    c.attention_weights->at({1, 2, 4}) = -3;
+    c.attention_weights->at({1, 3, 0}) = -3;
+    ExpectNamesPosition(RunStatus(c), {1, 2, 4});
+    if (sparse) {
+      c = DataBase(false, sparse);
+      c.topk_indices->at({1, 3, 2}) = 17;
+      ExpectNamesPosition(RunStatus(c), {1, 3, 2});
+    }
+  }
+}
+
+TEST(Validate, ReportsTheLowestBadRow) {
+  // Many rows, so that both threads find an error; the lower row wins.
+  CaseSpec spec;
+  spec.B = 2;
+  spec.T = 300;
+  spec.S = 8;
+  spec.per_head = false;
+  const Case base = MakeRandomCase(spec, 9);
+  const int64_t L = base.slots();
+  Case c = base;
+  c.indexer_scores.values[550 * L + 2] = kNaN;
+  c.attention_weights->values[420 * L + 5] = -1;
+  ExpectValueError(c, "attention_weights");
+  c = base;
+  c.indexer_scores.values[30 * L + 2] = kInf;
+  c.attention_weights->values[590 * L + 5] = kNaN;
+  ExpectValueError(c, "indexer_scores");
+}
+
+}  // namespace
+}  // namespace klserve::testdata
