@@ -9,7 +9,6 @@
 #include "kernels/cpu/row_loss.h"
 #include "kernels/cpu/row_passes.h"
 #include "kernels/cpu/row_scratch.h"
-#include "kernels/cpu/row_target.h"
 #include "kernels/cpu/row_validity.h"
 
 namespace klserve {
@@ -73,9 +72,6 @@ absl::StatusOr<RowResult> ComputeRow(const IndexerKlProblem& p,
   absl::StatusOr<cpu::RowValidity> validity =
       cpu::BuildRowValidity(p, data, r, scratch);
   if (!validity.ok()) return validity.status();
-  absl::StatusOr<cpu::RowTarget> target =
-      cpu::LoadRowTarget(p, data, r, *validity, next, scratch);
-  if (!target.ok()) return target.status();
 
   std::byte* grad_out = out.grad != nullptr ? GradRow(out, r, p.T) : nullptr;
   const bool counts = RowCounts(p, r);
@@ -86,8 +82,8 @@ absl::StatusOr<RowResult> ComputeRow(const IndexerKlProblem& p,
                : scratch.grad();
   }
   absl::StatusOr<RowResult> result = cpu::ComputeRowLoss(
-      p, data, r, *validity, *target, static_cast<float>(out.grad_scale), grad,
-      next, scratch);
+      p, data, r, *validity, static_cast<float>(out.grad_scale), grad, next,
+      scratch);
   if (!result.ok()) return result;
   if (grad_out != nullptr) {
     if (!counts) {

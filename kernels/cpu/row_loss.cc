@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/row_convert.h"
 #include "kernels/cpu/row_passes.h"
+#include "kernels/cpu/row_target.h"
 #include "kernels/value_errors.h"
 
 namespace klserve::cpu {
@@ -35,39 +36,88 @@ double TopkRecall(const IndexerKlProblem& p, const RowValidity& v,
   return mass / target.z;
 }
 
-// ScoreTermsRow with its template flags taken from the problem.
-ScoreTerms ComputeScoreTerms(const IndexerKlProblem& p, const RowValidity& v,
-                             const float* w, const float* I, float m, float* e,
-                             Prefetcher& next) {
-  const bool entropy = p.options.want_diagnostics;
-  if (v.bytes != nullptr) {
-    return entropy
-               ? ScoreTermsRow<true, true>(w, I, v.limit, v.bytes, m, e, next)
-               : ScoreTermsRow<true, false>(w, I, v.limit, v.bytes, m, e, next);
+// The target's weights and the scores, each checked everywhere in the row,
+// and the target terms; see ScanRow.
+struct ScannedRow {
+  RowTarget target;
+  const float* I = nullptr;
+  ScanResult scores;
+  TargetTerms terms;
+};
+
+template <bool kMasked>
+absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
+                                               const RowData& data, int64_t r,
+                                               const RowValidity& v,
+                                               Prefetcher& next,
+                                               RowScratch& scratch) {
+  ScannedRow row;
+  Prefetcher none;
+  if (p.per_head) {
+    // The per-head target is built first (its heads stream in as they
+    // compute); the scores then pass once against it.
+    absl::StatusOr<RowTarget> target =
+        LoadPerHeadTarget(p, data, r, v, scratch);
+    if (!target.ok()) return target.status();
+    row.target = *target;
+    row.I = FloatRow(data.scores.dtype, data.scores.Row(r, p.T), p.K,
+                     scratch.scores());
+    if (v.count == 0) {  // w is undefined: checks only
+      row.scores = ScanLogits<kMasked>(row.I, p.K, v.limit, v.bytes);
+      return row;
+    }
+    const RowScan scan = ScanRow<kMasked, false>(
+        row.target.w, row.I, p.K, v.limit, v.bytes, nullptr, next);
+    row.scores = scan.scores;
+    row.terms = scan.terms;
+    return row;
   }
-  return entropy
-             ? ScoreTermsRow<false, true>(w, I, v.limit, nullptr, m, e, next)
-             : ScoreTermsRow<false, false>(w, I, v.limit, nullptr, m, e, next);
+  // Head-aggregated: one pass streams the weights and the scores together.
+  const float* x = FloatRow(data.target.dtype, data.target.Row(r, p.T), p.K,
+                            scratch.target());
+  row.I = FloatRow(data.scores.dtype, data.scores.Row(r, p.T), p.K,
+                   scratch.scores());
+  float* masked_copy = kMasked ? scratch.w() : nullptr;
+  const RowScan scan = ScanRow<kMasked, true>(x, row.I, p.K, v.limit, v.bytes,
+                                              masked_copy, next);
+  if (scan.target.any_bad) {
+    const int64_t j = FirstBadValue(x, p.K, /*weights=*/true);
+    return ValueError("attention_weights", "weights must be finite and >= 0",
+                      DescribeValue(x[j]), {r / p.T, r % p.T, j});
+  }
+  bool rescaled;
+  row.target = AggregatedTarget(p, v, kMasked ? masked_copy : x,
+                                scan.target.sum, scratch, rescaled);
+  row.scores = scan.scores;
+  row.terms = scan.terms;
+  if (rescaled) {  // the terms follow the rescaled weights
+    row.terms = ScanRow<kMasked, false>(row.target.w, row.I, p.K, v.limit,
+                                        v.bytes, nullptr, none)
+                    .terms;
+  }
+  return row;
 }
 
-}  // namespace
-
-absl::StatusOr<RowResult> ComputeRowLoss(
-    const IndexerKlProblem& p, const RowData& data, int64_t r,
-    const RowValidity& v, const RowTarget& target, float grad_scale,
-    float* grad, Prefetcher& next, RowScratch& scratch) {
+template <bool kMasked>
+absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
+                                  const RowData& data, int64_t r,
+                                  const RowValidity& v, float grad_scale,
+                                  float* grad, Prefetcher& next,
+                                  RowScratch& scratch) {
   const int64_t b = r / p.T, t = r % p.T;
-  const float* I = FloatRow(data.scores.dtype, data.scores.Row(r, p.T), p.K,
-                            scratch.scores());
-  const ScanResult scan =
-      v.bytes != nullptr ? ScanLogits<true>(I, p.K, v.limit, v.bytes, next)
-                         : ScanLogits<false>(I, p.K, v.limit, nullptr, next);
-  if (scan.any_bad) {
+  absl::StatusOr<ScannedRow> scanned =
+      ScanTargetAndScores<kMasked>(p, data, r, v, next, scratch);
+  if (!scanned.ok()) return scanned.status();
+  const RowTarget& target = scanned->target;
+  const float* I = scanned->I;
+  const TargetTerms& terms = scanned->terms;
+  if (scanned->scores.any_bad) {
     const int64_t j = FirstBadValue(I, p.K, /*weights=*/false);
     return ValueError("indexer_scores", "scores must not be NaN or +inf",
                       DescribeValue(I[j]), {b, t, j});
   }
-  if (v.count > 0 && scan.max == -kInf) {
+  const float m = scanned->scores.max;
+  if (v.count > 0 && m == -kInf) {
     return ValueError("indexer_scores",
                       "a row with valid keys needs a finite score at one",
                       "-inf at every valid key", {b, t});
@@ -81,11 +131,6 @@ absl::StatusOr<RowResult> ComputeRowLoss(
     if (grad != nullptr) std::fill(grad, grad + p.K, 0.0f);
     return result;
   }
-
-  const float m = scan.max;
-  const ScoreTerms terms =
-      ComputeScoreTerms(p, v, target.w, I, m, scratch.e(), next);
-  const double l = terms.sum_e;
   const bool exact = p.options.flavor == Flavor::kExact;
   if (exact && terms.mass_on_minus_inf) {
     int64_t j = 0;
@@ -94,6 +139,17 @@ absl::StatusOr<RowResult> ComputeRowLoss(
                       "EXACT needs a finite score wherever the target has "
                       "mass (the KL would be infinite; MAXTEXT computes it)",
                       "-inf", {b, t, j});
+  }
+
+  // q's normaliser L = sum(exp(I - m)), with the exponentials kept in e.
+  double l;
+  double sum_e_shifted = 0;
+  if (p.options.want_diagnostics) {
+    EntropySum entropy;
+    l = ExpRow<kMasked>(I, v.limit, v.bytes, m, 1.0f, scratch.e(), entropy);
+    sum_e_shifted = ReduceSum(entropy.sum);
+  } else {
+    l = ExpRow<kMasked>(I, v.limit, v.bytes, m, 1.0f, scratch.e(), NoExtra());
   }
   const double log_z = std::log(target.z);
   const double log_l = std::log(l);
@@ -116,7 +172,7 @@ absl::StatusOr<RowResult> ComputeRowLoss(
   }
   if (p.options.want_diagnostics) {
     result.entropy_p = (terms.sum_w * log_z - sum_w_log_w) / target.z;
-    result.entropy_q = log_l - terms.sum_e_shifted / l;
+    result.entropy_q = log_l - sum_e_shifted / l;
     if (p.options.recall_k > 0) {
       result.recall = TopkRecall(p, v, I, target, scratch);
     }
@@ -133,6 +189,21 @@ absl::StatusOr<RowResult> ComputeRowLoss(
     std::fill(grad + v.limit, grad + p.K, 0.0f);
   }
   return result;
+}
+
+}  // namespace
+
+absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& problem,
+                                         const RowData& data, int64_t r,
+                                         const RowValidity& validity,
+                                         float grad_scale, float* grad,
+                                         Prefetcher& next,
+                                         RowScratch& scratch) {
+  return validity.bytes != nullptr
+             ? RowLoss<true>(problem, data, r, validity, grad_scale, grad, next,
+                             scratch)
+             : RowLoss<false>(problem, data, r, validity, grad_scale, grad,
+                              next, scratch);
 }
 
 }  // namespace klserve::cpu

@@ -6,23 +6,22 @@
 #include "absl/status/statusor.h"
 #include "kernels/cpu/row_passes.h"
 #include "kernels/cpu/row_scratch.h"
-#include "kernels/cpu/row_target.h"
 #include "kernels/cpu/row_validity.h"
 #include "kernels/loss_accumulator.h"
 #include "kernels/problem.h"
 
 namespace klserve::cpu {
 
-// Row r's KL, diagnostics and gradient, given its validity and target. Reads
-// and checks the scores row (NaN or +inf anywhere; a valid row needs a finite
-// score at some valid slot; EXACT needs a finite score wherever p > 0).
-// When `grad` is given it receives grad_scale * dKL/dI on all K slots (0 on
-// invalid slots and for rows without a KL). `next` names the next row's
-// data, fetched into cache while this row computes.
+// Row r's KL, diagnostics and gradient, given its validity: reads and
+// checks the target (NaN or +inf anywhere, negative weights, a head with no
+// finite valid logit) and the scores (NaN or +inf anywhere; a valid row needs
+// a finite score at some valid slot; EXACT needs a finite score wherever
+// p > 0). When `grad` is given it receives grad_scale * dKL/dI on all K slots
+// (0 on invalid slots and for rows without a KL). `next` names the next
+// row's data, fetched into cache while this row computes.
 absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& problem,
                                          const RowData& data, int64_t r,
                                          const RowValidity& validity,
-                                         const RowTarget& target,
                                          float grad_scale, float* grad,
                                          Prefetcher& next, RowScratch& scratch);
 

@@ -6,6 +6,7 @@
 // `valid` is given (kMasked) a slot below the limit counts only if its byte
 // is nonzero. Sums are accumulated in double.
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cpu/vec_math.h"
@@ -52,8 +53,8 @@ class Prefetcher {
         bytes_(bytes) {}
   void Step() {
     if (done_ < bytes_) {
-      __builtin_prefetch(a_ + done_, 0, 2);
-      if (b_ != nullptr) __builtin_prefetch(b_ + done_, 0, 2);
+      __builtin_prefetch(a_ + done_, 0, 3);
+      if (b_ != nullptr) __builtin_prefetch(b_ + done_, 0, 3);
       done_ += 64;
     }
   }
@@ -71,62 +72,133 @@ struct ScanResult {
   double sum = 0;        // weights: sum over valid slots
 };
 
-// Logits or scores: flags NaN and +inf anywhere in [0, n) and takes the max
-// over valid slots.
+// Running check of logits or scores: NaN or +inf anywhere, max over valid
+// slots.
+struct LogitsCheck {
+  VecI good = SplatI(-1);  // v < +inf fails for NaN and +inf alike
+  VecF max = Splat(-kInf);
+
+  void Add(VecF v, VecI in) {
+    good &= v < Splat(kInf);
+    const VecF valid_v = Select(in, v, Splat(-kInf));
+    max = max > valid_v ? max : valid_v;
+  }
+  // Every lane valid.
+  void Add(VecF v) {
+    good &= v < Splat(kInf);
+    max = max > v ? max : v;
+  }
+  ScanResult Result() const { return {Any(~good), ReduceMax(max), 0}; }
+};
+
+// Checks x[begin, n) into `check`; lanes below `limit` count for the max.
+template <bool kMasked>
+void ScanLogitsRange(const float* x, int64_t begin, int64_t n, int64_t limit,
+                     const uint8_t* valid, LogitsCheck& check) {
+  for (int64_t i = begin; i < n; i += kLanes) {
+    const VecF v = LoadAt(x, i, LanesAt(i, n), 0.0f);
+    check.Add(v, i < limit ? ValidLanes<kMasked>(valid, i, limit) : VecI{});
+  }
+}
+
 template <bool kMasked>
 ScanResult ScanLogits(const float* x, int64_t n, int64_t limit,
-                      const uint8_t* valid, Prefetcher& next) {
-  VecI bad{};
-  VecF vmax = Splat(-kInf);
+                      const uint8_t* valid) {
+  LogitsCheck check;
+  ScanLogitsRange<kMasked>(x, 0, n, limit, valid, check);
+  return check.Result();
+}
+
+// Sums of the target weights w (zero on invalid slots) against the scores I:
+// sum(w), sum(w log w) split as ln2 * sum(w * exponent) + sum(w *
+// mantissa_log), and sum(w * I), all with exact products in double.
+struct TargetTerms {
+  double sum_w = 0;
+  double sum_w_exponent = 0;
+  double sum_w_mantissa_log = 0;
+  double sum_w_scores = 0;
+  bool mass_on_minus_inf = false;  // some w > 0 has I = -inf
+};
+
+struct TargetTermsSums {
+  VecD sw{}, swe{}, swm{}, swi{};
+  VecI inf_mass{};
+
+  void Add(VecF w, VecF I) {
+    const VecI minus_inf = I == Splat(-kInf);
+    inf_mass |= (w > Splat(0.0f)) & minus_inf;
+    // w = 0 lanes: the log parts are finite, so w * part is 0; I may be -inf
+    // there and must not meet 0 * -inf.
+    const LogParts parts = LogSplit(w);
+    const VecF finite_i = Select(minus_inf, Splat(0.0f), I);
+    const VecD w_lo = WidenLow(w), w_hi = WidenHigh(w);
+    sw += w_lo + w_hi;
+    swe += w_lo * WidenLow(parts.exponent) + w_hi * WidenHigh(parts.exponent);
+    swm += w_lo * WidenLow(parts.mantissa_log) +
+           w_hi * WidenHigh(parts.mantissa_log);
+    swi += w_lo * WidenLow(finite_i) + w_hi * WidenHigh(finite_i);
+  }
+  TargetTerms Result() const {
+    return {ReduceSum(sw), ReduceSum(swe), ReduceSum(swm), ReduceSum(swi),
+            Any(inf_mass)};
+  }
+};
+
+// The one streaming pass over a row's scores I, together with its target:
+// checks I and takes its max over valid slots, and sums the target terms.
+// With kRawWeights the target is the head-aggregated row as sent: it is also
+// checked (NaN, negative, +inf anywhere), summed over valid slots, and, when
+// `masked_copy` is given, written there with invalid slots zeroed; w is then
+// that zeroed row. Otherwise w is already zero on invalid slots.
+struct RowScan {
+  ScanResult target;  // kRawWeights only
+  ScanResult scores;
+  TargetTerms terms;
+};
+
+template <bool kMasked, bool kRawWeights>
+RowScan ScanRow(const float* w, const float* I, int64_t n, int64_t limit,
+                const uint8_t* valid, float* masked_copy, Prefetcher& next) {
+  LogitsCheck scores;
+  TargetTermsSums terms;
+  VecI bad_w{};
+  VecD sum_w{};
   for (int64_t i = 0; i < n; i += kLanes) {
     next.Step();
     const int64_t count = LanesAt(i, n);
-    const VecF v = LoadAt(x, i, count, 0.0f);
-    bad |= (v != v) | (v == Splat(kInf));
-    if (!kMasked && i + kLanes <= limit) {
-      vmax = vmax > v ? vmax : v;
-    } else if (i < limit) {
-      const VecF in =
-          Select(ValidLanes<kMasked>(valid, i, limit), v, Splat(-kInf));
-      vmax = vmax > in ? vmax : in;
-    }
-  }
-  return {Any(bad), ReduceMax(vmax), 0};
-}
-
-// Head-aggregated target weights: flags NaN, negative and +inf anywhere in
-// [0, n), sums the valid slots and, when `masked_copy` is given, writes the
-// row with invalid slots zeroed to it (slots [0, limit)).
-template <bool kMasked>
-ScanResult ScanWeights(const float* x, int64_t n, int64_t limit,
-                       const uint8_t* valid, float* masked_copy,
-                       Prefetcher& next) {
-  VecI bad{};
-  VecD sum{};
-  for (int64_t i = 0; i < n; i += kLanes) {
-    next.Step();
-    const VecF v = LoadAt(x, i, LanesAt(i, n), 0.0f);
-    bad |= ~(v >= Splat(0.0f)) | (v == Splat(kInf));
-    if (i < limit) {
-      const VecF in =
-          Select(ValidLanes<kMasked>(valid, i, limit), v, Splat(0.0f));
-      sum += WideSum(in);
+    const VecI in = i < limit ? ValidLanes<kMasked>(valid, i, limit) : VecI{};
+    const VecF iv = LoadAt(I, i, count, 0.0f);
+    scores.Add(iv, in);
+    VecF wv;
+    if constexpr (kRawWeights) {
+      const VecF raw = LoadAt(w, i, count, 0.0f);
+      bad_w |= ~(raw >= Splat(0.0f)) | (raw == Splat(kInf));
+      if (i >= limit) continue;
+      wv = Select(in, raw, Splat(0.0f));
+      sum_w += WideSum(wv);
       if (masked_copy != nullptr) {
-        StoreAt(masked_copy, i, LanesAt(i, limit), in);
+        StoreAt(masked_copy, i, LanesAt(i, limit), wv);
       }
+    } else {
+      if (i >= limit) continue;
+      // w is defined below the limit only; the lanes past it read as 0.
+      wv = LoadAt(w, i, LanesAt(i, limit), 0.0f);
     }
+    terms.Add(wv, iv);
   }
-  return {Any(bad), 0, ReduceSum(sum)};
+  return {{Any(bad_w), 0, ReduceSum(sum_w)}, scores.Result(), terms.Result()};
 }
 
 // e[s] = exp(mul * (x[s] - shift)) on valid slots and 0 on invalid ones, for
-// s < limit. Returns sum(e). The hottest loop of the per-head path: full
-// vectors skip the limit mask, and sums run in float lanes for blocks of
-// kBlock vectors before each block is added in double (bench:
+// s < limit; returns sum(e). `extra(i, d, e)` runs on each whole vector (d
+// the exponent, e its exp), so that callers can fold more work into the
+// loop; it returns where it stopped. The hottest loop of the per-head path:
+// whole vectors skip the limit mask, and sums run in float lanes for blocks
+// of kBlock vectors before each block is added in double (bench:
 // dense_perhead_fp32 ~1.3x).
-template <bool kMasked>
+template <bool kMasked, typename Extra>
 double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
-              float mul, float* e, Prefetcher& next) {
+              float mul, float* e, Extra&& extra) {
   constexpr int64_t kBlock = 8;
   // mul * x - mul * shift: a rounding of mul * shift shifts every slot of
   // the row alike, which the normalisation cancels.
@@ -136,11 +208,11 @@ double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
   VecF block{};
   int64_t i = 0;
   for (int64_t n = 0; i + kLanes <= limit; i += kLanes, ++n) {
-    next.Step();
     VecF d = vmul * Load(x + i) + vbias;
     if constexpr (kMasked) d = Select(LoadValid(valid + i), d, Splat(-kInf));
     const VecF ev = Exp(d);
     Store(e + i, ev);
+    extra(i, d, ev);
     block += ev;
     if (n % kBlock == kBlock - 1) {
       sum += WideSum(block);
@@ -154,11 +226,56 @@ double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
                vmul * LoadPart(x + i, count, 0.0f) + vbias, Splat(-kInf));
     const VecF ev = Exp(d);
     StorePart(e + i, ev, count);
+    extra.Tail(d, ev);
     block += ev;
   }
   sum += WideSum(block);
   return ReduceSum(sum);
 }
+
+// ExpRow extras.
+struct NoExtra {
+  void operator()(int64_t, VecF, VecF) {}
+  void Tail(VecF, VecF) {}
+};
+
+// sum(e * d) over slots with e > 0: the entropy of q is log L - that / L.
+struct EntropySum {
+  VecD sum{};
+  void operator()(int64_t, VecF d, VecF e) { Tail(d, e); }
+  void Tail(VecF d, VecF e) {
+    sum += WideDot(e, Select(e > Splat(0.0f), d, Splat(0.0f)));
+  }
+};
+
+// Checks the next head's logits while this head's exponentials compute: the
+// next head streams in from memory under the arithmetic, and the head after
+// it is prefetched (`ahead`; head rows lie T * K elements apart, and the
+// hardware prefetcher stops at page boundaries). `scanned` is where it
+// stopped (ExpRow visits whole vectors below the limit only).
+template <bool kMasked>
+struct ScanNextHead {
+  ScanNextHead(const float* x, const float* ahead, const uint8_t* valid)
+      : x(x), ahead(ahead), valid(valid) {}
+
+  const float* x;
+  const float* ahead;
+  const uint8_t* valid;
+  LogitsCheck check;
+  int64_t scanned = 0;
+
+  void operator()(int64_t i, VecF, VecF) {
+    static_assert(sizeof(VecF) <= 64, "one prefetch per vector covers it");
+    __builtin_prefetch(ahead + i, 0, 3);
+    if constexpr (kMasked) {
+      check.Add(Load(x + i), LoadValid(valid + i));
+    } else {
+      check.Add(Load(x + i));
+    }
+    scanned = i + kLanes;
+  }
+  void Tail(VecF, VecF) {}
+};
 
 // w = a * e (first head) or w += a * e, for s < limit.
 inline void AccumulateHead(float* w, const float* e, float a, int64_t limit,
@@ -171,72 +288,30 @@ inline void AccumulateHead(float* w, const float* e, float a, int64_t limit,
   }
 }
 
-// One pass over the scores I of a row once the target weights w (zero on
-// invalid slots) are known, for s < limit: stores e = exp(I - m) (0 on
-// invalid slots) and sums L = sum(e), sum(e (I - m)) (kEntropy), sum(w), sum(w
-// log w) split as ln2 * sum(w * exponent) + sum(w * mantissa_log), and sum(w *
-// I), with exact products. Fusing them keeps the row's loads to one pass.
-struct ScoreTerms {
-  double sum_e = 0;
-  double sum_e_shifted = 0;
-  double sum_w = 0;
-  double sum_w_exponent = 0;
-  double sum_w_mantissa_log = 0;
-  double sum_w_scores = 0;
-  bool mass_on_minus_inf = false;  // some w > 0 has I = -inf
-};
-
-template <bool kMasked, bool kEntropy>
-ScoreTerms ScoreTermsRow(const float* w, const float* I, int64_t limit,
-                         const uint8_t* valid, float m, float* e,
-                         Prefetcher& next) {
-  VecD se{}, sed{}, sw{}, swe{}, swm{}, swi{};
-  VecI inf_mass{};
-  for (int64_t i = 0; i < limit; i += kLanes) {
-    next.Step();
-    const int64_t count = LanesAt(i, limit);
-    const VecF wv = LoadAt(w, i, count, 0.0f);
-    const VecF iv = LoadAt(I, i, count, 0.0f);
-    const VecI minus_inf = iv == Splat(-kInf);
-    inf_mass |= (wv > Splat(0.0f)) & minus_inf;
-    const VecF d = Select(ValidLanes<kMasked>(valid, i, limit), iv - Splat(m),
-                          Splat(-kInf));
-    const VecF ev = Exp(d);
-    StoreAt(e, i, count, ev);
-    // w = 0 lanes: the log parts are finite, so w * part is 0; I may be -inf
-    // there and must not meet 0 * -inf.
-    const LogParts parts = LogSplit(wv);
-    const VecF iv_finite = Select(minus_inf, Splat(0.0f), iv);
-    const VecD w_lo = WidenLow(wv), w_hi = WidenHigh(wv);
-    se += WideSum(ev);
-    if constexpr (kEntropy) {
-      sed += WideDot(ev, Select(ev > Splat(0.0f), d, Splat(0.0f)));
-    }
-    sw += w_lo + w_hi;
-    swe += w_lo * WidenLow(parts.exponent) + w_hi * WidenHigh(parts.exponent);
-    swm += w_lo * WidenLow(parts.mantissa_log) +
-           w_hi * WidenHigh(parts.mantissa_log);
-    swi += w_lo * WidenLow(iv_finite) + w_hi * WidenHigh(iv_finite);
-  }
-  return {ReduceSum(se),  ReduceSum(sed), ReduceSum(sw), ReduceSum(swe),
-          ReduceSum(swm), ReduceSum(swi), Any(inf_mass)};
-}
-
-// EXACT gradient on slots s < limit: scale * (e / L - w / Z).
-// Streams the stores when g is vector-aligned.
+// EXACT gradient on slots s < limit: scale * (e / L - w / Z). Whole
+// vector-aligned blocks of g are written with streaming stores (the row is
+// not read again, and the destination lines need not be fetched first);
+// the unaligned head and the tail with ordinary ones.
 inline void ExactGradRow(const float* e, const float* w, float inv_l,
                          float inv_z, float scale, int64_t limit, float* g) {
-  const bool stream = reinterpret_cast<uintptr_t>(g) % sizeof(VecF) == 0;
-  for (int64_t i = 0; i < limit; i += kLanes) {
-    const int64_t count = LanesAt(i, limit);
-    const VecF q = LoadAt(e, i, count, 0.0f) * Splat(inv_l);
-    const VecF p = LoadAt(w, i, count, 0.0f) * Splat(inv_z);
-    const VecF gv = Splat(scale) * (q - p);
-    if (stream && count == kLanes) {
-      StoreStream(g + i, gv);
-    } else {
-      StoreAt(g, i, count, gv);
+  const VecF vl = Splat(inv_l), vz = Splat(inv_z), vs = Splat(scale);
+  const auto grad_at = [&](int64_t i, int64_t count) {
+    return vs *
+           (LoadAt(e, i, count, 0.0f) * vl - LoadAt(w, i, count, 0.0f) * vz);
+  };
+  const uintptr_t misalign = reinterpret_cast<uintptr_t>(g) % sizeof(VecF);
+  int64_t i = 0;
+  if (misalign % sizeof(float) == 0) {
+    const int64_t head = std::min<int64_t>(
+        limit, misalign == 0 ? 0 : (sizeof(VecF) - misalign) / sizeof(float));
+    if (head > 0) StorePart(g, grad_at(0, head), head);
+    for (i = head; i + kLanes <= limit; i += kLanes) {
+      StoreStream(g + i, grad_at(i, kLanes));
     }
+  }
+  for (; i < limit; i += kLanes) {
+    const int64_t count = LanesAt(i, limit);
+    StoreAt(g, i, count, grad_at(i, count));
   }
 }
 

@@ -13,6 +13,7 @@ void RowScratch::Reserve(const IndexerKlProblem& problem) {
     slots_ = problem.K;
     // Left uninitialised: every pass writes a slot before reading it.
     target_.reset(new float[slots_]);
+    next_target_.reset(new float[slots_]);
     scores_.reset(new float[slots_]);
     w_.reset(new float[slots_]);
     e_.reset(new float[slots_]);

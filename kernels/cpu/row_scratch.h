@@ -17,7 +17,8 @@ class RowScratch {
   // This thread's scratch, grown to fit `problem`.
   static RowScratch& ForThisThread(const IndexerKlProblem& problem);
 
-  float* target() { return target_.get(); }  // a converted target row
+  float* target() { return target_.get(); }            // a converted target row
+  float* next_target() { return next_target_.get(); }  // the next head's
   float* scores() { return scores_.get(); }  // the converted scores row
   float* w() { return w_.get(); }            // target weights
   float* e() { return e_.get(); }            // exponentials of the row
@@ -35,7 +36,7 @@ class RowScratch {
 
   int64_t slots_ = 0;
   int64_t keys_ = 0;
-  std::unique_ptr<float[]> target_, scores_, w_, e_, grad_;
+  std::unique_ptr<float[]> target_, next_target_, scores_, w_, e_, grad_;
   std::unique_ptr<uint8_t[]> valid_;
   std::unique_ptr<std::pair<float, int32_t>[]> ranked_;
   std::unique_ptr<uint64_t[]> seen_;

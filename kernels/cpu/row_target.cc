@@ -1,91 +1,68 @@
 #include "kernels/cpu/row_target.h"
 
 #include <cmath>
+#include <utility>
 
 #include "kernels/cpu/row_convert.h"
-#include "kernels/cpu/row_passes.h"
 #include "kernels/value_errors.h"
 
 namespace klserve::cpu {
 namespace {
 
-absl::StatusOr<RowTarget> LoadWeights(const IndexerKlProblem& p,
-                                      const RowData& data, int64_t r,
-                                      const RowValidity& v, Prefetcher& next,
-                                      RowScratch& scratch) {
-  const float* x = FloatRow(data.target.dtype, data.target.Row(r, p.T), p.K,
-                            scratch.target());
-  // Zero the invalid slots into scratch only when some slot below the limit
-  // is invalid; otherwise w is the row itself.
-  float* copy = v.bytes != nullptr ? scratch.w() : nullptr;
-  const ScanResult scan =
-      v.bytes != nullptr
-          ? ScanWeights<true>(x, p.K, v.limit, v.bytes, copy, next)
-          : ScanWeights<false>(x, p.K, v.limit, nullptr, copy, next);
-  if (scan.any_bad) {
-    const int64_t j = FirstBadValue(x, p.K, /*weights=*/true);
-    return ValueError("attention_weights", "weights must be finite and >= 0",
-                      DescribeValue(x[j]), {r / p.T, r % p.T, j});
-  }
-  RowTarget target;
-  target.w = copy != nullptr ? copy : x;
-  target.zero = v.count > 0 && scan.sum == 0;
-  target.z = p.options.flavor == Flavor::kMaxText ? scan.sum + kMaxTextEpsilon
-                                                  : scan.sum;
-  // The passes form p = w / Z in float as w * (1 / Z). Far from 1, 1 / Z
-  // would overflow or lose bits in float: scale w and Z alike by a power of
-  // two, which leaves p as it is. Rare, so a plain loop.
-  if (target.z > 0 && (target.z < 0x1p-100 || target.z > 0x1p100)) {
-    const int k = -std::ilogb(target.z);
-    float* scaled = scratch.w();
-    for (int64_t s = 0; s < v.limit; ++s) {
-      scaled[s] = std::ldexp(target.w[s], k);
-    }
-    target.w = scaled;
-    target.z = std::ldexp(target.z, k);
-  }
-  return target;
-}
-
-absl::StatusOr<RowTarget> LoadPerHead(const IndexerKlProblem& p,
-                                      const RowData& data, int64_t r,
-                                      const RowValidity& v, Prefetcher& next,
-                                      RowScratch& scratch) {
+template <bool kMasked>
+absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
+                                  const RowData& data, int64_t r,
+                                  const RowValidity& v, RowScratch& scratch) {
+  const int64_t b = r / p.T, t = r % p.T;
   const float scale = p.options.softmax_scale;
-  const int64_t head_bytes = p.K * DTypeSize(data.target.dtype);
-  Prefetcher no_prefetch;
+  const auto head_row = [&](int64_t h, float* buffer) {
+    return FloatRow(data.target.dtype, data.target.Row(r, p.T, h), p.K, buffer);
+  };
+  float* buffer = scratch.target();
+  float* next_buffer = scratch.next_target();
+  const float* x = head_row(0, buffer);
+  ScanResult scan = ScanLogits<kMasked>(x, p.K, v.limit, v.bytes);
   for (int64_t h = 0; h < p.H; ++h) {
-    // Head rows lie T * K elements apart: fetch the next one ahead, since
-    // the hardware prefetcher stops at page boundaries.
-    Prefetcher next_head =
-        h + 1 < p.H
-            ? Prefetcher(data.target.Row(r, p.T, h + 1), nullptr, head_bytes)
-            : next;
-    const float* x = FloatRow(data.target.dtype, data.target.Row(r, p.T, h),
-                              p.K, scratch.target());
-    const ScanResult scan =
-        v.bytes != nullptr
-            ? ScanLogits<true>(x, p.K, v.limit, v.bytes, no_prefetch)
-            : ScanLogits<false>(x, p.K, v.limit, nullptr, no_prefetch);
     if (scan.any_bad) {
       const int64_t j = FirstBadValue(x, p.K, /*weights=*/false);
       return ValueError("attention_logits", "logits must not be NaN or +inf",
-                        DescribeValue(x[j]), {r / p.T, h, r % p.T, j});
+                        DescribeValue(x[j]), {b, h, t, j});
     }
-    if (v.count == 0) continue;  // fully masked: checks only
-    if (scan.max == -kInf) {
+    if (v.count > 0 && scan.max == -kInf) {
       return ValueError("attention_logits",
                         "a head needs a finite logit at some valid key",
-                        "-inf at every valid key", {r / p.T, h, r % p.T});
+                        "-inf at every valid key", {b, h, t});
     }
-    // P_h = softmax(scale * x) over valid slots; w accumulates sum_h P_h.
-    const double sum = v.bytes != nullptr
-                           ? ExpRow<true>(x, v.limit, v.bytes, scan.max, scale,
-                                          scratch.e(), next_head)
-                           : ExpRow<false>(x, v.limit, nullptr, scan.max, scale,
-                                           scratch.e(), next_head);
-    AccumulateHead(scratch.w(), scratch.e(), static_cast<float>(1.0 / sum),
-                   v.limit, h == 0);
+    const float* x_next = h + 1 < p.H ? head_row(h + 1, next_buffer) : nullptr;
+    if (v.count == 0) {  // fully masked: checks only
+      if (x_next != nullptr) {
+        scan = ScanLogits<kMasked>(x_next, p.K, v.limit, v.bytes);
+      }
+    } else {
+      double sum;
+      if (x_next != nullptr) {
+        // Prefetching the head after next only needs its address, whatever
+        // its dtype; with none, the next head's own lines are named again.
+        const float* ahead =
+            h + 2 < p.H
+                ? reinterpret_cast<const float*>(data.target.Row(r, p.T, h + 2))
+                : x_next;
+        ScanNextHead<kMasked> scan_next(x_next, ahead, v.bytes);
+        sum = ExpRow<kMasked>(x, v.limit, v.bytes, scan.max, scale, scratch.e(),
+                              scan_next);
+        ScanLogitsRange<kMasked>(x_next, scan_next.scanned, p.K, v.limit,
+                                 v.bytes, scan_next.check);
+        scan = scan_next.check.Result();
+      } else {
+        sum = ExpRow<kMasked>(x, v.limit, v.bytes, scan.max, scale, scratch.e(),
+                              NoExtra());
+      }
+      // w accumulates sum_h P_h, P_h = softmax(scale * x) over valid slots.
+      AccumulateHead(scratch.w(), scratch.e(), static_cast<float>(1.0 / sum),
+                     v.limit, h == 0);
+    }
+    x = x_next;
+    std::swap(buffer, next_buffer);
   }
   RowTarget target;
   target.w = scratch.w();
@@ -97,13 +74,36 @@ absl::StatusOr<RowTarget> LoadPerHead(const IndexerKlProblem& p,
 
 }  // namespace
 
-absl::StatusOr<RowTarget> LoadRowTarget(const IndexerKlProblem& problem,
-                                        const RowData& data, int64_t r,
-                                        const RowValidity& validity,
-                                        Prefetcher& next, RowScratch& scratch) {
-  return problem.per_head
-             ? LoadPerHead(problem, data, r, validity, next, scratch)
-             : LoadWeights(problem, data, r, validity, next, scratch);
+absl::StatusOr<RowTarget> LoadPerHeadTarget(const IndexerKlProblem& problem,
+                                            const RowData& data, int64_t r,
+                                            const RowValidity& validity,
+                                            RowScratch& scratch) {
+  return validity.bytes != nullptr
+             ? PerHead<true>(problem, data, r, validity, scratch)
+             : PerHead<false>(problem, data, r, validity, scratch);
+}
+
+RowTarget AggregatedTarget(const IndexerKlProblem& p, const RowValidity& v,
+                           const float* w, double weight_sum,
+                           RowScratch& scratch, bool& rescaled) {
+  RowTarget target;
+  target.w = w;
+  target.zero = v.count > 0 && weight_sum == 0;
+  target.z = p.options.flavor == Flavor::kMaxText ? weight_sum + kMaxTextEpsilon
+                                                  : weight_sum;
+  // The passes form p = w / Z in float as w * (1 / Z). Far from 1, 1 / Z
+  // would overflow or lose bits in float. Rare, so a plain loop.
+  rescaled = target.z > 0 && (target.z < 0x1p-100 || target.z > 0x1p100);
+  if (rescaled) {
+    const int k = -std::ilogb(target.z);
+    float* scaled = scratch.w();
+    for (int64_t s = 0; s < v.limit; ++s) {
+      scaled[s] = std::ldexp(target.w[s], k);
+    }
+    target.w = scaled;
+    target.z = std::ldexp(target.z, k);
+  }
+  return target;
 }
 
 }  // namespace klserve::cpu

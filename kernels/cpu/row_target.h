@@ -21,15 +21,23 @@ struct RowTarget {
   bool zero = false;  // valid keys, but no target mass on them
 };
 
-// Reads row r of the target, checks its values everywhere in the row (NaN,
-// +inf; for weights also negatives; for logits a head with no finite valid
-// logit) and builds w. With no valid slot only the checks run. `next`
-// fetches the next row while the weights stream in; per-head rows also
-// fetch each next head as they go.
-absl::StatusOr<RowTarget> LoadRowTarget(const IndexerKlProblem& problem,
-                                        const RowData& data, int64_t r,
-                                        const RowValidity& validity,
-                                        Prefetcher& next, RowScratch& scratch);
+// Reads row r's per-head logits, checks them everywhere in the row (NaN,
+// +inf, a head with no finite valid logit) and builds w. With no valid slot
+// only the checks run and w is left undefined. Each head's exponentials run
+// while the next head streams in.
+absl::StatusOr<RowTarget> LoadPerHeadTarget(const IndexerKlProblem& problem,
+                                            const RowData& data, int64_t r,
+                                            const RowValidity& validity,
+                                            RowScratch& scratch);
+
+// The head-aggregated target once ScanRow has summed its valid weights:
+// p = w / Z with Z from `weight_sum`. Keeps 1 / Z a normal float by scaling
+// w and Z alike by a power of two when Z is extreme (p is unchanged); the
+// scaled row then goes to scratch and `rescaled` is set.
+RowTarget AggregatedTarget(const IndexerKlProblem& problem,
+                           const RowValidity& validity, const float* w,
+                           double weight_sum, RowScratch& scratch,
+                           bool& rescaled);
 
 }  // namespace klserve::cpu
 
