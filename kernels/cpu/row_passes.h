@@ -190,9 +190,9 @@ RowScan ScanRow(const float* w, const float* I, int64_t n, int64_t limit,
 }
 
 // e[s] = exp(mul * (x[s] - shift)) on valid slots and 0 on invalid ones, for
-// s < limit; returns sum(e). `extra(i, d, e)` runs on each whole vector (d
-// the exponent, e its exp), so that callers can fold more work into the
-// loop; it returns where it stopped. The hottest loop of the per-head path:
+// s < limit; returns sum(e). `extra(i, count, d, e)` runs on each vector (d
+// the exponent, e its exp, count < kLanes only for the last), so that callers
+// can fold more work into the loop. The hottest loop of the per-head path:
 // whole vectors skip the limit mask, and sums run in float lanes for blocks
 // of kBlock vectors before each block is added in double (bench:
 // dense_perhead_fp32 ~1.3x).
@@ -212,7 +212,7 @@ double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
     if constexpr (kMasked) d = Select(LoadValid(valid + i), d, Splat(-kInf));
     const VecF ev = Exp(d);
     Store(e + i, ev);
-    extra(i, d, ev);
+    extra(i, kLanes, d, ev);
     block += ev;
     if (n % kBlock == kBlock - 1) {
       sum += WideSum(block);
@@ -226,7 +226,7 @@ double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
                vmul * LoadPart(x + i, count, 0.0f) + vbias, Splat(-kInf));
     const VecF ev = Exp(d);
     StorePart(e + i, ev, count);
-    extra.Tail(d, ev);
+    extra(i, count, d, ev);
     block += ev;
   }
   sum += WideSum(block);
@@ -235,15 +235,13 @@ double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
 
 // ExpRow extras.
 struct NoExtra {
-  void operator()(int64_t, VecF, VecF) {}
-  void Tail(VecF, VecF) {}
+  void operator()(int64_t, int64_t, VecF, VecF) {}
 };
 
 // sum(e * d) over slots with e > 0: the entropy of q is log L - that / L.
 struct EntropySum {
   VecD sum{};
-  void operator()(int64_t, VecF d, VecF e) { Tail(d, e); }
-  void Tail(VecF d, VecF e) {
+  void operator()(int64_t, int64_t, VecF d, VecF e) {
     sum += WideDot(e, Select(e > Splat(0.0f), d, Splat(0.0f)));
   }
 };
@@ -251,8 +249,8 @@ struct EntropySum {
 // Checks the next head's logits while this head's exponentials compute: the
 // next head streams in from memory under the arithmetic, and the head after
 // it is prefetched (`ahead`; head rows lie T * K elements apart, and the
-// hardware prefetcher stops at page boundaries). `scanned` is where it
-// stopped (ExpRow visits whole vectors below the limit only).
+// hardware prefetcher stops at page boundaries). Whole vectors only;
+// `scanned` is where it stopped.
 template <bool kMasked>
 struct ScanNextHead {
   ScanNextHead(const float* x, const float* ahead, const uint8_t* valid)
@@ -264,7 +262,8 @@ struct ScanNextHead {
   LogitsCheck check;
   int64_t scanned = 0;
 
-  void operator()(int64_t i, VecF, VecF) {
+  void operator()(int64_t i, int64_t count, VecF, VecF) {
+    if (count < kLanes) return;
     static_assert(sizeof(VecF) <= 64, "one prefetch per vector covers it");
     __builtin_prefetch(ahead + i, 0, 3);
     if constexpr (kMasked) {
@@ -272,9 +271,33 @@ struct ScanNextHead {
     } else {
       check.Add(Load(x + i));
     }
-    scanned = i + kLanes;
+    scanned = i + count;
   }
-  void Tail(VecF, VecF) {}
+};
+
+// w = a * e_prev (first) or w += a * e_prev: the previous head's softmax
+// folded into this head's loop rather than a pass of its own.
+struct AccumulatePreviousHead {
+  float* w;
+  const float* e_prev;
+  float a;
+  bool first;
+
+  void operator()(int64_t i, int64_t count, VecF, VecF) {
+    VecF v = Splat(a) * LoadAt(e_prev, i, count, 0.0f);
+    if (!first) v += LoadAt(w, i, count, 0.0f);
+    StoreAt(w, i, count, v);
+  }
+};
+
+template <typename A, typename B>
+struct BothExtras {
+  A& a;
+  B& b;
+  void operator()(int64_t i, int64_t count, VecF d, VecF e) {
+    a(i, count, d, e);
+    b(i, count, d, e);
+  }
 };
 
 // w = a * e (first head) or w += a * e, for s < limit.

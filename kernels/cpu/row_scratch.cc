@@ -12,12 +12,9 @@ void RowScratch::Reserve(const IndexerKlProblem& problem) {
   if (problem.K > slots_) {
     slots_ = problem.K;
     // Left uninitialised: every pass writes a slot before reading it.
-    target_.reset(new float[slots_]);
-    next_target_.reset(new float[slots_]);
-    scores_.reset(new float[slots_]);
-    w_.reset(new float[slots_]);
-    e_.reset(new float[slots_]);
-    grad_.reset(new float[slots_]);
+    // Whole 4 KiB pages plus 5 cache lines per row.
+    row_stride_ = (slots_ + 1023) / 1024 * 1024 + 5 * 16;
+    rows_.reset(new float[kRows * row_stride_]);
     valid_.reset(new uint8_t[slots_]);
     ranked_.reset(new std::pair<float, int32_t>[slots_]);
   }

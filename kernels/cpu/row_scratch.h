@@ -17,12 +17,13 @@ class RowScratch {
   // This thread's scratch, grown to fit `problem`.
   static RowScratch& ForThisThread(const IndexerKlProblem& problem);
 
-  float* target() { return target_.get(); }            // a converted target row
-  float* next_target() { return next_target_.get(); }  // the next head's
-  float* scores() { return scores_.get(); }  // the converted scores row
-  float* w() { return w_.get(); }            // target weights
-  float* e() { return e_.get(); }            // exponentials of the row
-  float* grad() { return grad_.get(); }      // gradient before conversion
+  float* target() { return row(0); }       // a converted target row
+  float* next_target() { return row(1); }  // the next head's
+  float* scores() { return row(2); }       // the converted scores row
+  float* w() { return row(3); }            // target weights
+  float* e() { return row(4); }            // exponentials of the row
+  float* previous_e() { return row(5); }   // the previous head's
+  float* grad() { return row(6); }         // gradient before conversion
   uint8_t* valid() { return valid_.get(); }
   std::pair<float, int32_t>* ranked() { return ranked_.get(); }  // recall
 
@@ -34,9 +35,17 @@ class RowScratch {
  private:
   void Reserve(const IndexerKlProblem& problem);
 
+  static constexpr int kRows = 7;
+  float* row(int i) { return rows_.get() + i * row_stride_; }
+
   int64_t slots_ = 0;
   int64_t keys_ = 0;
-  std::unique_ptr<float[]> target_, next_target_, scores_, w_, e_, grad_;
+  // The float rows, carved from one block at a stride that is not a multiple
+  // of 4 KiB: a store to one row and a load from another at the same index
+  // would otherwise look dependent to the CPU (4K aliasing), stalling the
+  // loops that read one row while writing the next.
+  std::unique_ptr<float[]> rows_;
+  int64_t row_stride_ = 0;
   std::unique_ptr<uint8_t[]> valid_;
   std::unique_ptr<std::pair<float, int32_t>[]> ranked_;
   std::unique_ptr<uint64_t[]> seen_;

@@ -20,6 +20,11 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
   };
   float* buffer = scratch.target();
   float* next_buffer = scratch.next_target();
+  // Head h's exponentials go to e; head h - 1's, with their 1 / sum in
+  // a_prev, wait in e_prev to be folded into w during head h's loop.
+  float* e = scratch.e();
+  float* e_prev = scratch.previous_e();
+  float a_prev = 0;
   const float* x = head_row(0, buffer);
   ScanResult scan = ScanLogits<kMasked>(x, p.K, v.limit, v.bytes);
   for (int64_t h = 0; h < p.H; ++h) {
@@ -39,30 +44,35 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
         scan = ScanLogits<kMasked>(x_next, p.K, v.limit, v.bytes);
       }
     } else {
-      double sum;
-      if (x_next != nullptr) {
-        // Prefetching the head after next only needs its address, whatever
-        // its dtype; with none, the next head's own lines are named again.
-        const float* ahead =
-            h + 2 < p.H
-                ? reinterpret_cast<const float*>(data.target.Row(r, p.T, h + 2))
-                : x_next;
-        ScanNextHead<kMasked> scan_next(x_next, ahead, v.bytes);
-        sum = ExpRow<kMasked>(x, v.limit, v.bytes, scan.max, scale, scratch.e(),
-                              scan_next);
-        ScanLogitsRange<kMasked>(x_next, scan_next.scanned, p.K, v.limit,
-                                 v.bytes, scan_next.check);
-        scan = scan_next.check.Result();
-      } else {
-        sum = ExpRow<kMasked>(x, v.limit, v.bytes, scan.max, scale, scratch.e(),
-                              NoExtra());
-      }
-      // w accumulates sum_h P_h, P_h = softmax(scale * x) over valid slots.
-      AccumulateHead(scratch.w(), scratch.e(), static_cast<float>(1.0 / sum),
-                     v.limit, h == 0);
+      // The last head checks itself again rather than a next one: one loop
+      // shape for all heads. Prefetching the head after next only needs its
+      // address, whatever its dtype.
+      const float* checked = x_next != nullptr ? x_next : x;
+      const float* ahead =
+          h + 2 < p.H
+              ? reinterpret_cast<const float*>(data.target.Row(r, p.T, h + 2))
+              : checked;
+      ScanNextHead<kMasked> scan_next(checked, ahead, v.bytes);
+      // Head 0 zeroes w (0 * its own, finite, exponentials).
+      AccumulatePreviousHead accumulate{scratch.w(), h == 0 ? e : e_prev,
+                                        a_prev, h == 0};
+      BothExtras<ScanNextHead<kMasked>, AccumulatePreviousHead> extras{
+          scan_next, accumulate};
+      const double sum =
+          ExpRow<kMasked>(x, v.limit, v.bytes, scan.max, scale, e, extras);
+      ScanLogitsRange<kMasked>(checked, scan_next.scanned, p.K, v.limit,
+                               v.bytes, scan_next.check);
+      scan = scan_next.check.Result();
+      a_prev = static_cast<float>(1.0 / sum);
+      std::swap(e, e_prev);
     }
     x = x_next;
     std::swap(buffer, next_buffer);
+  }
+  // w accumulates sum_h P_h, P_h = softmax(scale * x) over valid slots; the
+  // last head is still to add.
+  if (v.count > 0) {
+    AccumulateHead(scratch.w(), e_prev, a_prev, v.limit, /*first=*/false);
   }
   RowTarget target;
   target.w = scratch.w();
