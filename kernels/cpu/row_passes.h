@@ -253,6 +253,8 @@ struct EntropySum {
 // `scanned` is where it stopped.
 template <bool kMasked>
 struct ScanNextHead {
+  static constexpr int64_t kL1Distance = 16 * kLanes;
+
   ScanNextHead(const float* x, const float* ahead, const uint8_t* valid)
       : x(x), ahead(ahead), valid(valid) {}
 
@@ -265,7 +267,10 @@ struct ScanNextHead {
   void operator()(int64_t i, int64_t count, VecF, VecF) {
     if (count < kLanes) return;
     static_assert(sizeof(VecF) <= 64, "one prefetch per vector covers it");
-    __builtin_prefetch(ahead + i, 0, 3);
+    // Into L1 a few vectors ahead for this loop's own loads; into L2 for the
+    // head after next.
+    __builtin_prefetch(x + i + kL1Distance, 0, 3);
+    __builtin_prefetch(ahead + i, 0, 2);
     if constexpr (kMasked) {
       check.Add(Load(x + i), LoadValid(valid + i));
     } else {
