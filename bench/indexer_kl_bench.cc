@@ -551,7 +551,7 @@ int Main(int argc, char** argv) {
   CpuBackend backend(threads);
   g_backend = &backend;
   if (!listing) {
-    g_ceilings = MeasureCeilings(backend.num_threads());
+    g_ceilings = MeasureCeilings(backend.threads());
     std::fprintf(stderr,
                  "ceilings on %d threads: copy %.1f GB/s (read + write, "
                  "256 MiB buffers), exp %.2f G/s (L1-resident)\n",

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -42,6 +43,10 @@ class Backend {
 
   // "cpu" or "cuda".
   virtual std::string_view name() const = 0;
+  // What it runs on, for people: "2 threads, AVX-512", a GPU's name.
+  virtual std::string device() const = 0;
+  // Host threads it computes with.
+  virtual int threads() const = 0;
 
   // Whether this backend can compute `problem` (shapes, dtypes, memory).
   virtual bool Supports(const IndexerKlProblem& problem) const = 0;

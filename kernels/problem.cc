@@ -39,9 +39,11 @@ absl::Status CheckDType(absl::string_view field, const TensorView& view,
                  DTypeName(view.dtype));
 }
 
-// Rank, positive dims, no overflow, byte size matching the shape.
+// Rank, positive dims, no overflow, and, when the bytes come with the view
+// (`with_data`), a byte size matching the shape.
 absl::Status CheckLayout(absl::string_view field, const TensorView& view,
-                         absl::string_view layout, size_t rank) {
+                         absl::string_view layout, size_t rank,
+                         bool with_data = true) {
   if (view.shape.size() != rank) {
     return Invalid(field, absl::StrCat("shape must be ", layout),
                    ShapeString(view.shape));
@@ -59,6 +61,7 @@ absl::Status CheckLayout(absl::string_view field, const TensorView& view,
                      ShapeString(view.shape));
     }
   }
+  if (!with_data) return absl::OkStatus();
   if (view.byte_size != bytes) {
     return Invalid(
         field,
@@ -76,9 +79,10 @@ absl::Status CheckLayout(absl::string_view field, const TensorView& view,
 absl::Status CheckTensor(absl::string_view field, const TensorView& view,
                          std::initializer_list<DType> allowed,
                          absl::string_view layout,
-                         std::initializer_list<int64_t> expected) {
+                         std::initializer_list<int64_t> expected,
+                         bool with_data = true) {
   RETURN_IF_ERROR(CheckDType(field, view, allowed));
-  RETURN_IF_ERROR(CheckLayout(field, view, layout, expected.size()));
+  RETURN_IF_ERROR(CheckLayout(field, view, layout, expected.size(), with_data));
   if (!std::equal(expected.begin(), expected.end(), view.shape.begin())) {
     return Invalid(
         field,
@@ -128,17 +132,20 @@ absl::Status CheckOptions(const IndexerKlOptions& options) {
 }  // namespace
 
 absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
-    const IndexerKlInputs& in, const IndexerKlOptions& options) {
+    const IndexerKlInputs& in, const IndexerKlOptions& options,
+    IndexerKlProblem::RowTensors row_tensors) {
   RETURN_IF_ERROR(CheckOptions(options));
   IndexerKlProblem p;
   p.options = options;
+  // In blocks, the per-row tensors give their dtype and shape only.
+  const bool whole = row_tensors == IndexerKlProblem::RowTensors::kWhole;
 
   // The scores fix B, T and the slots per row.
   const TensorView& scores = in.indexer_scores;
   p.sparse = in.topk_indices.has_value();
   const char* slots = p.sparse ? "[B, T, K]" : "[B, T, S]";
   RETURN_IF_ERROR(CheckDType("indexer_scores", scores, kFloatTypes));
-  RETURN_IF_ERROR(CheckLayout("indexer_scores", scores, slots, 3));
+  RETURN_IF_ERROR(CheckLayout("indexer_scores", scores, slots, 3, whole));
   p.B = scores.shape[0];
   p.T = scores.shape[1];
   p.K = scores.shape[2];
@@ -149,7 +156,8 @@ absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
     }
     p.S = options.num_keys;
     RETURN_IF_ERROR(CheckTensor("topk_indices", *in.topk_indices,
-                                {DType::kInt32}, "[B, T, K]", {p.B, p.T, p.K}));
+                                {DType::kInt32}, "[B, T, K]", {p.B, p.T, p.K},
+                                whole));
   } else {
     p.S = p.K;
     if (options.num_keys != 0 && options.num_keys != p.S) {
@@ -174,15 +182,15 @@ absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
     const TensorView& logits = *in.attention_logits;
     const char* layout = p.sparse ? "[B, H, T, K]" : "[B, H, T, S]";
     RETURN_IF_ERROR(CheckDType("attention_logits", logits, kFloatTypes));
-    RETURN_IF_ERROR(CheckLayout("attention_logits", logits, layout, 4));
+    RETURN_IF_ERROR(CheckLayout("attention_logits", logits, layout, 4, whole));
     p.H = logits.shape[1];
     RETURN_IF_ERROR(CheckTensor("attention_logits", logits, kFloatTypes, layout,
-                                {p.B, p.H, p.T, p.K}));
+                                {p.B, p.H, p.T, p.K}, whole));
     p.rows.target = RowsOf(logits, p.T, p.K, p.H);
   } else {
     p.H = 1;
     RETURN_IF_ERROR(CheckTensor("attention_weights", *in.attention_weights,
-                                kFloatTypes, slots, {p.B, p.T, p.K}));
+                                kFloatTypes, slots, {p.B, p.T, p.K}, whole));
     p.rows.target = RowsOf(*in.attention_weights, p.T, p.K, 1);
   }
   p.rows.scores = RowsOf(scores, p.T, p.K, 1);
@@ -203,7 +211,9 @@ absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
   }
   if (in.attention_mask) {
     RETURN_IF_ERROR(CheckTensor("attention_mask", *in.attention_mask,
-                                {DType::kBool}, "[B, T, S]", {p.B, p.T, p.S}));
+                                {DType::kBool}, "[B, T, S]", {p.B, p.T, p.S},
+                                whole));
+    p.has_attention_mask = true;
     p.rows.mask = RowsOf(*in.attention_mask, p.T, p.S, 1);
   }
   if (in.key_padding_mask) {

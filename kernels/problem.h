@@ -107,10 +107,17 @@ struct RowData {
 // INVALID_ARGUMENT errors.
 class IndexerKlProblem {
  public:
+  // Whether the per-row tensors (attention_logits or attention_weights,
+  // indexer_scores, topk_indices, attention_mask) come with the problem, or
+  // later in blocks of rows (BlockRowData), their views then giving dtype and
+  // shape only and `rows` carrying no data.
+  enum class RowTensors { kWhole, kInBlocks };
+
   // Checks shapes, dtypes, byte sizes, dimension products and options.
   // Errors are INVALID_ARGUMENT with a message "<field>: <rule>, got <value>".
   static absl::StatusOr<IndexerKlProblem> Create(
-      const IndexerKlInputs& inputs, const IndexerKlOptions& options);
+      const IndexerKlInputs& inputs, const IndexerKlOptions& options,
+      RowTensors row_tensors = RowTensors::kWhole);
 
   int64_t B = 0, T = 0, S = 0, H = 0;
   // Slots per row: S in the dense stage, K in the sparse stage.
@@ -126,7 +133,9 @@ class IndexerKlProblem {
   const std::byte* key_padding_mask = nullptr;  // [B,S]
   const std::byte* row_valid = nullptr;         // [B,T]
 
-  // The whole per-row tensors as sent.
+  bool has_attention_mask = false;
+
+  // The whole per-row tensors as sent (kWhole), with their dtypes.
   RowData rows;
 
   // N of the spec's reductions when it is known before computing: always,
@@ -137,7 +146,7 @@ class IndexerKlProblem {
   int64_t num_rows() const { return B * T; }
   bool has_row_mask() const {
     return segment_ids_q != nullptr || key_padding_mask != nullptr ||
-           rows.mask.present();
+           has_attention_mask;
   }
 
  private:

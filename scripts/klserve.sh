@@ -4,8 +4,9 @@
 #   scripts/klserve.sh deps    install the Debian packages the build needs
 #   scripts/klserve.sh build   deps, then a Release build into build/
 #   scripts/klserve.sh test    build, then every test (non-zero exit on failure)
-#   scripts/klserve.sh run     build, then the main job; extra arguments go to
-#                              it (for now the benchmark, bench/indexer_kl_bench.cc)
+#   scripts/klserve.sh run     build, then start the klserve server (CPU backend
+#                              where there is no GPU); extra arguments go to it
+#   scripts/klserve.sh bench   build, then the kernels' benchmark (klserve_bench)
 #
 # BUILD_DIR overrides the build directory.
 set -euo pipefail
@@ -22,6 +23,12 @@ PACKAGES=(
   libgtest-dev
   libgmock-dev
   libbenchmark-dev
+  libgrpc++-dev
+  libprotobuf-dev
+  protobuf-compiler
+  protobuf-compiler-grpc
+  grpc-proto
+  libtcmalloc-minimal4
 )
 
 log() { echo "klserve.sh: $*" >&2; }
@@ -73,13 +80,18 @@ run_tests() {
     -j "$(nproc)"
 }
 
-run_main() {
+run_server() {
+  build klserve klctl
+  exec "$BUILD_DIR/server/klserve" "$@"
+}
+
+run_bench() {
   build klserve_bench
-  "$BUILD_DIR/bench/klserve_bench" "$@"
+  exec "$BUILD_DIR/bench/klserve_bench" "$@"
 }
 
 usage() {
-  sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+  sed -n '2,11s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 
@@ -90,6 +102,7 @@ case "$command" in
   deps) deps ;;
   build) build ;;
   test) run_tests ;;
-  run) run_main "$@" ;;
+  run) run_server "$@" ;;
+  bench) run_bench "$@" ;;
   *) usage ;;
 esac

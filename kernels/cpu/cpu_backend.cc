@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/cpu/row_convert.h"
 #include "kernels/cpu/row_loss.h"
@@ -100,6 +101,11 @@ absl::StatusOr<RowResult> ComputeRow(const IndexerKlProblem& p,
 }  // namespace
 
 CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {}
+
+std::string CpuBackend::device() const {
+  const char* isa = cpu::kLanes == 16 ? "AVX-512" : cpu::kLanes == 8 ? "AVX2" : "SSE";
+  return absl::StrCat(pool_.num_threads(), " threads, ", isa);
+}
 
 absl::Status CpuBackend::ComputeRows(const IndexerKlProblem& p,
                                      const RowData& data, RowRange rows,

@@ -16,12 +16,13 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int num_threads = 0);
 
   std::string_view name() const override { return "cpu"; }
+  std::string device() const override;
+  int threads() const override { return pool_.num_threads(); }
   bool Supports(const IndexerKlProblem&) const override { return true; }
   absl::Status ComputeRows(const IndexerKlProblem& problem, const RowData& data,
                            RowRange rows, const BlockOutputs& outputs,
                            LossAccumulator& accumulator) override;
 
-  int num_threads() const { return pool_.num_threads(); }
 
  private:
   cpu::ThreadPool pool_;

@@ -1,0 +1,38 @@
+#ifndef KLSERVE_KERNELS_ROW_BLOCK_H_
+#define KLSERVE_KERNELS_ROW_BLOCK_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/problem.h"
+
+namespace klserve {
+
+// The raw bytes of one block of consecutive rows, for a problem created with
+// RowTensors::kInBlocks. Layouts (n rows, K slots per row):
+//   target: attention_logits [H, n, K] (head-major) or attention_weights
+//           [n, K];
+//   scores [n, K]; indices [n, K]; mask [n, S].
+// A tensor the problem does not use must be empty. The bytes are not copied:
+// they must outlive the computation of the block.
+struct RowBlockBytes {
+  const void* target = nullptr;
+  int64_t target_bytes = 0;
+  const void* scores = nullptr;
+  int64_t scores_bytes = 0;
+  const void* indices = nullptr;
+  int64_t indices_bytes = 0;
+  const void* mask = nullptr;
+  int64_t mask_bytes = 0;
+};
+
+// Views of a block of rows `rows` of `problem`, after checking that the rows
+// lie within the problem and that each tensor holds exactly its rows' bytes
+// (INVALID_ARGUMENT naming the tensor otherwise).
+absl::StatusOr<RowData> BlockRowData(const IndexerKlProblem& problem,
+                                     RowRange rows, const RowBlockBytes& bytes);
+
+}  // namespace klserve
+
+#endif  // KLSERVE_KERNELS_ROW_BLOCK_H_

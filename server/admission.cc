@@ -1,0 +1,40 @@
+#include "server/admission.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace klserve::server {
+
+absl::Status Admission::Enter() {
+  absl::MutexLock lock(&mu_);
+  if (draining_) {
+    return absl::UnavailableError("server: draining, not taking new requests");
+  }
+  if (in_flight_ >= max_in_flight_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "server: ", in_flight_,
+        " requests in flight, the limit (--max_concurrent_requests); retry "
+        "later"));
+  }
+  ++in_flight_;
+  return absl::OkStatus();
+}
+
+void Admission::Leave() {
+  absl::MutexLock lock(&mu_);
+  --in_flight_;
+}
+
+void Admission::StartDraining() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+bool Admission::WaitIdle(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](int* n) { return *n == 0; }, &in_flight_),
+      timeout);
+}
+
+}  // namespace klserve::server

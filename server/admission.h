@@ -1,0 +1,34 @@
+#ifndef KLSERVE_SERVER_ADMISSION_H_
+#define KLSERVE_SERVER_ADMISSION_H_
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace klserve::server {
+
+// Counts the requests in flight. Refuses a new one past the limit
+// (RESOURCE_EXHAUSTED) or once draining has begun (UNAVAILABLE, which
+// clients retry, on another replica if they have one).
+class Admission {
+ public:
+  explicit Admission(int max_in_flight) : max_in_flight_(max_in_flight) {}
+
+  // OK takes a slot, to be given back with Leave.
+  absl::Status Enter();
+  void Leave();
+
+  void StartDraining();
+  // Waits until nothing is in flight; false if `timeout` passed first.
+  bool WaitIdle(absl::Duration timeout);
+
+ private:
+  const int max_in_flight_;
+  absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace klserve::server
+
+#endif  // KLSERVE_SERVER_ADMISSION_H_

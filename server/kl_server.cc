@@ -1,0 +1,80 @@
+#include "server/kl_server.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "kernels/status_macros.h"
+#include "server/backend_selection.h"
+
+namespace klserve::server {
+
+absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
+    const ServerOptions& options) {
+  if (options.max_concurrent_requests < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_concurrent_requests: must be >= 1, got ",
+                     options.max_concurrent_requests));
+  }
+  // gRPC counts message sizes in int.
+  constexpr int64_t kGrpcMaxMessage = (int64_t{1} << 31) - 1;
+  if (options.max_message_bytes < 1 ||
+      options.max_message_bytes > kGrpcMaxMessage) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_message_bytes: must be in [1, ", kGrpcMaxMessage,
+                     "], got ", options.max_message_bytes));
+  }
+  if (options.max_tensor_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_tensor_bytes: must be >= 1, got ", options.max_tensor_bytes));
+  }
+  std::unique_ptr<KlServer> s(new KlServer(options));
+  ASSIGN_OR_RETURN(s->backend_, SelectBackend(options.backend, options.threads));
+  s->executor_ =
+      std::make_unique<ComputeExecutor>(options.max_concurrent_requests);
+  s->admission_ = std::make_unique<Admission>(options.max_concurrent_requests);
+  s->service_ = std::make_unique<LossService>(ServiceContext{
+      s->backend_.get(), s->executor_.get(), s->admission_.get(),
+      &s->options_});
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
+                           &s->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--listen: cannot serve on ", options.listen));
+  }
+  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  std::fprintf(stderr, "klserve: serving on port %d, backend %s (%s)\n",
+               s->port_, std::string(s->backend_->name()).c_str(),
+               s->backend_->device().c_str());
+  return s;
+}
+
+KlServer::~KlServer() {
+  if (server_ != nullptr) server_->Shutdown();
+}
+
+void KlServer::Drain() {
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  admission_->StartDraining();
+  if (!admission_->WaitIdle(options_.drain_timeout)) {
+    std::fprintf(stderr,
+                 "klserve: requests still in flight after the drain timeout; "
+                 "cancelling them\n");
+  }
+  // Cancels whatever is left and stops accepting calls.
+  server_->Shutdown(std::chrono::system_clock::now());
+}
+
+void KlServer::Wait() { server_->Wait(); }
+
+}  // namespace klserve::server

@@ -1,0 +1,53 @@
+#ifndef KLSERVE_SERVER_KL_SERVER_H_
+#define KLSERVE_SERVER_KL_SERVER_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/backend.h"
+#include "server/admission.h"
+#include "server/compute_executor.h"
+#include "server/loss_service.h"
+#include "server/server_options.h"
+
+namespace klserve::server {
+
+// The running service: backend, compute threads, the gRPC server with the
+// IndexerKl service, grpc.health.v1 and reflection.
+class KlServer {
+ public:
+  // Picks the backend, binds `options.listen` and starts serving. Errors:
+  // INVALID_ARGUMENT for a bad option, UNAVAILABLE when the address cannot
+  // be bound.
+  static absl::StatusOr<std::unique_ptr<KlServer>> Start(
+      const ServerOptions& options);
+  ~KlServer();
+
+  int port() const { return port_; }
+  const Backend& backend() const { return *backend_; }
+
+  // Health turns NOT_SERVING, new requests get UNAVAILABLE, requests in
+  // flight finish (up to options.drain_timeout, then they are cancelled) and
+  // the server stops. Safe to call from any thread, once.
+  void Drain();
+  // Blocks until the server has stopped.
+  void Wait();
+
+ private:
+  explicit KlServer(const ServerOptions& options) : options_(options) {}
+
+  const ServerOptions options_;
+  // Destroyed in reverse: the executor finishes its last tasks while the
+  // admission and the backend they use still exist.
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Admission> admission_;
+  std::unique_ptr<ComputeExecutor> executor_;
+  std::unique_ptr<LossService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace klserve::server
+
+#endif  // KLSERVE_SERVER_KL_SERVER_H_

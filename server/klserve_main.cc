@@ -1,0 +1,71 @@
+// klserve: the indexer KL loss service. See README.md and
+// proto/klserve/v1/klserve.proto.
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/time.h"
+#include "server/kl_server.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
+          "HOST:PORT to serve gRPC on (port 0 picks a free one)");
+ABSL_FLAG(std::string, backend, "auto",
+          "auto (CUDA when usable, else CPU), cpu or cuda");
+ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 = one per core");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
+          "largest gRPC message either way; larger problems must stream");
+ABSL_FLAG(int, max_concurrent_requests, 8,
+          "requests in flight at once; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_tensor_bytes, int64_t{1} << 30,
+          "largest tensor a request may carry or ask for (stream blocks count "
+          "one at a time)");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "on SIGTERM/SIGINT, how long requests in flight may take to finish");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves the indexer KL loss over gRPC.\n  klserve [--listen=HOST:PORT] "
+      "[--backend=auto|cpu|cuda] [--threads=N] ...");
+  absl::ParseCommandLine(argc, argv);
+
+  // SIGTERM and SIGINT go to one thread that drains; every other thread,
+  // including gRPC's and the backend's (started below), inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  klserve::server::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
+  options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+
+  absl::StatusOr<std::unique_ptr<klserve::server::KlServer>> server =
+      klserve::server::KlServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "klserve: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::thread drainer([&signals, s = server->get()] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    std::fprintf(stderr, "klserve: signal %d, draining\n", signal);
+    s->Drain();
+  });
+  (*server)->Wait();
+  drainer.join();
+  std::fprintf(stderr, "klserve: stopped\n");
+  return 0;
+}

@@ -1,0 +1,25 @@
+#ifndef KLSERVE_SERVER_LIMITS_H_
+#define KLSERVE_SERVER_LIMITS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "kernels/problem.h"
+#include "server/server_options.h"
+
+namespace klserve::server {
+
+// RESOURCE_EXHAUSTED when a tensor of `bytes` is over --max_tensor_bytes.
+absl::Status CheckTensorBytes(absl::string_view field, int64_t bytes,
+                              const ServerOptions& options);
+
+// The outputs of `rows` rows of `problem` (gradient and row KL) against the
+// tensor limit and, for a response that carries them in one message
+// (`one_message`), the message limit. Checked before allocating them.
+absl::Status CheckOutputBytes(const IndexerKlProblem& problem, int64_t rows,
+                              bool one_message, const ServerOptions& options);
+
+}  // namespace klserve::server
+
+#endif  // KLSERVE_SERVER_LIMITS_H_

@@ -1,0 +1,262 @@
+#include "server/loss_stream_reactor.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/loss.h"
+#include "kernels/row_block.h"
+#include "kernels/status_macros.h"
+#include "server/grpc_status.h"
+#include "server/limits.h"
+#include "server/tensor_codec.h"
+
+namespace klserve::server {
+
+LossStreamReactor* LossStreamReactor::Start(const ServiceContext& context,
+                                            grpc::CallbackServerContext*) {
+  auto* reactor = new LossStreamReactor(context);
+  const absl::Status admitted = context.admission->Enter();
+  reactor->admitted_ = admitted.ok();
+  absl::MutexLock lock(&reactor->mu_);
+  if (!admitted.ok()) {
+    reactor->Fail(admitted);
+  } else {
+    reactor->reading_ = true;
+    reactor->StartRead(&reactor->incoming_);
+  }
+  return reactor;
+}
+
+LossStreamReactor::~LossStreamReactor() {
+  if (admitted_) context_.admission->Leave();
+}
+
+absl::Status LossStreamReactor::TakeHeader() {
+  if (!incoming_.has_header()) {
+    return absl::InvalidArgumentError(
+        "header: the first message of ComputeLossStream must be a "
+        "StreamHeader");
+  }
+  header_ = std::move(*incoming_.mutable_header());
+  incoming_.Clear();
+  ASSIGN_OR_RETURN(const IndexerKlOptions options,
+                   OptionsFrom(header_.options()));
+  ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(header_));
+  ASSIGN_OR_RETURN(
+      IndexerKlProblem problem,
+      IndexerKlProblem::Create(inputs, options,
+                               IndexerKlProblem::RowTensors::kInBlocks));
+  if (!problem.denominator) {
+    return absl::InvalidArgumentError(
+        "row_valid: REDUCTION_MEAN_VALID over a stream needs row_valid in the "
+        "StreamHeader (N must be known before the first gradient block)");
+  }
+  grad_scale_ = GradScale(problem, *problem.denominator);
+  problem_.emplace(std::move(problem));
+  return absl::OkStatus();
+}
+
+absl::Status LossStreamReactor::TakeBlock() {
+  if (!incoming_.has_block()) {
+    return absl::InvalidArgumentError(
+        "block: after the StreamHeader only RowBlocks may come");
+  }
+  const v1::RowBlock& block = incoming_.block();
+  if (block.row_begin() != rows_received_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row_begin: blocks must come in order without gaps, "
+                     "expected ",
+                     rows_received_, ", got ", block.row_begin()));
+  }
+  const int64_t remaining = problem_->num_rows() - rows_received_;
+  if (block.num_rows() < 1 || block.num_rows() > remaining) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_rows: must be in [1, ", remaining,
+                     "] (rows not yet sent), got ", block.num_rows()));
+  }
+  const ServerOptions& options = *context_.options;
+  for (const auto& [field, bytes] :
+       {std::pair{"attention_logits", block.attention_logits().size()},
+        std::pair{"attention_weights", block.attention_weights().size()},
+        std::pair{"indexer_scores", block.indexer_scores().size()},
+        std::pair{"topk_indices", block.topk_indices().size()},
+        std::pair{"attention_mask", block.attention_mask().size()}}) {
+    RETURN_IF_ERROR(CheckTensorBytes(field, static_cast<int64_t>(bytes),
+                                     options));
+  }
+  RETURN_IF_ERROR(CheckOutputBytes(*problem_, block.num_rows(),
+                                   /*one_message=*/true, options));
+  rows_received_ += block.num_rows();
+  blocks_.push_back(std::make_unique<Request>(std::move(incoming_)));
+  incoming_.Clear();
+  return absl::OkStatus();
+}
+
+void LossStreamReactor::OnReadDone(bool ok) {
+  absl::MutexLock lock(&mu_);
+  reading_ = false;
+  if (finishing_) return;
+  if (!ok) {  // the client has sent everything
+    reads_done_ = true;
+  } else if (absl::Status status = problem_ ? TakeBlock() : TakeHeader();
+             !status.ok()) {
+    Fail(status);
+    return;
+  }
+  Advance();
+}
+
+void LossStreamReactor::ComputeBlock(std::unique_ptr<Request> request) {
+  bool skip;
+  {
+    absl::MutexLock lock(&mu_);
+    skip = finishing_;  // cancelled, past the deadline or failed
+  }
+  auto response = std::make_unique<Response>();
+  absl::Status status;
+  if (!skip) {
+    status = [&]() -> absl::Status {
+      const v1::RowBlock& block = request->block();
+      const RowRange rows{block.row_begin(),
+                          block.row_begin() + block.num_rows()};
+      ASSIGN_OR_RETURN(const RowData data,
+                       BlockRowData(*problem_, rows, BlockBytesOf(block)));
+      const IndexerKlProblem& p = *problem_;
+      v1::GradBlock* out = response->mutable_grad_block();
+      out->set_row_begin(rows.begin);
+      out->set_num_rows(rows.size());
+      BlockOutputs outputs;
+      if (p.options.want_grad) {
+        outputs.grad = AllocateTensor(p.options.grad_dtype,
+                                      {rows.size(), p.K}, out->mutable_grad());
+        outputs.grad_dtype = p.options.grad_dtype;
+        outputs.grad_origin_row = rows.begin;
+        // Block rows are contiguous: (b - b0) T K + (t - t0) K = (r - r0) K.
+        outputs.grad_batch_stride = p.T * p.K;
+        outputs.grad_row_stride = p.K;
+      }
+      outputs.grad_scale = grad_scale_;
+      if (p.options.want_row_kl) {
+        outputs.row_kl = AllocateFloat64Tensor({rows.size()},
+                                               out->mutable_row_kl());
+      }
+      return context_.backend->ComputeRows(p, data, rows, outputs,
+                                           accumulator_);
+    }();
+  }
+  request.reset();  // the block's memory goes before the next is taken
+  bool finished;
+  {
+    absl::MutexLock lock(&mu_);
+    computing_ = false;
+    if (!status.ok()) {
+      Fail(status);
+    } else if (!skip) {
+      writes_.push_back(std::move(response));
+      Advance();
+    }
+    finished = Finished();
+  }
+  if (finished) delete this;
+}
+
+int LossStreamReactor::BlocksInFlight() const {
+  return static_cast<int>(blocks_.size() + writes_.size()) +
+         (computing_ ? 1 : 0) + (writing_ != nullptr ? 1 : 0);
+}
+
+void LossStreamReactor::Advance() {
+  if (finishing_) return;
+  if (!computing_ && !blocks_.empty()) {
+    computing_ = true;
+    // std::function needs a copyable callable: the block travels as a raw
+    // pointer and is owned again inside.
+    Request* block = blocks_.front().release();
+    blocks_.pop_front();
+    context_.executor->Submit(
+        [this, block] { ComputeBlock(std::unique_ptr<Request>(block)); });
+  }
+  if (writing_ == nullptr && !writes_.empty()) {
+    writing_ = std::move(writes_.front());
+    writes_.pop_front();
+    StartWrite(writing_.get());
+  }
+  if (!reading_ && !reads_done_ && BlocksInFlight() < kMaxBlocksInFlight) {
+    reading_ = true;
+    StartRead(&incoming_);
+  }
+  if (reads_done_ && !computing_ && blocks_.empty() && writing_ == nullptr &&
+      writes_.empty() && !result_sent_) {
+    if (!problem_) {
+      Fail(absl::InvalidArgumentError(
+          "header: the stream ended before its StreamHeader"));
+      return;
+    }
+    if (rows_received_ != problem_->num_rows()) {
+      Fail(absl::InvalidArgumentError(absl::StrCat(
+          "row_begin, num_rows: the blocks covered rows [0, ", rows_received_,
+          ") of the B*T=", problem_->num_rows(), " rows")));
+      return;
+    }
+    auto final = std::make_unique<Response>();
+    v1::ComputeLossResponse* result = final->mutable_result();
+    result->set_request_id(header_.request_id());
+    ResultTo(FinishLoss(*problem_, accumulator_, *problem_->denominator),
+             result->mutable_result());
+    result_sent_ = true;
+    writing_ = std::move(final);
+    StartWrite(writing_.get());
+  }
+}
+
+void LossStreamReactor::OnWriteDone(bool ok) {
+  absl::MutexLock lock(&mu_);
+  writing_.reset();
+  if (deferred_finish_) {
+    Finish(*deferred_finish_);
+    deferred_finish_.reset();
+    return;
+  }
+  if (finishing_) return;
+  if (!ok) {
+    Fail(absl::CancelledError("ComputeLossStream: the client went away"));
+    return;
+  }
+  if (result_sent_) {
+    finishing_ = true;
+    Finish(grpc::Status::OK);
+    return;
+  }
+  Advance();
+}
+
+void LossStreamReactor::Fail(const absl::Status& status) {
+  if (finishing_) return;
+  finishing_ = true;
+  blocks_.clear();
+  writes_.clear();
+  // Finish waits for the write in flight, if any.
+  if (writing_ != nullptr) {
+    deferred_finish_ = ToGrpcStatus(status);
+  } else {
+    Finish(ToGrpcStatus(status));
+  }
+}
+
+void LossStreamReactor::OnCancel() {
+  absl::MutexLock lock(&mu_);
+  Fail(absl::CancelledError(
+      "ComputeLossStream: cancelled by the client or its deadline"));
+}
+
+void LossStreamReactor::OnDone() {
+  bool finished;
+  {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+    finished = Finished();
+  }
+  if (finished) delete this;
+}
+
+}  // namespace klserve::server

@@ -1,0 +1,97 @@
+#ifndef KLSERVE_SERVER_LOSS_STREAM_REACTOR_H_
+#define KLSERVE_SERVER_LOSS_STREAM_REACTOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/loss_accumulator.h"
+#include "kernels/problem.h"
+#include "klserve/v1/klserve.grpc.pb.h"
+#include "server/service_context.h"
+
+namespace klserve::server {
+
+// One ComputeLossStream call: a StreamHeader, then RowBlocks in order, each
+// answered by its GradBlock, then the result.
+//
+// Three things overlap: gRPC reads the next block while the executor computes
+// the current one and gRPC writes the previous gradient. Blocks of one stream
+// are computed one at a time, in order, so the loss folds in row order and
+// matches ComputeLoss bit for bit. At most kMaxBlocksInFlight blocks (read,
+// computing or waiting to be written) are held; past that, reading pauses,
+// so memory stays bounded whatever the problem's size. Cancellation and the
+// deadline stop the stream between blocks.
+//
+// Reactions run on gRPC threads and computations on the executor; state is
+// guarded by mu_. The reactor deletes itself once gRPC is done with it
+// (OnDone) and no computation of it is running.
+class LossStreamReactor final
+    : public grpc::ServerBidiReactor<v1::ComputeLossStreamRequest,
+                                     v1::ComputeLossStreamResponse> {
+ public:
+  // Admits the call (or finishes it at once when refused) and starts reading.
+  static LossStreamReactor* Start(const ServiceContext& context,
+                                  grpc::CallbackServerContext* call);
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  using Request = v1::ComputeLossStreamRequest;
+  using Response = v1::ComputeLossStreamResponse;
+  static constexpr int kMaxBlocksInFlight = 3;
+
+  explicit LossStreamReactor(const ServiceContext& context)
+      : context_(context) {}
+  ~LossStreamReactor() override;
+
+  absl::Status TakeHeader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status TakeBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Computes one block on the executor and queues its GradBlock.
+  void ComputeBlock(std::unique_ptr<Request> block);
+
+  // The next step, whichever is possible: compute, write, read, finish.
+  void Advance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Fail(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when the reactor may now be deleted.
+  bool Finished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return done_ && !computing_;
+  }
+  int BlocksInFlight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ServiceContext context_;
+  bool admitted_ = false;  // holds an Admission slot, given back on deletion
+  absl::Mutex mu_;
+
+  // Set once by TakeHeader; read without the lock by the one computation in
+  // flight afterwards.
+  v1::StreamHeader header_;
+  std::optional<IndexerKlProblem> problem_;
+  double grad_scale_ = 0;
+  LossAccumulator accumulator_;  // touched by the computation in flight only
+
+  Request incoming_ ABSL_GUARDED_BY(mu_);  // the read in flight
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t rows_received_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::unique_ptr<Request>> blocks_ ABSL_GUARDED_BY(mu_);
+  bool computing_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<std::unique_ptr<Response>> writes_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Response> writing_ ABSL_GUARDED_BY(mu_);
+  bool result_sent_ ABSL_GUARDED_BY(mu_) = false;
+  // Finish has been called, or is due once the write in flight is done.
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> deferred_finish_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace klserve::server
+
+#endif  // KLSERVE_SERVER_LOSS_STREAM_REACTOR_H_

@@ -1,0 +1,21 @@
+#ifndef KLSERVE_SERVER_SERVICE_CONTEXT_H_
+#define KLSERVE_SERVER_SERVICE_CONTEXT_H_
+
+#include "kernels/backend.h"
+#include "server/admission.h"
+#include "server/compute_executor.h"
+#include "server/server_options.h"
+
+namespace klserve::server {
+
+// What every RPC handler shares; all of it outlives the gRPC server.
+struct ServiceContext {
+  Backend* backend;
+  ComputeExecutor* executor;
+  Admission* admission;
+  const ServerOptions* options;
+};
+
+}  // namespace klserve::server
+
+#endif  // KLSERVE_SERVER_SERVICE_CONTEXT_H_

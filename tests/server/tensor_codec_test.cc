@@ -1,0 +1,115 @@
+// The translation between wire messages and the kernels' views: views point
+// into the messages (no copies) and malformed fields name themselves.
+
+#include "server/tensor_codec.h"
+
+#include <cstring>
+#include <string>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+
+namespace klserve::server {
+namespace {
+
+v1::Tensor MakeTensor(const std::string& dtype, std::vector<int64_t> shape,
+                      size_t bytes) {
+  v1::Tensor t;
+  t.set_dtype(dtype);
+  for (int64_t d : shape) t.add_shape(d);
+  t.mutable_data()->assign(bytes, '\0');
+  return t;
+}
+
+TEST(TensorCodec, ViewPointsIntoTheMessageBytes) {
+  const v1::Tensor t = MakeTensor("BF16", {2, 3}, 12);
+  absl::StatusOr<TensorView> view = ViewOf("indexer_scores", t);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->data, t.data().data());
+  EXPECT_EQ(view->byte_size, 12);
+  EXPECT_EQ(view->dtype, DType::kBFloat16);
+  EXPECT_EQ(view->shape, (absl::InlinedVector<int64_t, 4>{2, 3}));
+}
+
+TEST(TensorCodec, RejectsUnknownDTypeNamingTheField) {
+  const v1::Tensor t = MakeTensor("FP8", {1}, 1);
+  absl::StatusOr<TensorView> view = ViewOf("attention_logits", t);
+  ASSERT_EQ(view.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(view.status().message().rfind("attention_logits.dtype:", 0), 0u)
+      << view.status();
+}
+
+TEST(TensorCodec, UnaryInputsViewEveryTensorInPlace) {
+  v1::ComputeLossRequest request;
+  *request.mutable_attention_weights() = MakeTensor("FP32", {1, 2, 4}, 32);
+  *request.mutable_indexer_scores() = MakeTensor("FP32", {1, 2, 4}, 32);
+  *request.mutable_row_valid() = MakeTensor("BOOL", {1, 2}, 2);
+  absl::StatusOr<IndexerKlInputs> in = InputsFrom(request);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->attention_weights->data,
+            request.attention_weights().data().data());
+  EXPECT_EQ(in->indexer_scores.data, request.indexer_scores().data().data());
+  EXPECT_EQ(in->row_valid->data, request.row_valid().data().data());
+  EXPECT_FALSE(in->attention_logits.has_value());
+  EXPECT_FALSE(in->topk_indices.has_value());
+}
+
+TEST(TensorCodec, MissingScoresAreNamed) {
+  v1::ComputeLossRequest request;
+  *request.mutable_attention_weights() = MakeTensor("FP32", {1, 1, 1}, 4);
+  absl::StatusOr<IndexerKlInputs> in = InputsFrom(request);
+  ASSERT_EQ(in.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(in.status().message().rfind("indexer_scores:", 0), 0u);
+}
+
+TEST(TensorCodec, OptionsDefaultsFollowTheSpec) {
+  absl::StatusOr<IndexerKlOptions> options = OptionsFrom(v1::LossOptions());
+  ASSERT_TRUE(options.ok());
+  EXPECT_EQ(options->flavor, Flavor::kExact);
+  EXPECT_EQ(options->reduction, Reduction::kMean);
+  EXPECT_EQ(options->scaling_factor, 1.0);
+  EXPECT_EQ(options->softmax_scale, 1.0f);
+  EXPECT_TRUE(options->want_grad);
+  EXPECT_EQ(options->grad_dtype, DType::kFloat32);
+  EXPECT_FALSE(options->q_offset.has_value());
+}
+
+TEST(TensorCodec, BadGradDTypeIsNamed) {
+  v1::LossOptions o;
+  o.set_grad_dtype("fp32x");
+  absl::StatusOr<IndexerKlOptions> options = OptionsFrom(o);
+  ASSERT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(options.status().message().rfind("grad_dtype:", 0), 0u);
+}
+
+TEST(TensorCodec, StreamHeaderGivesShapesWithoutBytes) {
+  v1::StreamHeader header;
+  header.mutable_attention_logits()->set_dtype("FP16");
+  for (int64_t d : {2, 4, 8, 16}) header.mutable_attention_logits()->add_shape(d);
+  header.mutable_indexer_scores()->set_dtype("FP32");
+  for (int64_t d : {2, 8, 16}) header.mutable_indexer_scores()->add_shape(d);
+  absl::StatusOr<IndexerKlInputs> in = InputsFrom(header);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->attention_logits->data, nullptr);
+  EXPECT_EQ(in->attention_logits->dtype, DType::kFloat16);
+  EXPECT_EQ(in->indexer_scores.shape.size(), 3u);
+  absl::StatusOr<IndexerKlProblem> problem = IndexerKlProblem::Create(
+      *in, IndexerKlOptions(), IndexerKlProblem::RowTensors::kInBlocks);
+  ASSERT_TRUE(problem.ok()) << problem.status();
+  EXPECT_EQ(problem->H, 4);
+  EXPECT_FALSE(problem->rows.target.present());
+}
+
+TEST(TensorCodec, BlockBytesViewTheBlock) {
+  v1::RowBlock block;
+  block.set_indexer_scores(std::string(64, 'x'));
+  block.set_attention_weights(std::string(64, 'y'));
+  const RowBlockBytes bytes = BlockBytesOf(block);
+  EXPECT_EQ(bytes.scores, block.indexer_scores().data());
+  EXPECT_EQ(bytes.target, block.attention_weights().data());
+  EXPECT_EQ(bytes.target_bytes, 64);
+  EXPECT_EQ(bytes.indices_bytes, 0);
+}
+
+}  // namespace
+}  // namespace klserve::server
