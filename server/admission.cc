@@ -31,10 +31,9 @@ void Admission::StartDraining() {
 
 bool Admission::WaitIdle(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  return mu_.AwaitWithTimeout(
-      absl::Condition(
-          +[](int* n) { return *n == 0; }, &in_flight_),
-      timeout);
+  return mu_.AwaitWithTimeout(absl::Condition(
+                                  +[](int* n) { return *n == 0; }, &in_flight_),
+                              timeout);
 }
 
 }  // namespace klserve::server

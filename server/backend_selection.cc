@@ -9,7 +9,7 @@
 namespace klserve::server {
 
 absl::StatusOr<std::unique_ptr<Backend>> SelectBackend(absl::string_view name,
-                                                      int threads) {
+                                                       int threads) {
   if (name == "cuda") {
     return absl::FailedPreconditionError(
         "--backend=cuda: this build has no CUDA backend");

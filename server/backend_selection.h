@@ -14,7 +14,7 @@ namespace klserve::server {
 // "cuda" without a usable device is an error, so a misconfigured GPU node
 // fails at start rather than running slowly.
 absl::StatusOr<std::unique_ptr<Backend>> SelectBackend(absl::string_view name,
-                                                      int threads);
+                                                       int threads);
 
 }  // namespace klserve::server
 

@@ -31,13 +31,14 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
         "--max_tensor_bytes: must be >= 1, got ", options.max_tensor_bytes));
   }
   std::unique_ptr<KlServer> s(new KlServer(options));
-  ASSIGN_OR_RETURN(s->backend_, SelectBackend(options.backend, options.threads));
+  ASSIGN_OR_RETURN(s->backend_,
+                   SelectBackend(options.backend, options.threads));
   s->executor_ =
       std::make_unique<ComputeExecutor>(options.max_concurrent_requests);
   s->admission_ = std::make_unique<Admission>(options.max_concurrent_requests);
-  s->service_ = std::make_unique<LossService>(ServiceContext{
-      s->backend_.get(), s->executor_.get(), s->admission_.get(),
-      &s->options_});
+  s->service_ = std::make_unique<LossService>(
+      ServiceContext{s->backend_.get(), s->executor_.get(), s->admission_.get(),
+                     &s->options_});
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

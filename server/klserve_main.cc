@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
   options.backend = absl::GetFlag(FLAGS_backend);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
+  options.max_concurrent_requests =
+      absl::GetFlag(FLAGS_max_concurrent_requests);
   options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
 

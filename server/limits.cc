@@ -16,8 +16,7 @@ absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,
                               bool one_message, const ServerOptions& options) {
   const int64_t grad_bytes =
       p.options.want_grad ? rows * p.K * DTypeSize(p.options.grad_dtype) : 0;
-  if (absl::Status s = CheckTensorBytes("grad", grad_bytes, options);
-      !s.ok()) {
+  if (absl::Status s = CheckTensorBytes("grad", grad_bytes, options); !s.ok()) {
     return s;
   }
   const int64_t row_kl_bytes =

@@ -25,10 +25,11 @@ absl::Status ComputeUnary(const ServiceContext& ctx,
                                    /*one_message=*/true, *ctx.options));
   LossOutputs outputs;
   if (options.want_grad) {
-    outputs.grad = AllocateTensor(options.grad_dtype,
-                                  {problem.B, problem.T, problem.K},
-                                  response.mutable_grad());
-    outputs.grad_byte_size = static_cast<int64_t>(response.grad().data().size());
+    outputs.grad =
+        AllocateTensor(options.grad_dtype, {problem.B, problem.T, problem.K},
+                       response.mutable_grad());
+    outputs.grad_byte_size =
+        static_cast<int64_t>(response.grad().data().size());
   }
   if (options.want_row_kl) {
     outputs.row_kl = AllocateFloat64Tensor({problem.B, problem.T},
@@ -45,8 +46,7 @@ absl::Status ComputeUnary(const ServiceContext& ctx,
 }  // namespace
 
 grpc::ServerUnaryReactor* LossService::ComputeLoss(
-    grpc::CallbackServerContext* context,
-    const v1::ComputeLossRequest* request,
+    grpc::CallbackServerContext* context, const v1::ComputeLossRequest* request,
     v1::ComputeLossResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (absl::Status admitted = context_.admission->Enter(); !admitted.ok()) {
@@ -55,17 +55,17 @@ grpc::ServerUnaryReactor* LossService::ComputeLoss(
   }
   // The request and response belong to gRPC until Finish, so the task may
   // use them in place.
-  context_.executor->Submit([ctx = context_, context, request, response,
-                             reactor] {
-    absl::Status status;
-    if (context->IsCancelled()) {
-      status = absl::CancelledError("cancelled before computing");
-    } else {
-      status = ComputeUnary(ctx, *request, *response);
-    }
-    ctx.admission->Leave();
-    reactor->Finish(ToGrpcStatus(status));
-  });
+  context_.executor->Submit(
+      [ctx = context_, context, request, response, reactor] {
+        absl::Status status;
+        if (context->IsCancelled()) {
+          status = absl::CancelledError("cancelled before computing");
+        } else {
+          status = ComputeUnary(ctx, *request, *response);
+        }
+        ctx.admission->Leave();
+        reactor->Finish(ToGrpcStatus(status));
+      });
   return reactor;
 }
 

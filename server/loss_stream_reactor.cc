@@ -15,20 +15,8 @@ namespace klserve::server {
 LossStreamReactor* LossStreamReactor::Start(const ServiceContext& context,
                                             grpc::CallbackServerContext*) {
   auto* reactor = new LossStreamReactor(context);
-  const absl::Status admitted = context.admission->Enter();
-  reactor->admitted_ = admitted.ok();
-  absl::MutexLock lock(&reactor->mu_);
-  if (!admitted.ok()) {
-    reactor->Fail(admitted);
-  } else {
-    reactor->reading_ = true;
-    reactor->StartRead(&reactor->incoming_);
-  }
+  reactor->Begin();
   return reactor;
-}
-
-LossStreamReactor::~LossStreamReactor() {
-  if (admitted_) context_.admission->Leave();
 }
 
 absl::Status LossStreamReactor::TakeHeader() {
@@ -81,8 +69,8 @@ absl::Status LossStreamReactor::TakeBlock() {
         std::pair{"indexer_scores", block.indexer_scores().size()},
         std::pair{"topk_indices", block.topk_indices().size()},
         std::pair{"attention_mask", block.attention_mask().size()}}) {
-    RETURN_IF_ERROR(CheckTensorBytes(field, static_cast<int64_t>(bytes),
-                                     options));
+    RETURN_IF_ERROR(
+        CheckTensorBytes(field, static_cast<int64_t>(bytes), options));
   }
   RETURN_IF_ERROR(CheckOutputBytes(*problem_, block.num_rows(),
                                    /*one_message=*/true, options));
@@ -127,8 +115,8 @@ void LossStreamReactor::ComputeBlock(std::unique_ptr<Request> request) {
       out->set_num_rows(rows.size());
       BlockOutputs outputs;
       if (p.options.want_grad) {
-        outputs.grad = AllocateTensor(p.options.grad_dtype,
-                                      {rows.size(), p.K}, out->mutable_grad());
+        outputs.grad = AllocateTensor(p.options.grad_dtype, {rows.size(), p.K},
+                                      out->mutable_grad());
         outputs.grad_dtype = p.options.grad_dtype;
         outputs.grad_origin_row = rows.begin;
         // Block rows are contiguous: (b - b0) T K + (t - t0) K = (r - r0) K.
@@ -137,8 +125,8 @@ void LossStreamReactor::ComputeBlock(std::unique_ptr<Request> request) {
       }
       outputs.grad_scale = grad_scale_;
       if (p.options.want_row_kl) {
-        outputs.row_kl = AllocateFloat64Tensor({rows.size()},
-                                               out->mutable_row_kl());
+        outputs.row_kl =
+            AllocateFloat64Tensor({rows.size()}, out->mutable_row_kl());
       }
       return context_.backend->ComputeRows(p, data, rows, outputs,
                                            accumulator_);
@@ -160,11 +148,6 @@ void LossStreamReactor::ComputeBlock(std::unique_ptr<Request> request) {
   if (finished) delete this;
 }
 
-int LossStreamReactor::BlocksInFlight() const {
-  return static_cast<int>(blocks_.size() + writes_.size()) +
-         (computing_ ? 1 : 0) + (writing_ != nullptr ? 1 : 0);
-}
-
 void LossStreamReactor::Advance() {
   if (finishing_) return;
   if (!computing_ && !blocks_.empty()) {
@@ -176,77 +159,44 @@ void LossStreamReactor::Advance() {
     context_.executor->Submit(
         [this, block] { ComputeBlock(std::unique_ptr<Request>(block)); });
   }
-  if (writing_ == nullptr && !writes_.empty()) {
-    writing_ = std::move(writes_.front());
-    writes_.pop_front();
-    StartWrite(writing_.get());
-  }
-  if (!reading_ && !reads_done_ && BlocksInFlight() < kMaxBlocksInFlight) {
-    reading_ = true;
-    StartRead(&incoming_);
-  }
-  if (reads_done_ && !computing_ && blocks_.empty() && writing_ == nullptr &&
-      writes_.empty() && !result_sent_) {
-    if (!problem_) {
-      Fail(absl::InvalidArgumentError(
-          "header: the stream ended before its StreamHeader"));
-      return;
-    }
-    if (rows_received_ != problem_->num_rows()) {
-      Fail(absl::InvalidArgumentError(absl::StrCat(
-          "row_begin, num_rows: the blocks covered rows [0, ", rows_received_,
-          ") of the B*T=", problem_->num_rows(), " rows")));
-      return;
-    }
-    auto final = std::make_unique<Response>();
-    v1::ComputeLossResponse* result = final->mutable_result();
-    result->set_request_id(header_.request_id());
-    ResultTo(FinishLoss(*problem_, accumulator_, *problem_->denominator),
-             result->mutable_result());
-    result_sent_ = true;
-    writing_ = std::move(final);
-    StartWrite(writing_.get());
+  WriteNext();
+  ReadNext(
+      static_cast<int>(blocks_.size()) + (computing_ ? 1 : 0) + WritesHeld(),
+      kMaxBlocksInFlight);
+  if (reads_done_ && !computing_ && blocks_.empty() && WritesHeld() == 0 &&
+      !result_sent_) {
+    SendResult();
   }
 }
 
-void LossStreamReactor::OnWriteDone(bool ok) {
-  absl::MutexLock lock(&mu_);
-  writing_.reset();
-  if (deferred_finish_) {
-    Finish(*deferred_finish_);
-    deferred_finish_.reset();
+void LossStreamReactor::SendResult() {
+  if (!problem_) {
+    Fail(absl::InvalidArgumentError(
+        "header: the stream ended before its StreamHeader"));
     return;
   }
-  if (finishing_) return;
-  if (!ok) {
-    Fail(absl::CancelledError("ComputeLossStream: the client went away"));
+  if (rows_received_ != problem_->num_rows()) {
+    Fail(absl::InvalidArgumentError(absl::StrCat(
+        "row_begin, num_rows: the blocks covered rows [0, ", rows_received_,
+        ") of the B*T=", problem_->num_rows(), " rows")));
     return;
   }
-  if (result_sent_) {
-    finishing_ = true;
-    Finish(grpc::Status::OK);
+  auto final = std::make_unique<Response>();
+  v1::ComputeLossResponse* result = final->mutable_result();
+  result->set_request_id(header_.request_id());
+  ResultTo(FinishLoss(*problem_, accumulator_, *problem_->denominator),
+           result->mutable_result());
+  result_sent_ = true;
+  writes_.push_back(std::move(final));
+  WriteNext();
+}
+
+void LossStreamReactor::OnWritten() {
+  if (result_sent_ && WritesHeld() == 0) {
+    FinishOk();
     return;
   }
   Advance();
-}
-
-void LossStreamReactor::Fail(const absl::Status& status) {
-  if (finishing_) return;
-  finishing_ = true;
-  blocks_.clear();
-  writes_.clear();
-  // Finish waits for the write in flight, if any.
-  if (writing_ != nullptr) {
-    deferred_finish_ = ToGrpcStatus(status);
-  } else {
-    Finish(ToGrpcStatus(status));
-  }
-}
-
-void LossStreamReactor::OnCancel() {
-  absl::MutexLock lock(&mu_);
-  Fail(absl::CancelledError(
-      "ComputeLossStream: cancelled by the client or its deadline"));
 }
 
 void LossStreamReactor::OnDone() {

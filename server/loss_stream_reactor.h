@@ -13,6 +13,7 @@
 #include "kernels/problem.h"
 #include "klserve/v1/klserve.grpc.pb.h"
 #include "server/service_context.h"
+#include "server/stream_reactor_base.h"
 
 namespace klserve::server {
 
@@ -31,16 +32,14 @@ namespace klserve::server {
 // guarded by mu_. The reactor deletes itself once gRPC is done with it
 // (OnDone) and no computation of it is running.
 class LossStreamReactor final
-    : public grpc::ServerBidiReactor<v1::ComputeLossStreamRequest,
-                                     v1::ComputeLossStreamResponse> {
+    : public StreamReactorBase<v1::ComputeLossStreamRequest,
+                               v1::ComputeLossStreamResponse> {
  public:
   // Admits the call (or finishes it at once when refused) and starts reading.
   static LossStreamReactor* Start(const ServiceContext& context,
                                   grpc::CallbackServerContext* call);
 
   void OnReadDone(bool ok) override;
-  void OnWriteDone(bool ok) override;
-  void OnCancel() override;
   void OnDone() override;
 
  private:
@@ -49,26 +48,22 @@ class LossStreamReactor final
   static constexpr int kMaxBlocksInFlight = 3;
 
   explicit LossStreamReactor(const ServiceContext& context)
-      : context_(context) {}
-  ~LossStreamReactor() override;
+      : StreamReactorBase(context, "ComputeLossStream") {}
 
   absl::Status TakeHeader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status TakeBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Computes one block on the executor and queues its GradBlock.
   void ComputeBlock(std::unique_ptr<Request> block);
 
+  void OnWritten() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next step, whichever is possible: compute, write, read, finish.
   void Advance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Fail(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Once every block is in, computed and written: the result, last.
+  void SendResult() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when the reactor may now be deleted.
   bool Finished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return done_ && !computing_;
   }
-  int BlocksInFlight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  const ServiceContext context_;
-  bool admitted_ = false;  // holds an Admission slot, given back on deletion
-  absl::Mutex mu_;
 
   // Set once by TakeHeader; read without the lock by the one computation in
   // flight afterwards.
@@ -77,18 +72,10 @@ class LossStreamReactor final
   double grad_scale_ = 0;
   LossAccumulator accumulator_;  // touched by the computation in flight only
 
-  Request incoming_ ABSL_GUARDED_BY(mu_);  // the read in flight
-  bool reading_ ABSL_GUARDED_BY(mu_) = false;
-  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   int64_t rows_received_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::unique_ptr<Request>> blocks_ ABSL_GUARDED_BY(mu_);
   bool computing_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<std::unique_ptr<Response>> writes_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<Response> writing_ ABSL_GUARDED_BY(mu_);
   bool result_sent_ ABSL_GUARDED_BY(mu_) = false;
-  // Finish has been called, or is due once the write in flight is done.
-  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<grpc::Status> deferred_finish_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 

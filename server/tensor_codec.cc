@@ -49,8 +49,7 @@ absl::Status SmallTensors(const Message& m, IndexerKlInputs& in) {
                             m.segment_ids_kv(), in.segment_ids_kv));
   RETURN_IF_ERROR(MaybeView("key_padding_mask", m.has_key_padding_mask(),
                             m.key_padding_mask(), in.key_padding_mask));
-  return MaybeView("row_valid", m.has_row_valid(), m.row_valid(),
-                   in.row_valid);
+  return MaybeView("row_valid", m.has_row_valid(), m.row_valid(), in.row_valid);
 }
 
 }  // namespace
@@ -60,9 +59,9 @@ absl::StatusOr<DType> ParseDType(absl::string_view field,
   for (DType dtype : kWireDTypes) {
     if (name == DTypeName(dtype)) return dtype;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": must be one of FP32, BF16, FP16, INT32, BOOL, got \"",
-                   name, "\""));
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": must be one of FP32, BF16, FP16, INT32, BOOL, got \"", name,
+      "\""));
 }
 
 absl::StatusOr<TensorView> ViewOf(absl::string_view field,

@@ -31,7 +31,8 @@ absl::StatusOr<TensorView> ViewOf(absl::string_view field,
 absl::StatusOr<IndexerKlOptions> OptionsFrom(const v1::LossOptions& options);
 
 // The inputs of a whole problem, viewing the request's bytes.
-absl::StatusOr<IndexerKlInputs> InputsFrom(const v1::ComputeLossRequest& request);
+absl::StatusOr<IndexerKlInputs> InputsFrom(
+    const v1::ComputeLossRequest& request);
 
 // The inputs of a streamed problem: per-row tensors give dtype and shape
 // only (for IndexerKlProblem::RowTensors::kInBlocks); the small tensors view
