@@ -1,0 +1,271 @@
+#include "client/bench_load.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numeric>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/stream_codec.h"
+#include "client/tensor_util.h"
+#include "kernels/half.h"
+#include "kernels/status_macros.h"
+
+namespace klserve {
+namespace {
+
+// splitmix64: fast and good enough for synthetic data (a 16M-element
+// tensor takes tens of milliseconds).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, 1).
+  float Unit() { return static_cast<float>(Next() >> 40) * 0x1p-24f; }
+
+ private:
+  uint64_t state_;
+};
+
+// A float tensor of `shape` in `dtype` with elements from `next()`.
+template <typename Next>
+v1::Tensor FloatTensor(const std::string& dtype, std::vector<int64_t> shape,
+                       Next next) {
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;
+  v1::Tensor tensor;
+  tensor.set_dtype(dtype);
+  tensor.mutable_shape()->Assign(shape.begin(), shape.end());
+  std::string* data = tensor.mutable_data();
+  if (dtype == "FP32") {
+    data->resize(count * sizeof(float));
+    auto* out = reinterpret_cast<float*>(data->data());
+    for (int64_t i = 0; i < count; ++i) out[i] = next();
+  } else {
+    data->resize(count * sizeof(uint16_t));
+    auto* out = reinterpret_cast<uint16_t*>(data->data());
+    const bool bf16 = dtype == "BF16";
+    for (int64_t i = 0; i < count; ++i) {
+      const float value = next();
+      out[i] = bf16 ? FloatToBFloat16(value) : FloatToFloat16(value);
+    }
+  }
+  return tensor;
+}
+
+// Runs `call` (one request on a Client; returns the bytes it moved) from
+// `limits.concurrency` workers, each on its own connected Client.
+template <typename Call>
+LoadResult RunLoad(const ClientOptions& client_options,
+                   const LoadLimits& limits, Call call) {
+  LoadResult result;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < limits.concurrency; ++i) {
+    absl::StatusOr<std::unique_ptr<Client>> client =
+        Client::Create(client_options);
+    // Connect before the clock starts, so the first request's latency is
+    // not a TCP handshake.
+    absl::Status status = client.status();
+    if (status.ok()) status = (*client)->GetServerInfo().status();
+    if (!status.ok()) {
+      result.first_error = status;
+      return result;
+    }
+    clients.push_back(*std::move(client));
+  }
+
+  std::atomic<int64_t> started{0};
+  std::atomic<bool> stop{false};
+  absl::Mutex mu;
+  const absl::Time start = absl::Now();
+  const absl::Time end = start + limits.duration;
+  std::vector<std::thread> workers;
+  for (auto& client : clients) {
+    workers.emplace_back([&, client = client.get()] {
+      std::vector<double> latencies;
+      int64_t bytes = 0;
+      absl::Status error;
+      while (!stop.load(std::memory_order_relaxed) && absl::Now() < end) {
+        if (limits.count > 0 && started.fetch_add(1) >= limits.count) break;
+        const absl::Time begin = absl::Now();
+        absl::StatusOr<int64_t> moved = call(*client);
+        if (!moved.ok()) {
+          error = moved.status();
+          stop = true;
+          break;
+        }
+        latencies.push_back(absl::ToDoubleMilliseconds(absl::Now() - begin));
+        bytes += *moved;
+      }
+      absl::MutexLock lock(&mu);
+      result.latencies_ms.insert(result.latencies_ms.end(), latencies.begin(),
+                                 latencies.end());
+      result.bytes += bytes;
+      if (!error.ok() && result.first_error.ok()) result.first_error = error;
+    });
+  }
+  for (std::thread& worker : workers) worker.join();
+  result.elapsed = absl::Now() - start;
+  std::sort(result.latencies_ms.begin(), result.latencies_ms.end());
+  result.requests = result.latencies_ms.size();
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ComputeLossRequest> MakeSyntheticRequest(
+    const SyntheticProblem& problem) {
+  if (problem.batch < 1 || problem.rows < 1 || problem.keys < 1 ||
+      problem.heads < 0 || problem.topk < 0 || problem.topk > problem.keys) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bench problem: need B, T, S >= 1, heads >= 0 and 0 <= topk <= S, got "
+        "B=",
+        problem.batch, " T=", problem.rows, " S=", problem.keys,
+        " heads=", problem.heads, " topk=", problem.topk));
+  }
+  if (problem.dtype != "FP32" && problem.dtype != "BF16" &&
+      problem.dtype != "FP16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bench problem: dtype must be FP32, BF16 or FP16, got ",
+                     problem.dtype));
+  }
+  const int64_t B = problem.batch, T = problem.rows, S = problem.keys;
+  const int64_t H = problem.heads, K = problem.topk;
+  const int64_t width = K > 0 ? K : S;
+
+  v1::ComputeLossRequest request;
+  request.set_request_id("klctl-bench");
+  v1::LossOptions* options = request.mutable_options();
+  options->set_num_keys(S);
+  options->set_grad_dtype(problem.grad_dtype);
+
+  Rng rng(0x6b6c7365727665ull);
+  const auto logit = [&rng] { return rng.Unit() * 8.0f - 4.0f; };
+  if (H > 0) {
+    *request.mutable_attention_logits() =
+        FloatTensor(problem.dtype, {B, H, T, width}, logit);
+  } else {
+    // 1 - [0, 1) is (0, 1]: every weight positive.
+    *request.mutable_attention_weights() = FloatTensor(
+        problem.dtype, {B, T, width}, [&rng] { return 1.0f - rng.Unit(); });
+  }
+  *request.mutable_indexer_scores() =
+      FloatTensor(problem.dtype, {B, T, width}, logit);
+
+  if (K > 0) {
+    // A partial Fisher-Yates shuffle per row over one running permutation:
+    // K distinct keys per row in O(K).
+    std::vector<int32_t> keys(S);
+    std::iota(keys.begin(), keys.end(), 0);
+    v1::Tensor* topk = request.mutable_topk_indices();
+    topk->set_dtype("INT32");
+    for (int64_t dim : {B, T, K}) topk->add_shape(dim);
+    std::string* data = topk->mutable_data();
+    data->resize(B * T * K * sizeof(int32_t));
+    auto* out = reinterpret_cast<int32_t*>(data->data());
+    for (int64_t row = 0; row < B * T; ++row) {
+      for (int64_t j = 0; j < K; ++j) {
+        std::swap(keys[j], keys[j + rng.Next() % (S - j)]);
+        out[row * K + j] = keys[j];
+      }
+    }
+  }
+  return request;
+}
+
+bool UsesStream(const v1::ComputeLossRequest& request, StreamMode mode,
+                const ClientOptions& client_options) {
+  switch (mode) {
+    case StreamMode::kAlways:
+      return true;
+    case StreamMode::kNever:
+      return false;
+    case StreamMode::kAuto:
+      break;
+  }
+  return RequestTensorBytes(request) > client_options.stream_threshold_bytes;
+}
+
+absl::StatusOr<std::vector<EchoMessageSize>> EchoPlanFor(
+    const v1::ComputeLossRequest& request, int64_t grad_element_bytes,
+    StreamMode mode, const ClientOptions& client_options) {
+  ASSIGN_OR_RETURN(const RequestSlicer slicer, RequestSlicer::Create(request));
+  const int64_t grad_row_bytes = slicer.row_width() * grad_element_bytes;
+  const int64_t request_bytes = RequestTensorBytes(request);
+  if (!UsesStream(request, mode, client_options)) {
+    return std::vector<EchoMessageSize>{
+        {request_bytes, slicer.num_rows() * grad_row_bytes}};
+  }
+  const int64_t block_rows = slicer.BlockRowsFor(client_options.block_bytes);
+  // What the header carries whole: everything but the per-row tensors.
+  int64_t header_bytes = request_bytes - slicer.num_rows() * slicer.row_bytes();
+  std::vector<EchoMessageSize> plan;
+  for (int64_t row = 0; row < slicer.num_rows(); row += block_rows) {
+    const int64_t n = std::min(block_rows, slicer.num_rows() - row);
+    plan.push_back({n * slicer.row_bytes() + header_bytes, n * grad_row_bytes});
+    header_bytes = 0;
+  }
+  return plan;
+}
+
+double LoadResult::RequestsPerSecond() const {
+  const double seconds = absl::ToDoubleSeconds(elapsed);
+  return seconds > 0 ? requests / seconds : 0.0;
+}
+
+double LoadResult::GigabytesPerSecond() const {
+  const double seconds = absl::ToDoubleSeconds(elapsed);
+  return seconds > 0 ? bytes / seconds / 1e9 : 0.0;
+}
+
+double LoadResult::LatencyPercentileMs(double fraction) const {
+  if (latencies_ms.empty()) return 0.0;
+  const auto rank = static_cast<int64_t>(
+      std::ceil(fraction * static_cast<double>(latencies_ms.size())));
+  return latencies_ms[std::clamp<int64_t>(rank - 1, 0,
+                                          latencies_ms.size() - 1)];
+}
+
+LoadResult RunLossLoad(const v1::ComputeLossRequest& request, StreamMode mode,
+                       const ClientOptions& client_options,
+                       const LoadLimits& limits) {
+  const int64_t request_bytes = RequestTensorBytes(request);
+  return RunLoad(client_options, limits,
+                 [&](Client& client) -> absl::StatusOr<int64_t> {
+                   absl::StatusOr<v1::ComputeLossResponse> response;
+                   switch (mode) {
+                     case StreamMode::kAuto:
+                       response = client.ComputeLoss(request);
+                       break;
+                     case StreamMode::kAlways:
+                       response = client.ComputeLossStreaming(request);
+                       break;
+                     case StreamMode::kNever:
+                       response = client.ComputeLossUnary(request);
+                       break;
+                   }
+                   if (!response.ok()) return response.status();
+                   return request_bytes +
+                          static_cast<int64_t>(response->grad().data().size());
+                 });
+}
+
+LoadResult RunEchoLoad(const std::vector<EchoMessageSize>& plan,
+                       const ClientOptions& client_options,
+                       const LoadLimits& limits) {
+  return RunLoad(
+      client_options, limits, [&](Client& client) -> absl::StatusOr<int64_t> {
+        ASSIGN_OR_RETURN(const EchoStats stats, client.EchoStream(plan));
+        return stats.bytes_sent + stats.bytes_received;
+      });
+}
+
+}  // namespace klserve

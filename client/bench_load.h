@@ -1,0 +1,90 @@
+#ifndef KLSERVE_CLIENT_BENCH_LOAD_H_
+#define KLSERVE_CLIENT_BENCH_LOAD_H_
+
+// klctl bench: bounded synthetic load on a klserve server, for the loss and
+// for the Echo transport baseline moving the same bytes.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "klserve/v1/klserve.pb.h"
+
+namespace klserve {
+
+// How ComputeLoss requests travel.
+enum class StreamMode { kAuto, kAlways, kNever };
+
+// The synthetic problem: dense (topk == 0) or sparse, per-head logits
+// (heads > 0) or a head-aggregated target (heads == 0).
+struct SyntheticProblem {
+  int64_t batch = 1;                // B
+  int64_t rows = 4096;              // T
+  int64_t keys = 4096;              // S
+  int64_t heads = 0;                // H; 0: attention_weights instead of logits
+  int64_t topk = 0;                 // K; 0: dense stage
+  std::string dtype = "FP32";       // of the float inputs
+  std::string grad_dtype = "FP32";  // asked of the server
+};
+
+// Random valid inputs for `problem`: logits and scores uniform in [-4, 4),
+// weights uniform in (0, 1] (positive, so no row has a zero target), top-k
+// indices distinct per row. The gradient is requested, row_kl and
+// diagnostics are not. INVALID_ARGUMENT for non-positive sizes, topk > keys
+// or an unknown dtype.
+absl::StatusOr<v1::ComputeLossRequest> MakeSyntheticRequest(
+    const SyntheticProblem& problem);
+
+// The Echo messages that move exactly the tensor bytes a ComputeLoss of
+// `request` moves, in the same pieces: one message (request bytes up,
+// gradient bytes down) when it goes unary, otherwise one per row block
+// (block bytes up, with the header's small tensors in the first; that
+// block's gradient bytes down). `grad_element_bytes` is the gradient dtype's
+// size. Follows `client_options` for the threshold and block size.
+absl::StatusOr<std::vector<EchoMessageSize>> EchoPlanFor(
+    const v1::ComputeLossRequest& request, int64_t grad_element_bytes,
+    StreamMode mode, const ClientOptions& client_options);
+
+// Whether a ComputeLoss of `request` goes through the stream under `mode`.
+bool UsesStream(const v1::ComputeLossRequest& request, StreamMode mode,
+                const ClientOptions& client_options);
+
+struct LoadLimits {
+  int concurrency = 1;                          // workers, each its own Client
+  absl::Duration duration = absl::Seconds(10);  // no request starts after it
+  int64_t count = 0;                            // total requests; 0: no limit
+};
+
+// What one bench phase measured.
+struct LoadResult {
+  int64_t requests = 0;              // completed
+  int64_t bytes = 0;                 // tensor/payload bytes, both ways
+  absl::Duration elapsed;            // first start to last completion
+  std::vector<double> latencies_ms;  // per request, sorted
+  absl::Status first_error;          // the first failure; it stops the phase
+
+  double RequestsPerSecond() const;
+  double GigabytesPerSecond() const;                  // 1e9 bytes
+  double LatencyPercentileMs(double fraction) const;  // nearest rank
+};
+
+// Runs ComputeLoss of `request` (by `mode`) from `limits.concurrency`
+// threads until `limits` stop it or a call fails. Counts request tensor
+// bytes plus returned gradient bytes.
+LoadResult RunLossLoad(const v1::ComputeLossRequest& request, StreamMode mode,
+                       const ClientOptions& client_options,
+                       const LoadLimits& limits);
+
+// Runs Echo streams of `plan` under the same rules; counts payload bytes
+// both ways.
+LoadResult RunEchoLoad(const std::vector<EchoMessageSize>& plan,
+                       const ClientOptions& client_options,
+                       const LoadLimits& limits);
+
+}  // namespace klserve
+
+#endif  // KLSERVE_CLIENT_BENCH_LOAD_H_

@@ -1,0 +1,327 @@
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <climits>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "client/stream_codec.h"
+#include "client/tensor_util.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "kernels/status_macros.h"
+#include "klserve/v1/klserve.grpc.pb.h"
+
+namespace klserve {
+namespace {
+
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+
+// gRPC and absl number their codes alike, so the cast keeps the code.
+absl::Status ToAbslStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+void SetDeadline(grpc::ClientContext& context, absl::Time deadline) {
+  context.set_deadline(absl::ToChronoTime(deadline));
+}
+
+// Runs `attempt` until it returns anything but a retriable UNAVAILABLE, or
+// the attempts or the time run out; returns the last result. `attempt`
+// takes a bool* it clears when a retry would be unsafe (a stream that has
+// already delivered a response message). While the channel is down it
+// waits on the channel rather than sleeping: a blocking client's channel
+// makes connection progress only while someone polls it, so a plain sleep
+// left the reconnect pending until gRPC's 5 s backup poller ran (measured:
+// a server up 0.3 s after the first attempt was still not reached after
+// 7 s); this way the retry also starts as soon as the connection is up.
+template <typename Attempt>
+auto WithRetries(const ClientOptions& options, grpc::Channel& channel,
+                 absl::Time deadline, Attempt attempt)
+    -> decltype(attempt(nullptr)) {
+  absl::BitGen jitter;
+  absl::Duration backoff = options.initial_backoff;
+  for (int tries = 1;; ++tries) {
+    bool may_retry = true;
+    auto result = attempt(&may_retry);
+    if (result.ok() ||
+        result.status().code() != absl::StatusCode::kUnavailable ||
+        !may_retry || tries >= options.max_attempts) {
+      return result;
+    }
+    // Jitter keeps a crowd of clients that failed together from retrying
+    // together.
+    const absl::Time until =
+        absl::Now() + backoff * absl::Uniform(jitter, 0.5, 1.0);
+    if (until >= deadline) return result;
+    if (channel.GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
+      absl::SleepFor(until - absl::Now());  // connected: the server said no
+    } else {
+      channel.WaitForConnected(absl::ToChronoTime(until));
+    }
+    backoff = std::min(backoff * 2, options.max_backoff);
+  }
+}
+
+absl::Status ProtocolError(absl::string_view what) {
+  return absl::InternalError(absl::StrCat("server broke the protocol: ", what));
+}
+
+}  // namespace
+
+struct Client::Stubs {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::IndexerKl::Stub> kl;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health;
+};
+
+Client::Client(ClientOptions options, std::unique_ptr<Stubs> stubs)
+    : options_(std::move(options)), stubs_(std::move(stubs)) {}
+
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
+  const auto invalid = [](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("ClientOptions.", what));
+  };
+  if (options.target.empty()) return invalid("target: must not be empty");
+  if (options.deadline <= absl::ZeroDuration() ||
+      options.deadline == absl::InfiniteDuration()) {
+    return invalid(absl::StrCat("deadline: must be finite and > 0, got ",
+                                absl::FormatDuration(options.deadline)));
+  }
+  if (options.max_message_bytes < 1 || options.max_message_bytes > INT_MAX) {
+    return invalid(absl::StrCat("max_message_bytes: must be in [1, ", INT_MAX,
+                                "], got ", options.max_message_bytes));
+  }
+  if (options.max_attempts < 1) {
+    return invalid(
+        absl::StrCat("max_attempts: must be >= 1, got ", options.max_attempts));
+  }
+  if (options.initial_backoff <= absl::ZeroDuration() ||
+      options.max_backoff < options.initial_backoff) {
+    return invalid(
+        "initial_backoff, max_backoff: need 0 < initial_backoff "
+        "<= max_backoff");
+  }
+  if (options.stream_threshold_bytes < 0) {
+    return invalid("stream_threshold_bytes: must be >= 0");
+  }
+  if (options.block_bytes < 1) return invalid("block_bytes: must be >= 1");
+
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  // A private connection per Client: concurrent Clients (klctl bench's
+  // workers) would otherwise share one TCP connection and its flow control.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // gRPC's own reconnect backoff (1 s at first, then growing) would keep
+  // failing our retries fast for seconds after the server comes up; follow
+  // the retry schedule instead. (GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left
+  // alone: it is the connect timeout, and 50 ms cuts handshakes short.)
+  args.SetInt(
+      GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.initial_backoff)));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.max_backoff)));
+
+  auto stubs = std::make_unique<Stubs>();
+  stubs->channel = grpc::CreateCustomChannel(
+      options.target, grpc::InsecureChannelCredentials(), args);
+  stubs->kl = v1::IndexerKl::NewStub(stubs->channel);
+  stubs->health = grpc::health::v1::Health::NewStub(stubs->channel);
+  return std::unique_ptr<Client>(
+      new Client(std::move(options), std::move(stubs)));
+}
+
+absl::StatusOr<bool> Client::Health(const std::string& service) {
+  HealthCheckRequest request;
+  request.set_service(service);
+  const absl::Time deadline = absl::Now() + options_.deadline;
+  return WithRetries(
+      options_, *stubs_->channel, deadline, [&](bool*) -> absl::StatusOr<bool> {
+        grpc::ClientContext context;
+        SetDeadline(context, deadline);
+        HealthCheckResponse response;
+        RETURN_IF_ERROR(
+            ToAbslStatus(stubs_->health->Check(&context, request, &response)));
+        return response.status() == HealthCheckResponse::SERVING;
+      });
+}
+
+absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() {
+  const absl::Time deadline = absl::Now() + options_.deadline;
+  return WithRetries(options_, *stubs_->channel, deadline,
+                     [&](bool*) -> absl::StatusOr<v1::GetServerInfoResponse> {
+                       grpc::ClientContext context;
+                       SetDeadline(context, deadline);
+                       v1::GetServerInfoResponse response;
+                       RETURN_IF_ERROR(ToAbslStatus(stubs_->kl->GetServerInfo(
+                           &context, v1::GetServerInfoRequest(), &response)));
+                       return response;
+                     });
+}
+
+absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLoss(
+    const v1::ComputeLossRequest& request) {
+  if (RequestTensorBytes(request) <= options_.stream_threshold_bytes) {
+    return ComputeLossUnary(request);
+  }
+  return ComputeLossStreaming(request);
+}
+
+absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossUnary(
+    const v1::ComputeLossRequest& request) {
+  const absl::Time deadline = absl::Now() + options_.deadline;
+  return WithRetries(options_, *stubs_->channel, deadline,
+                     [&](bool*) -> absl::StatusOr<v1::ComputeLossResponse> {
+                       grpc::ClientContext context;
+                       SetDeadline(context, deadline);
+                       v1::ComputeLossResponse response;
+                       RETURN_IF_ERROR(ToAbslStatus(stubs_->kl->ComputeLoss(
+                           &context, request, &response)));
+                       return response;
+                     });
+}
+
+absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
+    const v1::ComputeLossRequest& request, int64_t block_rows) {
+  ASSIGN_OR_RETURN(const RequestSlicer slicer, RequestSlicer::Create(request));
+  const int64_t num_rows = slicer.num_rows();
+  if (block_rows <= 0) block_rows = slicer.BlockRowsFor(options_.block_bytes);
+  block_rows = std::min(block_rows, num_rows);
+  // Built once: retries resend the same header.
+  v1::ComputeLossStreamRequest header_message;
+  *header_message.mutable_header() = slicer.MakeHeader();
+
+  const absl::Time deadline = absl::Now() + options_.deadline;
+  auto attempt =
+      [&](bool* may_retry) -> absl::StatusOr<v1::ComputeLossResponse> {
+    grpc::ClientContext context;
+    SetDeadline(context, deadline);
+    auto stream = stubs_->kl->ComputeLossStream(&context);
+
+    // Bidi: blocks go out from this thread while the caller's thread reads
+    // gradients, so the server computes block i while block i+1 travels.
+    std::thread writer([&] {
+      if (!stream->Write(header_message)) return;
+      v1::ComputeLossStreamRequest message;  // reused: keeps its capacity
+      for (int64_t row = 0; row < num_rows; row += block_rows) {
+        slicer.FillBlock(row, std::min(block_rows, num_rows - row),
+                         message.mutable_block());
+        // A failed write means the call is over; Finish says why.
+        if (!stream->Write(message)) return;
+      }
+      stream->WritesDone();
+    });
+
+    ResponseAssembler assembler(request.indexer_scores().shape());
+    std::optional<v1::ComputeLossResponse> result;
+    absl::Status local;
+    v1::ComputeLossStreamResponse message;
+    while (stream->Read(&message)) {
+      *may_retry = false;
+      if (result.has_value()) {
+        local = ProtocolError("ComputeLossStream: message after the result");
+      } else if (message.has_grad_block()) {
+        local = assembler.Add(*message.mutable_grad_block());
+      } else if (message.has_result()) {
+        result = std::move(*message.mutable_result());
+      } else {
+        local = ProtocolError("ComputeLossStream: empty response message");
+      }
+      if (!local.ok()) break;
+    }
+    // After a local error the server may still be reading: cancel so the
+    // writer's pending Write fails instead of waiting for the deadline.
+    if (!local.ok()) context.TryCancel();
+    writer.join();
+    const grpc::Status status = stream->Finish();
+    RETURN_IF_ERROR(local);
+    RETURN_IF_ERROR(ToAbslStatus(status));
+    if (!result.has_value()) {
+      return ProtocolError("ComputeLossStream: no result before the end");
+    }
+    return assembler.Finish(std::move(*result));
+  };
+  return WithRetries(options_, *stubs_->channel, deadline, attempt);
+}
+
+absl::StatusOr<EchoStats> Client::EchoStream(
+    absl::Span<const EchoMessageSize> messages) {
+  // One prebuilt request per distinct size (a plan of row blocks has one or
+  // two), written as is: the baseline then carries no copy of its own.
+  std::vector<v1::EchoRequest> requests;
+  std::vector<int> request_of(messages.size());
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const EchoMessageSize& size = messages[i];
+    if (size.payload_bytes < 0 || size.reply_bytes < 0) {
+      return absl::InvalidArgumentError(
+          "EchoStream: payload and reply sizes must be >= 0");
+    }
+    auto same = [&](const v1::EchoRequest& request) {
+      return static_cast<int64_t>(request.payload().size()) ==
+                 size.payload_bytes &&
+             request.reply_bytes() == size.reply_bytes;
+    };
+    auto found = std::find_if(requests.begin(), requests.end(), same);
+    if (found == requests.end()) {
+      v1::EchoRequest& request = requests.emplace_back();
+      request.mutable_payload()->assign(size.payload_bytes, '\x5a');
+      request.set_reply_bytes(size.reply_bytes);
+      found = requests.end() - 1;
+    }
+    request_of[i] = found - requests.begin();
+  }
+
+  const absl::Time deadline = absl::Now() + options_.deadline;
+  auto attempt = [&](bool* may_retry) -> absl::StatusOr<EchoStats> {
+    grpc::ClientContext context;
+    SetDeadline(context, deadline);
+    auto stream = stubs_->kl->Echo(&context);
+    EchoStats stats;
+    std::thread writer([&] {
+      for (size_t i = 0; i < messages.size(); ++i) {
+        if (!stream->Write(requests[request_of[i]])) return;
+        stats.bytes_sent += messages[i].payload_bytes;
+      }
+      stream->WritesDone();
+    });
+    v1::EchoResponse response;
+    while (stream->Read(&response)) {
+      *may_retry = false;
+      ++stats.messages;
+      stats.bytes_received += response.payload().size();
+    }
+    writer.join();
+    RETURN_IF_ERROR(ToAbslStatus(stream->Finish()));
+    if (stats.messages != static_cast<int64_t>(messages.size())) {
+      return ProtocolError(absl::StrCat("Echo: ", stats.messages,
+                                        " replies to ", messages.size(),
+                                        " messages"));
+    }
+    return stats;
+  };
+  return WithRetries(options_, *stubs_->channel, deadline, attempt);
+}
+
+absl::StatusOr<EchoStats> Client::EchoStream(int64_t num_messages,
+                                             int64_t payload_bytes,
+                                             int64_t reply_bytes) {
+  if (num_messages < 0) {
+    return absl::InvalidArgumentError("EchoStream: num_messages must be >= 0");
+  }
+  std::vector<EchoMessageSize> messages(
+      num_messages, EchoMessageSize{payload_bytes, reply_bytes});
+  return EchoStream(messages);
+}
+
+}  // namespace klserve

@@ -1,0 +1,127 @@
+#ifndef KLSERVE_CLIENT_CLIENT_H_
+#define KLSERVE_CLIENT_CLIENT_H_
+
+// klserve::Client: a blocking C++ client for the klserve.v1.IndexerKl
+// service (and grpc.health.v1.Health).
+//
+// Every call runs under a deadline (ClientOptions::deadline, counted from the
+// start of the call and covering its retries). UNAVAILABLE is retried with
+// exponential backoff; every other error is returned at once, with the gRPC
+// code and message kept (absl and gRPC codes share their numbers).
+//
+// gRPC headers stay out of this header (the stubs live behind a pointer),
+// so code that includes it compiles without grpcpp.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "klserve/v1/klserve.pb.h"
+
+namespace klserve {
+
+struct ClientOptions {
+  // Server address, "host:port" or any gRPC target URI.
+  std::string target = "localhost:50051";
+  // Time limit of one call, its retries included. Finite and > 0.
+  absl::Duration deadline = absl::Seconds(120);
+  // The channel's send and receive message limits (gRPC's default receive
+  // limit is 4 MiB). At most 2 GiB - 1, since no message can be larger.
+  int64_t max_message_bytes = 1 << 30;
+  // Attempts per call when the server answers UNAVAILABLE; >= 1.
+  int max_attempts = 5;
+  // Wait before the first retry; doubled after each one up to max_backoff.
+  // Each wait is jittered to between half and all of its value.
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  // ComputeLoss sends requests whose tensor bytes exceed this through
+  // ComputeLossStream, the rest as one unary message.
+  int64_t stream_threshold_bytes = 64 << 20;
+  // Target bytes of per-row data per RowBlock when streaming; > 0.
+  int64_t block_bytes = 4 << 20;
+};
+
+// Sizes of one Echo message: `payload_bytes` up, `reply_bytes` back.
+struct EchoMessageSize {
+  int64_t payload_bytes = 0;
+  int64_t reply_bytes = 0;
+};
+
+// What one Echo stream moved.
+struct EchoStats {
+  int64_t messages = 0;        // replies received
+  int64_t bytes_sent = 0;      // payload bytes sent
+  int64_t bytes_received = 0;  // payload bytes received
+};
+
+// Thread-safe: any number of threads may call any method at once; calls
+// share one channel (one connection, owned by this Client alone).
+class Client {
+ public:
+  // Validates `options` (INVALID_ARGUMENT naming the field) and creates the
+  // channel. Connecting is lazy: an unreachable server shows up as
+  // UNAVAILABLE on the first call.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
+
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const ClientOptions& options() const { return options_; }
+
+  // grpc.health.v1.Health/Check for `service` ("" is the whole server).
+  // True when SERVING; false for any other reported state.
+  absl::StatusOr<bool> Health(const std::string& service = "");
+
+  absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
+
+  // Computes one problem, as one unary message when its tensor bytes are at
+  // most options().stream_threshold_bytes, through ComputeLossStream
+  // otherwise. Either way the response is what the unary call returns.
+  absl::StatusOr<v1::ComputeLossResponse> ComputeLoss(
+      const v1::ComputeLossRequest& request);
+
+  // The unary call (the request must fit the message limits).
+  absl::StatusOr<v1::ComputeLossResponse> ComputeLossUnary(
+      const v1::ComputeLossRequest& request);
+
+  // The bidi stream: a StreamHeader, then RowBlocks of `block_rows` rows
+  // (0: as many as fit options().block_bytes), written by a second thread
+  // while this one reads the GradBlocks; returns them assembled into one
+  // response, grad [B, T, S or K] and row_kl [B, T] included. The request's
+  // per-row tensors must have consistent shapes and byte sizes
+  // (INVALID_ARGUMENT before anything is sent otherwise). UNAVAILABLE is
+  // retried only while no response message has arrived.
+  absl::StatusOr<v1::ComputeLossResponse> ComputeLossStreaming(
+      const v1::ComputeLossRequest& request, int64_t block_rows = 0);
+
+  // One Echo stream: message i carries messages[i].payload_bytes of payload
+  // and asks for messages[i].reply_bytes back. Writes and reads overlap as in
+  // ComputeLossStreaming; messages are built before the stream starts, so
+  // this measures the transport alone (the loss's block copies are not
+  // mirrored).
+  absl::StatusOr<EchoStats> EchoStream(
+      absl::Span<const EchoMessageSize> messages);
+
+  // `num_messages` messages of `payload_bytes`, each answered with
+  // `reply_bytes`.
+  absl::StatusOr<EchoStats> EchoStream(int64_t num_messages,
+                                       int64_t payload_bytes,
+                                       int64_t reply_bytes);
+
+ private:
+  struct Stubs;  // the gRPC channel and stubs
+
+  Client(ClientOptions options, std::unique_ptr<Stubs> stubs);
+
+  ClientOptions options_;
+  std::unique_ptr<Stubs> stubs_;
+};
+
+}  // namespace klserve
+
+#endif  // KLSERVE_CLIENT_CLIENT_H_

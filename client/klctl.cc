@@ -1,0 +1,488 @@
+// klctl: the command-line client of klserve.
+//
+//   klctl health|info|loss|bench [--flags]
+//
+// Every command talks to --target under --deadline. Failures print the gRPC
+// code name and message to stderr and exit 1.
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/bench_load.h"
+#include "client/client.h"
+#include "client/npy.h"
+#include "client/tensor_util.h"
+#include "kernels/status_macros.h"
+#include "klserve/v1/klserve.pb.h"
+
+// Connection.
+ABSL_FLAG(std::string, target, "localhost:50051", "Server address HOST:PORT");
+ABSL_FLAG(absl::Duration, deadline, absl::Seconds(120),
+          "Time limit of each call, retries included");
+ABSL_FLAG(int, max_attempts, 5, "Attempts per call while UNAVAILABLE");
+ABSL_FLAG(std::string, stream, "auto",
+          "loss, bench: auto (stream above --stream_threshold), always, never");
+ABSL_FLAG(int64_t, stream_threshold, int64_t{64} << 20,
+          "Requests with more tensor bytes than this are streamed (auto)");
+ABSL_FLAG(int64_t, block_bytes, int64_t{4} << 20,
+          "Per-row bytes per RowBlock when streaming");
+
+// health.
+ABSL_FLAG(std::string, service, "", "health: the service to ask about");
+
+// loss: inputs (.npy files).
+ABSL_FLAG(std::string, attention_logits, "", "loss: [B,H,T,S|K] .npy");
+ABSL_FLAG(std::string, attention_weights, "", "loss: [B,T,S|K] .npy");
+ABSL_FLAG(std::string, indexer_scores, "", "loss: [B,T,S|K] .npy (required)");
+ABSL_FLAG(std::string, topk_indices, "", "loss: [B,T,K] int32 .npy");
+ABSL_FLAG(std::string, segment_ids_q, "", "loss: [B,T] int32 .npy");
+ABSL_FLAG(std::string, segment_ids_kv, "", "loss: [B,S] int32 .npy");
+ABSL_FLAG(std::string, attention_mask, "", "loss: [B,T,S] bool .npy");
+ABSL_FLAG(std::string, key_padding_mask, "", "loss: [B,S] bool .npy");
+ABSL_FLAG(std::string, row_valid, "", "loss: [B,T] bool .npy");
+
+// loss: LossOptions.
+ABSL_FLAG(bool, causal, false, "loss: key s valid only if s <= t + q_offset");
+ABSL_FLAG(std::optional<int64_t>, q_offset, std::nullopt,
+          "loss: position of query row 0 among the keys (default S - T)");
+ABSL_FLAG(int64_t, num_keys, 0, "loss: S (required with --topk_indices)");
+ABSL_FLAG(std::optional<float>, softmax_scale, std::nullopt,
+          "loss: multiplies attention_logits (default 1)");
+ABSL_FLAG(std::string, flavor, "exact", "loss: exact or maxtext");
+ABSL_FLAG(std::string, reduction, "mean", "loss: mean, mean_valid or sum");
+ABSL_FLAG(std::optional<double>, scaling_factor, std::nullopt,
+          "loss: c, multiplies loss and gradient (default 1)");
+ABSL_FLAG(std::string, grad_dtype, "fp32",
+          "loss, bench: gradient dtype fp32, bf16 or fp16");
+ABSL_FLAG(bool, diagnostics, false, "loss: ask for entropies and row counts");
+ABSL_FLAG(int64_t, recall_k, 0, "loss: k of the top-k recall diagnostic");
+ABSL_FLAG(std::string, grad_out, "",
+          "loss: write the gradient here (.npy; BF16 as '<u2'); the gradient "
+          "is only requested when this is set");
+ABSL_FLAG(std::string, row_kl_out, "",
+          "loss: ask for each row's KL and write it here ('<f8' .npy)");
+
+// loss: tags.
+ABSL_FLAG(std::string, request_id, "", "loss: echoed in the response");
+ABSL_FLAG(std::string, run, "", "loss: run tag (enables per-step metrics)");
+ABSL_FLAG(std::optional<int64_t>, step, std::nullopt, "loss: step tag");
+ABSL_FLAG(std::optional<int32_t>, layer, std::nullopt, "loss: layer tag");
+ABSL_FLAG(std::optional<int32_t>, microbatch, std::nullopt,
+          "loss: microbatch tag");
+
+// bench.
+ABSL_FLAG(std::string, shape, "1,4096,4096", "bench: B,T,S");
+ABSL_FLAG(int64_t, heads, 0,
+          "bench: H of per-head logits; 0 sends a head-aggregated target");
+ABSL_FLAG(int64_t, topk, 0, "bench: K for the sparse stage; 0 is dense");
+ABSL_FLAG(std::string, dtype, "fp32", "bench: input dtype fp32, bf16, fp16");
+ABSL_FLAG(int, concurrency, 1,
+          "bench: concurrent requests (one connection "
+          "each)");
+ABSL_FLAG(absl::Duration, duration, absl::Seconds(10),
+          "bench: stop starting requests after this long (per mode)");
+ABSL_FLAG(int64_t, count, 0,
+          "bench: stop after this many requests per mode; "
+          "0 is no count limit");
+ABSL_FLAG(std::string, mode, "loss",
+          "bench: loss, echo (the same bytes through Echo) or both");
+
+namespace klserve {
+namespace {
+
+constexpr char kUsage[] = R"(the command-line client for klserve.
+
+Usage: klctl <command> [flags]
+
+Commands:
+  health  grpc.health.v1 check; prints SERVING or NOT_SERVING, exit 0 only
+          when serving (--service names a service, default the server)
+  info    prints GetServerInfo
+  loss    computes the loss of a problem read from .npy files
+          (--indexer_scores plus --attention_logits or --attention_weights,
+          optional masks and --topk_indices); prints the result as
+          key: value lines; --grad_out / --row_kl_out write .npy files
+  bench   bounded synthetic load (--shape, --heads, --topk, --dtype,
+          --concurrency, --duration, --count, --mode=loss|echo|both)
+
+Common flags: --target=HOST:PORT --deadline=120s --stream=auto|always|never
+Errors print the gRPC code and message to stderr and exit 1.
+)";
+
+// The element-dtype names the flags accept, in any case.
+absl::StatusOr<std::string> WireDType(absl::string_view flag,
+                                      absl::string_view value) {
+  const std::string upper = absl::AsciiStrToUpper(value);
+  if (upper == "FP32" || upper == "BF16" || upper == "FP16") return upper;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--", flag, ": must be fp32, bf16 or fp16, got \"", value, "\""));
+}
+
+absl::StatusOr<StreamMode> StreamModeFlag() {
+  const std::string value = absl::AsciiStrToLower(absl::GetFlag(FLAGS_stream));
+  if (value == "auto") return StreamMode::kAuto;
+  if (value == "always") return StreamMode::kAlways;
+  if (value == "never") return StreamMode::kNever;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--stream: must be auto, always or never, got \"", value, "\""));
+}
+
+absl::StatusOr<std::unique_ptr<Client>> MakeClient(ClientOptions* out) {
+  ClientOptions options;
+  options.target = absl::GetFlag(FLAGS_target);
+  options.deadline = absl::GetFlag(FLAGS_deadline);
+  options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  options.stream_threshold_bytes = absl::GetFlag(FLAGS_stream_threshold);
+  options.block_bytes = absl::GetFlag(FLAGS_block_bytes);
+  if (out != nullptr) *out = options;
+  return Client::Create(std::move(options));
+}
+
+// True when serving; NOT_SERVING is an answer, not an error.
+absl::StatusOr<bool> Health() {
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, MakeClient(nullptr));
+  ASSIGN_OR_RETURN(const bool serving,
+                   client->Health(absl::GetFlag(FLAGS_service)));
+  std::printf("%s\n", serving ? "SERVING" : "NOT_SERVING");
+  return serving;
+}
+
+absl::Status Info() {
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, MakeClient(nullptr));
+  ASSIGN_OR_RETURN(const v1::GetServerInfoResponse info,
+                   client->GetServerInfo());
+  std::printf("version: %s\n", info.version().c_str());
+  std::printf("backend: %s\n", info.backend().c_str());
+  std::printf("device: %s\n", info.device().c_str());
+  std::printf("threads: %d\n", info.threads());
+  std::printf("max_message_bytes: %lld\n",
+              static_cast<long long>(info.max_message_bytes()));
+  std::printf("max_tensor_bytes: %lld\n",
+              static_cast<long long>(info.max_tensor_bytes()));
+  std::printf("max_concurrent_requests: %d\n", info.max_concurrent_requests());
+  std::printf("input_dtypes: %s\n",
+              absl::StrJoin(info.input_dtypes(), ",").c_str());
+  std::printf("grad_dtypes: %s\n",
+              absl::StrJoin(info.grad_dtypes(), ",").c_str());
+  return absl::OkStatus();
+}
+
+// Reads the .npy named by a flag into `tensor`; an unset flag leaves it
+// unset.
+absl::Status ReadInput(const absl::Flag<std::string>& flag,
+                       absl::string_view name,
+                       v1::Tensor* (*field)(v1::ComputeLossRequest*),
+                       v1::ComputeLossRequest* request) {
+  const std::string path = absl::GetFlag(flag);
+  if (path.empty()) return absl::OkStatus();
+  absl::StatusOr<v1::Tensor> tensor = ReadNpy(path);
+  if (!tensor.ok()) {
+    return absl::Status(
+        tensor.status().code(),
+        absl::StrCat("--", name, ": ", tensor.status().message()));
+  }
+  *field(request) = *std::move(tensor);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
+  v1::ComputeLossRequest request;
+  struct Input {
+    const absl::Flag<std::string>& flag;
+    const char* name;
+    v1::Tensor* (*field)(v1::ComputeLossRequest*);
+  };
+  const Input inputs[] = {
+      {FLAGS_attention_logits, "attention_logits",
+       [](v1::ComputeLossRequest* r) { return r->mutable_attention_logits(); }},
+      {FLAGS_attention_weights, "attention_weights",
+       [](v1::ComputeLossRequest* r) {
+         return r->mutable_attention_weights();
+       }},
+      {FLAGS_indexer_scores, "indexer_scores",
+       [](v1::ComputeLossRequest* r) { return r->mutable_indexer_scores(); }},
+      {FLAGS_topk_indices, "topk_indices",
+       [](v1::ComputeLossRequest* r) { return r->mutable_topk_indices(); }},
+      {FLAGS_segment_ids_q, "segment_ids_q",
+       [](v1::ComputeLossRequest* r) { return r->mutable_segment_ids_q(); }},
+      {FLAGS_segment_ids_kv, "segment_ids_kv",
+       [](v1::ComputeLossRequest* r) { return r->mutable_segment_ids_kv(); }},
+      {FLAGS_attention_mask, "attention_mask",
+       [](v1::ComputeLossRequest* r) { return r->mutable_attention_mask(); }},
+      {FLAGS_key_padding_mask, "key_padding_mask",
+       [](v1::ComputeLossRequest* r) { return r->mutable_key_padding_mask(); }},
+      {FLAGS_row_valid, "row_valid",
+       [](v1::ComputeLossRequest* r) { return r->mutable_row_valid(); }},
+  };
+  if (absl::GetFlag(FLAGS_indexer_scores).empty()) {
+    return absl::InvalidArgumentError("--indexer_scores: required");
+  }
+  for (const Input& input : inputs) {
+    RETURN_IF_ERROR(ReadInput(input.flag, input.name, input.field, &request));
+  }
+
+  v1::LossOptions* options = request.mutable_options();
+  options->set_causal(absl::GetFlag(FLAGS_causal));
+  if (auto q_offset = absl::GetFlag(FLAGS_q_offset)) {
+    options->set_q_offset(*q_offset);
+  }
+  options->set_num_keys(absl::GetFlag(FLAGS_num_keys));
+  if (auto scale = absl::GetFlag(FLAGS_softmax_scale)) {
+    options->set_softmax_scale(*scale);
+  }
+  const std::string flavor = absl::AsciiStrToLower(absl::GetFlag(FLAGS_flavor));
+  if (flavor == "exact") {
+    options->set_flavor(v1::FLAVOR_EXACT);
+  } else if (flavor == "maxtext") {
+    options->set_flavor(v1::FLAVOR_MAXTEXT);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--flavor: must be exact or maxtext, got \"", flavor, "\""));
+  }
+  const std::string reduction =
+      absl::AsciiStrToLower(absl::GetFlag(FLAGS_reduction));
+  if (reduction == "mean") {
+    options->set_reduction(v1::REDUCTION_MEAN);
+  } else if (reduction == "mean_valid") {
+    options->set_reduction(v1::REDUCTION_MEAN_VALID);
+  } else if (reduction == "sum") {
+    options->set_reduction(v1::REDUCTION_SUM);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--reduction: must be mean, mean_valid or sum, got \"",
+                     reduction, "\""));
+  }
+  if (auto c = absl::GetFlag(FLAGS_scaling_factor)) {
+    options->set_scaling_factor(*c);
+  }
+  ASSIGN_OR_RETURN(const std::string grad_dtype,
+                   WireDType("grad_dtype", absl::GetFlag(FLAGS_grad_dtype)));
+  options->set_grad_dtype(grad_dtype);
+  // Without a file to write it to, the gradient would only cost bandwidth.
+  options->set_skip_grad(absl::GetFlag(FLAGS_grad_out).empty());
+  options->set_want_row_kl(!absl::GetFlag(FLAGS_row_kl_out).empty());
+  options->set_want_diagnostics(absl::GetFlag(FLAGS_diagnostics));
+  options->set_recall_k(absl::GetFlag(FLAGS_recall_k));
+
+  request.set_request_id(absl::GetFlag(FLAGS_request_id));
+  v1::Tags* tags = request.mutable_tags();
+  tags->set_run(absl::GetFlag(FLAGS_run));
+  if (auto step = absl::GetFlag(FLAGS_step)) tags->set_step(*step);
+  if (auto layer = absl::GetFlag(FLAGS_layer)) tags->set_layer(*layer);
+  if (auto microbatch = absl::GetFlag(FLAGS_microbatch)) {
+    tags->set_microbatch(*microbatch);
+  }
+  return request;
+}
+
+std::string ShapeString(const v1::Tensor& tensor) {
+  return absl::StrCat("[", absl::StrJoin(tensor.shape(), ","), "]");
+}
+
+absl::Status Loss() {
+  ASSIGN_OR_RETURN(const StreamMode mode, StreamModeFlag());
+  ASSIGN_OR_RETURN(const v1::ComputeLossRequest request,
+                   LossRequestFromFlags());
+  ClientOptions client_options;
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, MakeClient(&client_options));
+
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::ComputeLossResponse> response;
+  const bool streamed = UsesStream(request, mode, client_options);
+  if (streamed) {
+    response = client->ComputeLossStreaming(request);
+  } else {
+    response = client->ComputeLossUnary(request);
+  }
+  if (!response.ok()) return response.status();
+  const double latency_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+
+  const v1::LossResult& result = response->result();
+  std::printf("request_id: %s\n", response->request_id().c_str());
+  std::printf("transport: %s\n", streamed ? "stream" : "unary");
+  std::printf("loss: %.17g\n", result.loss());
+  std::printf("unscaled_loss: %.17g\n", result.unscaled_loss());
+  std::printf("denominator: %lld\n",
+              static_cast<long long>(result.denominator()));
+  std::printf("rows_counted: %lld\n",
+              static_cast<long long>(result.rows_counted()));
+  std::printf("rows_fully_masked: %lld\n",
+              static_cast<long long>(result.rows_fully_masked()));
+  std::printf("rows_zero_target: %lld\n",
+              static_cast<long long>(result.rows_zero_target()));
+  if (result.has_diagnostics()) {
+    const v1::Diagnostics& diagnostics = result.diagnostics();
+    std::printf("mean_entropy_p: %.17g\n", diagnostics.mean_entropy_p());
+    std::printf("mean_entropy_q: %.17g\n", diagnostics.mean_entropy_q());
+    if (diagnostics.has_topk_recall()) {
+      std::printf("topk_recall: %.17g\n", diagnostics.topk_recall());
+    }
+  }
+  std::printf("latency_ms: %.3f\n", latency_ms);
+
+  const std::string grad_out = absl::GetFlag(FLAGS_grad_out);
+  if (!grad_out.empty()) {
+    if (!response->has_grad()) {
+      return absl::InternalError("the response carries no gradient");
+    }
+    RETURN_IF_ERROR(WriteNpy(grad_out, response->grad()));
+    std::printf("grad: %s %s -> %s\n", response->grad().dtype().c_str(),
+                ShapeString(response->grad()).c_str(), grad_out.c_str());
+  }
+  const std::string row_kl_out = absl::GetFlag(FLAGS_row_kl_out);
+  if (!row_kl_out.empty()) {
+    if (!response->has_row_kl()) {
+      return absl::InternalError("the response carries no row_kl");
+    }
+    RETURN_IF_ERROR(WriteNpy(row_kl_out, response->row_kl()));
+    std::printf("row_kl: %s %s -> %s\n", response->row_kl().dtype().c_str(),
+                ShapeString(response->row_kl()).c_str(), row_kl_out.c_str());
+  }
+  return absl::OkStatus();
+}
+
+void PrintLoad(absl::string_view mode, const LoadResult& load) {
+  std::printf("mode: %s\n", std::string(mode).c_str());
+  std::printf("  requests: %lld\n", static_cast<long long>(load.requests));
+  std::printf("  seconds: %.3f\n", absl::ToDoubleSeconds(load.elapsed));
+  std::printf("  requests_per_s: %.3f\n", load.RequestsPerSecond());
+  std::printf("  gb_per_s: %.3f\n", load.GigabytesPerSecond());
+  std::printf("  latency_p50_ms: %.3f\n", load.LatencyPercentileMs(0.50));
+  std::printf("  latency_p99_ms: %.3f\n", load.LatencyPercentileMs(0.99));
+}
+
+absl::Status Bench() {
+  ASSIGN_OR_RETURN(const StreamMode stream_mode, StreamModeFlag());
+  const std::string mode = absl::AsciiStrToLower(absl::GetFlag(FLAGS_mode));
+  if (mode != "loss" && mode != "echo" && mode != "both") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mode: must be loss, echo or both, got \"", mode, "\""));
+  }
+  LoadLimits limits;
+  limits.concurrency = absl::GetFlag(FLAGS_concurrency);
+  limits.duration = absl::GetFlag(FLAGS_duration);
+  limits.count = absl::GetFlag(FLAGS_count);
+  // Both limits must keep the run bounded.
+  if (limits.concurrency < 1 || limits.count < 0 ||
+      limits.duration <= absl::ZeroDuration() ||
+      limits.duration == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "--concurrency must be >= 1, --count >= 0, --duration finite and > 0");
+  }
+
+  SyntheticProblem problem;
+  const std::vector<std::string> dims =
+      absl::StrSplit(absl::GetFlag(FLAGS_shape), ',');
+  if (dims.size() != 3 || !absl::SimpleAtoi(dims[0], &problem.batch) ||
+      !absl::SimpleAtoi(dims[1], &problem.rows) ||
+      !absl::SimpleAtoi(dims[2], &problem.keys)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shape: must be B,T,S, got \"", absl::GetFlag(FLAGS_shape), "\""));
+  }
+  problem.heads = absl::GetFlag(FLAGS_heads);
+  problem.topk = absl::GetFlag(FLAGS_topk);
+  ASSIGN_OR_RETURN(problem.dtype,
+                   WireDType("dtype", absl::GetFlag(FLAGS_dtype)));
+  ASSIGN_OR_RETURN(problem.grad_dtype,
+                   WireDType("grad_dtype", absl::GetFlag(FLAGS_grad_dtype)));
+  ASSIGN_OR_RETURN(const v1::ComputeLossRequest request,
+                   MakeSyntheticRequest(problem));
+
+  ClientOptions client_options;
+  RETURN_IF_ERROR(MakeClient(&client_options).status());
+  ASSIGN_OR_RETURN(const int64_t grad_element_bytes,
+                   WireDTypeSize(problem.grad_dtype));
+  ASSIGN_OR_RETURN(
+      const std::vector<EchoMessageSize> plan,
+      EchoPlanFor(request, grad_element_bytes, stream_mode, client_options));
+  int64_t grad_bytes = 0;
+  for (const EchoMessageSize& message : plan) grad_bytes += message.reply_bytes;
+  std::printf(
+      "problem: B=%lld T=%lld S=%lld H=%lld K=%lld dtype=%s grad_dtype=%s\n",
+      static_cast<long long>(problem.batch),
+      static_cast<long long>(problem.rows),
+      static_cast<long long>(problem.keys),
+      static_cast<long long>(problem.heads),
+      static_cast<long long>(problem.topk), problem.dtype.c_str(),
+      problem.grad_dtype.c_str());
+  std::printf("request_bytes: %lld\ngrad_bytes: %lld\n",
+              static_cast<long long>(RequestTensorBytes(request)),
+              static_cast<long long>(grad_bytes));
+  std::printf(
+      "transport: %s (%zu message%s each way)\n",
+      UsesStream(request, stream_mode, client_options) ? "stream" : "unary",
+      plan.size(), plan.size() == 1 ? "" : "s");
+  std::fflush(stdout);
+
+  std::optional<LoadResult> loss_load, echo_load;
+  if (mode != "echo") {
+    loss_load = RunLossLoad(request, stream_mode, client_options, limits);
+    PrintLoad("loss", *loss_load);
+    RETURN_IF_ERROR(loss_load->first_error);
+  }
+  if (mode != "loss") {
+    echo_load = RunEchoLoad(plan, client_options, limits);
+    PrintLoad("echo", *echo_load);
+    RETURN_IF_ERROR(echo_load->first_error);
+  }
+  if (loss_load.has_value() && echo_load.has_value() &&
+      echo_load->GigabytesPerSecond() > 0) {
+    std::printf("loss_over_echo: %.3f\n", loss_load->GigabytesPerSecond() /
+                                              echo_load->GigabytesPerSecond());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace klserve
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(klserve::kUsage);
+  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::fprintf(stderr, "%s\nklctl: expected exactly one command\n",
+                 klserve::kUsage);
+    return 1;
+  }
+  const std::string command = args[1];
+  absl::Status status;
+  if (command == "health") {
+    absl::StatusOr<bool> serving = klserve::Health();
+    if (serving.ok()) return *serving ? 0 : 1;
+    status = serving.status();
+  } else if (command == "info") {
+    status = klserve::Info();
+  } else if (command == "loss") {
+    status = klserve::Loss();
+  } else if (command == "bench") {
+    status = klserve::Bench();
+  } else {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("unknown command \"", command,
+                     "\"; want health, info, loss or bench (see --help)"));
+  }
+  if (!status.ok()) {
+    std::fflush(stdout);  // what was printed so far comes before the error
+    std::fprintf(stderr, "klctl: %s: %s\n",
+                 absl::StatusCodeToString(status.code()).c_str(),
+                 std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

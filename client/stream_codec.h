@@ -1,0 +1,118 @@
+#ifndef KLSERVE_CLIENT_STREAM_CODEC_H_
+#define KLSERVE_CLIENT_STREAM_CODEC_H_
+
+// The stream form of a ComputeLoss call: a whole ComputeLossRequest cut into
+// a StreamHeader and RowBlocks, and GradBlocks put back together into the
+// ComputeLossResponse that the unary call would have returned. No gRPC here,
+// so this is testable without a server.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "klserve/v1/klserve.pb.h"
+
+namespace klserve {
+
+// Cuts the per-row tensors of one request into row blocks.
+// Rows are r = b * T + t over the indexer scores' [B, T, S or K]; a block
+// may cross batch boundaries. Holds pointers into the request: the request
+// must outlive the slicer and stay unchanged. Thread-compatible; const
+// methods may run concurrently.
+class RequestSlicer {
+ public:
+  // Checks what slicing relies on: indexer_scores present with rank 3 and
+  // B, T >= 1; the other per-row tensors (attention_logits [B, H, T, X],
+  // attention_weights / topk_indices / attention_mask [B, T, X]) with the
+  // same B and T; and every per-row tensor's byte count matching its dtype
+  // and shape. INVALID_ARGUMENT naming the field otherwise. Everything else
+  // is left for the server to judge.
+  static absl::StatusOr<RequestSlicer> Create(
+      const v1::ComputeLossRequest& request);
+
+  // The request without the per-row bytes: ids, tags, options, the per-row
+  // tensors' specs and the small tensors, copied whole.
+  v1::StreamHeader MakeHeader() const;
+
+  // Fills `block` with rows [row_begin, row_begin + num_rows), in the layout
+  // of RowBlock (per-head logits [H, num_rows, X], the others
+  // [num_rows, X]). Requires 0 <= row_begin, num_rows >= 1 and
+  // row_begin + num_rows <= num_rows(). Reuses `block`'s string capacity.
+  void FillBlock(int64_t row_begin, int64_t num_rows,
+                 v1::RowBlock* block) const;
+
+  // Rows per block so that a block holds about `block_bytes` of per-row
+  // data: at least 1, at most num_rows().
+  int64_t BlockRowsFor(int64_t block_bytes) const;
+
+  int64_t num_rows() const { return batch_ * rows_per_batch_; }
+  // Bytes of all per-row tensors for one row (every head's logits included).
+  int64_t row_bytes() const;
+  // The indexer scores' shape [B, T, X].
+  int64_t batch() const { return batch_; }
+  int64_t rows_per_batch() const { return rows_per_batch_; }
+  int64_t row_width() const { return row_width_; }
+
+ private:
+  // One per-row tensor present in the request.
+  struct Part {
+    const std::string* data = nullptr;
+    int64_t heads = 1;           // H for attention_logits, else 1
+    int64_t head_row_bytes = 0;  // bytes of one row of one head
+  };
+  enum PartIndex { kLogits, kWeights, kScores, kTopk, kMask, kNumParts };
+
+  explicit RequestSlicer(const v1::ComputeLossRequest& request)
+      : request_(&request) {}
+
+  void FillPart(const Part& part, int64_t row_begin, int64_t num_rows,
+                std::string* out) const;
+
+  const v1::ComputeLossRequest* request_;
+  int64_t batch_ = 0;
+  int64_t rows_per_batch_ = 0;
+  int64_t row_width_ = 0;
+  Part parts_[kNumParts];
+};
+
+// Rebuilds a ComputeLossResponse from the GradBlocks of a stream.
+// Single-threaded use.
+class ResponseAssembler {
+ public:
+  // `scores_shape` is the request's indexer_scores shape [B, T, X]; the
+  // gradient gets that shape and row_kl gets [B, T].
+  explicit ResponseAssembler(absl::Span<const int64_t> scores_shape);
+
+  // Appends one block. Blocks must come in row order without gaps, each with
+  // its grad ([num_rows, X] in one dtype) present in all blocks or none, and
+  // likewise row_kl (FP64 [num_rows]). INTERNAL describing the violation
+  // otherwise (the server broke the protocol). Moves out of `block`.
+  absl::Status Add(v1::GradBlock& block);
+
+  // Rows received so far.
+  int64_t rows_done() const { return next_row_; }
+
+  // Completes `final_result` (the stream's last message) with the assembled
+  // grad and row_kl. INTERNAL when the blocks did not cover every row.
+  absl::StatusOr<v1::ComputeLossResponse> Finish(
+      v1::ComputeLossResponse final_result);
+
+ private:
+  int64_t batch_;
+  int64_t rows_per_batch_;
+  int64_t row_width_;
+  int64_t next_row_ = 0;
+  int blocks_ = 0;
+  bool has_grad_ = false;
+  bool has_row_kl_ = false;
+  std::string grad_dtype_;
+  int64_t grad_element_bytes_ = 0;
+  std::string grad_data_;
+  std::string row_kl_data_;
+};
+
+}  // namespace klserve
+
+#endif  // KLSERVE_CLIENT_STREAM_CODEC_H_

@@ -1,0 +1,299 @@
+#include "client/stream_codec.h"
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace klserve {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int64_t kB = 2, kH = 3, kT = 5, kK = 4, kS = 7;
+
+// A tensor whose element i holds the value i (as T), so a copied byte range
+// tells where it came from.
+template <typename T>
+v1::Tensor Iota(const std::string& dtype, std::vector<int64_t> shape) {
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;
+  std::vector<T> values(count);
+  for (int64_t i = 0; i < count; ++i) values[i] = static_cast<T>(i);
+  v1::Tensor tensor;
+  tensor.set_dtype(dtype);
+  tensor.mutable_shape()->Assign(shape.begin(), shape.end());
+  tensor.set_data(values.data(), count * sizeof(T));
+  return tensor;
+}
+
+template <typename T>
+std::vector<T> Values(const std::string& bytes) {
+  std::vector<T> values(bytes.size() / sizeof(T));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
+  return values;
+}
+
+// A sparse-stage request with every per-row tensor and every small tensor.
+v1::ComputeLossRequest FullRequest() {
+  v1::ComputeLossRequest request;
+  request.set_request_id("req-7");
+  request.mutable_tags()->set_run("run-a");
+  request.mutable_tags()->set_step(12);
+  request.mutable_options()->set_num_keys(kS);
+  request.mutable_options()->set_want_row_kl(true);
+  *request.mutable_attention_logits() = Iota<float>("FP32", {kB, kH, kT, kK});
+  *request.mutable_indexer_scores() = Iota<uint16_t>("BF16", {kB, kT, kK});
+  *request.mutable_topk_indices() = Iota<int32_t>("INT32", {kB, kT, kK});
+  *request.mutable_attention_mask() = Iota<uint8_t>("BOOL", {kB, kT, kS});
+  *request.mutable_segment_ids_q() = Iota<int32_t>("INT32", {kB, kT});
+  *request.mutable_segment_ids_kv() = Iota<int32_t>("INT32", {kB, kS});
+  *request.mutable_key_padding_mask() = Iota<uint8_t>("BOOL", {kB, kS});
+  *request.mutable_row_valid() = Iota<uint8_t>("BOOL", {kB, kT});
+  return request;
+}
+
+TEST(RequestSlicer, HeaderCarriesSpecsAndSmallTensorsWhole) {
+  const v1::ComputeLossRequest request = FullRequest();
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << slicer.status();
+  const v1::StreamHeader header = slicer->MakeHeader();
+  EXPECT_EQ(header.request_id(), "req-7");
+  EXPECT_EQ(header.tags().run(), "run-a");
+  EXPECT_EQ(header.tags().step(), 12);
+  EXPECT_EQ(header.options().num_keys(), kS);
+  EXPECT_TRUE(header.options().want_row_kl());
+  EXPECT_EQ(header.attention_logits().dtype(), "FP32");
+  EXPECT_THAT(header.attention_logits().shape(), ElementsAre(kB, kH, kT, kK));
+  EXPECT_FALSE(header.has_attention_weights());
+  EXPECT_EQ(header.indexer_scores().dtype(), "BF16");
+  EXPECT_THAT(header.topk_indices().shape(), ElementsAre(kB, kT, kK));
+  EXPECT_THAT(header.attention_mask().shape(), ElementsAre(kB, kT, kS));
+  EXPECT_EQ(header.segment_ids_q().data(), request.segment_ids_q().data());
+  EXPECT_EQ(header.segment_ids_kv().data(), request.segment_ids_kv().data());
+  EXPECT_EQ(header.key_padding_mask().data(),
+            request.key_padding_mask().data());
+  EXPECT_EQ(header.row_valid().data(), request.row_valid().data());
+}
+
+TEST(RequestSlicer, BlocksCrossingBatchBoundariesHoldTheRightRows) {
+  const v1::ComputeLossRequest request = FullRequest();
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << slicer.status();
+  ASSERT_EQ(slicer->num_rows(), kB * kT);
+
+  // 3-row blocks: [3, 6) spans b = 0 and b = 1; the last block is short.
+  int64_t covered = 0;
+  for (int64_t begin = 0; begin < slicer->num_rows(); begin += 3) {
+    const int64_t n = std::min<int64_t>(3, slicer->num_rows() - begin);
+    v1::RowBlock block;
+    slicer->FillBlock(begin, n, &block);
+    EXPECT_EQ(block.row_begin(), begin);
+    EXPECT_EQ(block.num_rows(), n);
+    EXPECT_TRUE(block.attention_weights().empty());
+
+    // Logits: [H, n, K], element (h, i, k) from ((b*H + h)*T + t)*K + k.
+    const std::vector<float> logits = Values<float>(block.attention_logits());
+    ASSERT_EQ(static_cast<int64_t>(logits.size()), kH * n * kK);
+    for (int64_t h = 0; h < kH; ++h) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t b = (begin + i) / kT, t = (begin + i) % kT;
+        for (int64_t k = 0; k < kK; ++k) {
+          EXPECT_EQ(logits[(h * n + i) * kK + k],
+                    static_cast<float>(((b * kH + h) * kT + t) * kK + k))
+              << "h=" << h << " row=" << begin + i << " k=" << k;
+        }
+      }
+    }
+    // Per-row tensors [n, X]: rows begin.. of the flattened [B*T, X].
+    const std::vector<uint16_t> scores =
+        Values<uint16_t>(block.indexer_scores());
+    const std::vector<int32_t> topk = Values<int32_t>(block.topk_indices());
+    const std::vector<uint8_t> mask = Values<uint8_t>(block.attention_mask());
+    ASSERT_EQ(static_cast<int64_t>(scores.size()), n * kK);
+    ASSERT_EQ(static_cast<int64_t>(topk.size()), n * kK);
+    ASSERT_EQ(static_cast<int64_t>(mask.size()), n * kS);
+    for (int64_t j = 0; j < n * kK; ++j) {
+      EXPECT_EQ(scores[j], begin * kK + j);
+      EXPECT_EQ(topk[j], begin * kK + j);
+    }
+    for (int64_t j = 0; j < n * kS; ++j) {
+      EXPECT_EQ(mask[j], static_cast<uint8_t>(begin * kS + j));
+    }
+    covered += n;
+  }
+  EXPECT_EQ(covered, kB * kT);
+}
+
+TEST(RequestSlicer, ReusedBlockIsOverwrittenNotAppended) {
+  const v1::ComputeLossRequest request = FullRequest();
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok());
+  v1::RowBlock block;
+  slicer->FillBlock(0, 4, &block);
+  slicer->FillBlock(4, 1, &block);
+  EXPECT_EQ(static_cast<int64_t>(block.indexer_scores().size()), kK * 2);
+  EXPECT_EQ(Values<uint16_t>(block.indexer_scores())[0], 4 * kK);
+}
+
+TEST(RequestSlicer, BlockRowsFollowBlockBytes) {
+  const v1::ComputeLossRequest request = FullRequest();
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok());
+  const int64_t row_bytes = kH * kK * 4 + kK * 2 + kK * 4 + kS;
+  EXPECT_EQ(slicer->row_bytes(), row_bytes);
+  EXPECT_EQ(slicer->BlockRowsFor(1), 1);
+  EXPECT_EQ(slicer->BlockRowsFor(3 * row_bytes + 1), 3);
+  EXPECT_EQ(slicer->BlockRowsFor(int64_t{1} << 40), kB * kT);
+}
+
+TEST(RequestSlicer, RejectsMissingScores) {
+  v1::ComputeLossRequest request = FullRequest();
+  request.clear_indexer_scores();
+  absl::Status status = RequestSlicer::Create(request).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("indexer_scores:"));
+}
+
+TEST(RequestSlicer, RejectsMismatchedBatchInLogits) {
+  v1::ComputeLossRequest request = FullRequest();
+  *request.mutable_attention_logits() =
+      Iota<float>("FP32", {kB + 1, kH, kT, kK});
+  absl::Status status = RequestSlicer::Create(request).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("attention_logits: shape must be [B, H, T, S or K]"));
+}
+
+TEST(RequestSlicer, RejectsWrongRank) {
+  v1::ComputeLossRequest request = FullRequest();
+  *request.mutable_attention_mask() = Iota<uint8_t>("BOOL", {kB * kT, kS});
+  absl::Status status = RequestSlicer::Create(request).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("attention_mask:"));
+}
+
+TEST(RequestSlicer, RejectsShortData) {
+  v1::ComputeLossRequest request = FullRequest();
+  request.mutable_topk_indices()->mutable_data()->resize(5);
+  absl::Status status = RequestSlicer::Create(request).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("topk_indices: data must be"));
+}
+
+TEST(RequestSlicer, RejectsUnknownDtype) {
+  v1::ComputeLossRequest request = FullRequest();
+  request.mutable_indexer_scores()->set_dtype("FP8");
+  absl::Status status = RequestSlicer::Create(request).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("indexer_scores."));
+}
+
+v1::GradBlock MakeGradBlock(int64_t begin, int64_t n, bool with_grad,
+                            bool with_row_kl) {
+  v1::GradBlock block;
+  block.set_row_begin(begin);
+  block.set_num_rows(n);
+  if (with_grad) {
+    std::vector<float> grad(n * kK);
+    for (int64_t j = 0; j < n * kK; ++j) grad[j] = begin * kK + j;
+    block.mutable_grad()->set_dtype("FP32");
+    block.mutable_grad()->add_shape(n);
+    block.mutable_grad()->add_shape(kK);
+    block.mutable_grad()->set_data(grad.data(), grad.size() * sizeof(float));
+  }
+  if (with_row_kl) {
+    std::vector<double> kl(n);
+    for (int64_t i = 0; i < n; ++i) kl[i] = begin + i;
+    block.mutable_row_kl()->set_dtype("FP64");
+    block.mutable_row_kl()->add_shape(n);
+    block.mutable_row_kl()->set_data(kl.data(), n * sizeof(double));
+  }
+  return block;
+}
+
+TEST(ResponseAssembler, JoinsBlocksIntoFullTensors) {
+  const std::vector<int64_t> shape = {kB, kT, kK};
+  ResponseAssembler assembler(shape);
+  for (auto [begin, n] : {std::pair<int64_t, int64_t>{0, 4}, {4, 3}, {7, 3}}) {
+    v1::GradBlock block = MakeGradBlock(begin, n, true, true);
+    ASSERT_TRUE(assembler.Add(block).ok());
+  }
+  v1::ComputeLossResponse final_result;
+  final_result.set_request_id("req-7");
+  final_result.mutable_result()->set_loss(0.25);
+  absl::StatusOr<v1::ComputeLossResponse> response =
+      assembler.Finish(final_result);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->request_id(), "req-7");
+  EXPECT_EQ(response->result().loss(), 0.25);
+  EXPECT_EQ(response->grad().dtype(), "FP32");
+  EXPECT_THAT(response->grad().shape(), ElementsAre(kB, kT, kK));
+  const std::vector<float> grad = Values<float>(response->grad().data());
+  ASSERT_EQ(static_cast<int64_t>(grad.size()), kB * kT * kK);
+  for (int64_t j = 0; j < kB * kT * kK; ++j) EXPECT_EQ(grad[j], j);
+  EXPECT_EQ(response->row_kl().dtype(), "FP64");
+  EXPECT_THAT(response->row_kl().shape(), ElementsAre(kB, kT));
+  const std::vector<double> kl = Values<double>(response->row_kl().data());
+  ASSERT_EQ(static_cast<int64_t>(kl.size()), kB * kT);
+  for (int64_t r = 0; r < kB * kT; ++r) EXPECT_EQ(kl[r], r);
+}
+
+TEST(ResponseAssembler, LeavesGradOutWhenBlocksHaveNone) {
+  const std::vector<int64_t> shape = {kB, kT, kK};
+  ResponseAssembler assembler(shape);
+  v1::GradBlock block = MakeGradBlock(0, kB * kT, false, false);
+  ASSERT_TRUE(assembler.Add(block).ok());
+  absl::StatusOr<v1::ComputeLossResponse> response =
+      assembler.Finish(v1::ComputeLossResponse());
+  ASSERT_TRUE(response.ok());
+  EXPECT_FALSE(response->has_grad());
+  EXPECT_FALSE(response->has_row_kl());
+}
+
+TEST(ResponseAssembler, RejectsGapOverlapAndOverrun) {
+  const std::vector<int64_t> shape = {kB, kT, kK};
+  for (auto [begin, n] :
+       {std::pair<int64_t, int64_t>{1, 2}, {0, 0}, {0, kB * kT + 1}}) {
+    ResponseAssembler assembler(shape);
+    v1::GradBlock block = MakeGradBlock(begin, n, false, false);
+    absl::Status status = assembler.Add(block);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(std::string(status.message()), HasSubstr("do not continue"));
+  }
+}
+
+TEST(ResponseAssembler, RejectsWrongGradSize) {
+  const std::vector<int64_t> shape = {kB, kT, kK};
+  ResponseAssembler assembler(shape);
+  v1::GradBlock block = MakeGradBlock(0, 2, true, false);
+  block.mutable_grad()->mutable_data()->pop_back();
+  EXPECT_EQ(assembler.Add(block).code(), absl::StatusCode::kInternal);
+}
+
+TEST(ResponseAssembler, RejectsGradInSomeBlocksOnly) {
+  const std::vector<int64_t> shape = {kB, kT, kK};
+  ResponseAssembler assembler(shape);
+  v1::GradBlock first = MakeGradBlock(0, 2, true, false);
+  ASSERT_TRUE(assembler.Add(first).ok());
+  v1::GradBlock second = MakeGradBlock(2, 2, false, false);
+  EXPECT_EQ(assembler.Add(second).code(), absl::StatusCode::kInternal);
+}
+
+TEST(ResponseAssembler, FinishBeforeLastRowIsAnError) {
+  const std::vector<int64_t> shape = {kB, kT, kK};
+  ResponseAssembler assembler(shape);
+  v1::GradBlock block = MakeGradBlock(0, 3, true, false);
+  ASSERT_TRUE(assembler.Add(block).ok());
+  absl::Status status = assembler.Finish(v1::ComputeLossResponse()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("3 of 10 rows"));
+}
+
+}  // namespace
+}  // namespace klserve
