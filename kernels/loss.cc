@@ -16,6 +16,7 @@ IndexerKlResult FinishLoss(const IndexerKlProblem& problem,
                            int64_t denominator) {
   IndexerKlResult result;
   result.denominator = denominator;
+  result.kl_sum = accumulator.kl_sum();
   if (denominator > 0) {
     result.unscaled_loss =
         accumulator.kl_sum() / static_cast<double>(denominator);

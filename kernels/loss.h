@@ -24,6 +24,7 @@ struct Diagnostics {
 struct IndexerKlResult {
   double loss = 0;           // c * sum_t KL_t / N (0 when N = 0)
   double unscaled_loss = 0;  // sum_t KL_t / N
+  double kl_sum = 0;         // sum_t KL_t over the counted rows
   int64_t denominator = 0;   // N
   int64_t rows_counted = 0;  // rows that contribute a KL
   int64_t rows_fully_masked = 0;

@@ -16,12 +16,14 @@ absl::Status Admission::Enter() {
         "later"));
   }
   ++in_flight_;
+  metrics_->InFlight(+1);
   return absl::OkStatus();
 }
 
 void Admission::Leave() {
   absl::MutexLock lock(&mu_);
   --in_flight_;
+  metrics_->InFlight(-1);
 }
 
 void Admission::StartDraining() {

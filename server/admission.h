@@ -4,6 +4,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/metrics.h"
 
 namespace klserve::server {
 
@@ -12,7 +13,9 @@ namespace klserve::server {
 // clients retry, on another replica if they have one).
 class Admission {
  public:
-  explicit Admission(int max_in_flight) : max_in_flight_(max_in_flight) {}
+  // `metrics` (not owned) gets the in-flight count.
+  Admission(int max_in_flight, Metrics* metrics)
+      : max_in_flight_(max_in_flight), metrics_(metrics) {}
 
   // OK takes a slot, to be given back with Leave.
   absl::Status Enter();
@@ -24,6 +27,7 @@ class Admission {
 
  private:
   const int max_in_flight_;
+  Metrics* const metrics_;
   absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

@@ -20,6 +20,7 @@ void EchoReactor::OnReadDone(bool ok) {
   if (!ok) {
     reads_done_ = true;
   } else {
+    bytes_in_ += static_cast<int64_t>(incoming_.ByteSizeLong());
     const int64_t bytes = incoming_.reply_bytes();
     if (bytes < 0 || bytes > context_.options->max_message_bytes) {
       Fail(absl::InvalidArgumentError(

@@ -8,6 +8,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/status_macros.h"
 #include "server/backend_selection.h"
+#include "server/version.h"
 
 namespace klserve::server {
 
@@ -30,15 +31,36 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_tensor_bytes: must be >= 1, got ", options.max_tensor_bytes));
   }
+  if (options.max_runs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_runs: must be >= 1, got ", options.max_runs));
+  }
   std::unique_ptr<KlServer> s(new KlServer(options));
   ASSIGN_OR_RETURN(s->backend_,
                    SelectBackend(options.backend, options.threads));
+  MetricsOptions metrics;
+  metrics.listen_address = options.metrics_listen;
+  metrics.version = std::string(kVersion);
+  metrics.backend = std::string(s->backend_->name());
+  metrics.device = s->backend_->device();
+  ASSIGN_OR_RETURN(s->metrics_, Metrics::Create(metrics));
+  for (const char* method : {"ComputeLoss", "ComputeLossStream",
+                             "GetServerInfo", "FinishStep", "Echo"}) {
+    s->metrics_->RegisterMethod(method);
+  }
+  LossReporterOptions reporting;
+  reporting.steps.max_runs = options.max_runs;
+  reporting.steps.idle_timeout = options.step_idle_timeout;
+  reporting.tensorboard_dir = options.tensorboard_dir;
+  s->reporter_ =
+      std::make_unique<LossReporter>(s->metrics_.get(), std::move(reporting));
+  s->admission_ = std::make_unique<Admission>(options.max_concurrent_requests,
+                                              s->metrics_.get());
   s->executor_ =
       std::make_unique<ComputeExecutor>(options.max_concurrent_requests);
-  s->admission_ = std::make_unique<Admission>(options.max_concurrent_requests);
   s->service_ = std::make_unique<LossService>(
       ServiceContext{s->backend_.get(), s->executor_.get(), s->admission_.get(),
-                     &s->options_});
+                     s->metrics_.get(), s->reporter_.get(), &s->options_});
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -54,9 +76,11 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
         absl::StrCat("--listen: cannot serve on ", options.listen));
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
-  std::fprintf(stderr, "klserve: serving on port %d, backend %s (%s)\n",
+  std::fprintf(stderr,
+               "klserve: serving on port %d, backend %s (%s), metrics on port "
+               "%d\n",
                s->port_, std::string(s->backend_->name()).c_str(),
-               s->backend_->device().c_str());
+               s->backend_->device().c_str(), s->metrics_->port());
   return s;
 }
 
@@ -74,6 +98,7 @@ void KlServer::Drain() {
   }
   // Cancels whatever is left and stops accepting calls.
   server_->Shutdown(std::chrono::system_clock::now());
+  reporter_->Shutdown();
 }
 
 void KlServer::Wait() { server_->Wait(); }

@@ -8,7 +8,9 @@
 #include "kernels/backend.h"
 #include "server/admission.h"
 #include "server/compute_executor.h"
+#include "server/loss_reporter.h"
 #include "server/loss_service.h"
+#include "server/metrics.h"
 #include "server/server_options.h"
 
 namespace klserve::server {
@@ -25,11 +27,14 @@ class KlServer {
   ~KlServer();
 
   int port() const { return port_; }
+  // The /metrics port, 0 when not serving metrics.
+  int metrics_port() const { return metrics_->port(); }
   const Backend& backend() const { return *backend_; }
 
   // Health turns NOT_SERVING, new requests get UNAVAILABLE, requests in
-  // flight finish (up to options.drain_timeout, then they are cancelled) and
-  // the server stops. Safe to call from any thread, once.
+  // flight finish (up to options.drain_timeout, then they are cancelled),
+  // the server stops, and the open steps are published and the TensorBoard
+  // files closed. Safe to call from any thread, once.
   void Drain();
   // Blocks until the server has stopped.
   void Wait();
@@ -41,6 +46,8 @@ class KlServer {
   // Destroyed in reverse: the executor finishes its last tasks while the
   // admission and the backend they use still exist.
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<LossReporter> reporter_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<ComputeExecutor> executor_;
   std::unique_ptr<LossService> service_;

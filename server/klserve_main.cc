@@ -28,6 +28,15 @@ ABSL_FLAG(int64_t, max_tensor_bytes, int64_t{1} << 30,
           "one at a time)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long requests in flight may take to finish");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
+          "HOST:PORT serving Prometheus /metrics; empty serves none");
+ABSL_FLAG(std::string, tensorboard_dir, "",
+          "directory for per-run TensorBoard event files; empty writes none");
+ABSL_FLAG(int, max_runs, 64,
+          "runs whose per-step loss series are kept (the run idle longest is "
+          "dropped first)");
+ABSL_FLAG(absl::Duration, step_idle_timeout, absl::Minutes(5),
+          "a step with no request for this long is finished and published");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -52,6 +61,10 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_concurrent_requests);
   options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
+  options.max_runs = absl::GetFlag(FLAGS_max_runs);
+  options.step_idle_timeout = absl::GetFlag(FLAGS_step_idle_timeout);
 
   absl::StatusOr<std::unique_ptr<klserve::server::KlServer>> server =
       klserve::server::KlServer::Start(options);

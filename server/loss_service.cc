@@ -12,10 +12,12 @@
 namespace klserve::server {
 namespace {
 
-// The whole unary computation, on an executor thread.
+// The whole unary computation, on an executor thread; `rows` gets the rows
+// computed.
 absl::Status ComputeUnary(const ServiceContext& ctx,
                           const v1::ComputeLossRequest& request,
-                          v1::ComputeLossResponse& response) {
+                          v1::ComputeLossResponse& response, int64_t& rows) {
+  RETURN_IF_ERROR(LossReporter::CheckTags(request.tags()));
   ASSIGN_OR_RETURN(const IndexerKlOptions options,
                    OptionsFrom(request.options()));
   ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(request));
@@ -38,9 +40,24 @@ absl::Status ComputeUnary(const ServiceContext& ctx,
   }
   ASSIGN_OR_RETURN(const IndexerKlResult result,
                    ComputeIndexerKl(*ctx.backend, problem, outputs));
+  rows = problem.num_rows();
   response.set_request_id(request.request_id());
   ResultTo(result, response.mutable_result());
+  // Tags were checked above: this cannot fail.
+  ctx.reporter->Add(request.tags(), result, options.scaling_factor)
+      .IgnoreError();
   return absl::OkStatus();
+}
+
+// Finishes a unary call and records it in the request metrics.
+void FinishUnary(const ServiceContext& ctx, grpc::ServerUnaryReactor* reactor,
+                 absl::string_view method, absl::Time start,
+                 const absl::Status& status, int64_t bytes_in,
+                 int64_t bytes_out, int64_t rows) {
+  ctx.metrics->RecordRequest(method, absl::StatusCodeToString(status.code()),
+                             absl::ToDoubleSeconds(absl::Now() - start),
+                             bytes_in, bytes_out, rows);
+  reactor->Finish(ToGrpcStatus(status));
 }
 
 }  // namespace
@@ -49,23 +66,28 @@ grpc::ServerUnaryReactor* LossService::ComputeLoss(
     grpc::CallbackServerContext* context, const v1::ComputeLossRequest* request,
     v1::ComputeLossResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
   if (absl::Status admitted = context_.admission->Enter(); !admitted.ok()) {
-    reactor->Finish(ToGrpcStatus(admitted));
+    FinishUnary(context_, reactor, "ComputeLoss", start, admitted, 0, 0, 0);
     return reactor;
   }
   // The request and response belong to gRPC until Finish, so the task may
   // use them in place.
-  context_.executor->Submit(
-      [ctx = context_, context, request, response, reactor] {
-        absl::Status status;
-        if (context->IsCancelled()) {
-          status = absl::CancelledError("cancelled before computing");
-        } else {
-          status = ComputeUnary(ctx, *request, *response);
-        }
-        ctx.admission->Leave();
-        reactor->Finish(ToGrpcStatus(status));
-      });
+  context_.executor->Submit([ctx = context_, context, request, response,
+                             reactor, start] {
+    absl::Status status;
+    int64_t rows = 0;
+    if (context->IsCancelled()) {
+      status = absl::CancelledError("cancelled before computing");
+    } else {
+      status = ComputeUnary(ctx, *request, *response, rows);
+    }
+    ctx.admission->Leave();
+    FinishUnary(
+        ctx, reactor, "ComputeLoss", start, status,
+        static_cast<int64_t>(request->ByteSizeLong()),
+        status.ok() ? static_cast<int64_t>(response->ByteSizeLong()) : 0, rows);
+  });
   return reactor;
 }
 
@@ -91,7 +113,24 @@ grpc::ServerUnaryReactor* LossService::GetServerInfo(
     response->add_grad_dtypes(dtype);
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  FinishUnary(context_, reactor, "GetServerInfo", absl::Now(), absl::OkStatus(),
+              0, 0, 0);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* LossService::FinishStep(
+    grpc::CallbackServerContext* context, const v1::FinishStepRequest* request,
+    v1::FinishStepResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<server::FinishedStep> step =
+      context_.reporter->FinishStep(request->run(), request->step());
+  if (step.ok()) {
+    response->set_indexer_loss(step->loss);
+    response->set_indexer_loss_unscaled(step->unscaled_loss);
+    response->set_requests(step->samples);
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  FinishUnary(context_, reactor, "FinishStep", start, step.status(), 0, 0, 0);
   return reactor;
 }
 

@@ -28,6 +28,11 @@ class LossService final : public v1::IndexerKl::CallbackService {
       const v1::GetServerInfoRequest* request,
       v1::GetServerInfoResponse* response) override;
 
+  grpc::ServerUnaryReactor* FinishStep(
+      grpc::CallbackServerContext* context,
+      const v1::FinishStepRequest* request,
+      v1::FinishStepResponse* response) override;
+
   grpc::ServerBidiReactor<v1::EchoRequest, v1::EchoResponse>* Echo(
       grpc::CallbackServerContext* context) override;
 

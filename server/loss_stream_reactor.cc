@@ -25,8 +25,10 @@ absl::Status LossStreamReactor::TakeHeader() {
         "header: the first message of ComputeLossStream must be a "
         "StreamHeader");
   }
+  bytes_in_ += static_cast<int64_t>(incoming_.ByteSizeLong());
   header_ = std::move(*incoming_.mutable_header());
   incoming_.Clear();
+  RETURN_IF_ERROR(LossReporter::CheckTags(header_.tags()));
   ASSIGN_OR_RETURN(const IndexerKlOptions options,
                    OptionsFrom(header_.options()));
   ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(header_));
@@ -75,6 +77,8 @@ absl::Status LossStreamReactor::TakeBlock() {
   RETURN_IF_ERROR(CheckOutputBytes(*problem_, block.num_rows(),
                                    /*one_message=*/true, options));
   rows_received_ += block.num_rows();
+  rows_ = rows_received_;
+  bytes_in_ += static_cast<int64_t>(incoming_.ByteSizeLong());
   blocks_.push_back(std::make_unique<Request>(std::move(incoming_)));
   incoming_.Clear();
   return absl::OkStatus();
@@ -184,8 +188,12 @@ void LossStreamReactor::SendResult() {
   auto final = std::make_unique<Response>();
   v1::ComputeLossResponse* result = final->mutable_result();
   result->set_request_id(header_.request_id());
-  ResultTo(FinishLoss(*problem_, accumulator_, *problem_->denominator),
-           result->mutable_result());
+  const IndexerKlResult loss =
+      FinishLoss(*problem_, accumulator_, *problem_->denominator);
+  ResultTo(loss, result->mutable_result());
+  // Tags were checked with the header: this cannot fail.
+  context_.reporter->Add(header_.tags(), loss, problem_->options.scaling_factor)
+      .IgnoreError();
   result_sent_ = true;
   writes_.push_back(std::move(final));
   WriteNext();

@@ -28,6 +28,15 @@ struct ServerOptions {
   int64_t max_tensor_bytes = int64_t{1} << 30;
   // How long SIGTERM waits for requests in flight before cancelling them.
   absl::Duration drain_timeout = absl::Seconds(30);
+  // Prometheus /metrics address (9464: clear of Prometheus's 9090 and the
+  // Pushgateway's 9091); empty serves none.
+  std::string metrics_listen = "0.0.0.0:9464";
+  // Where each run's TensorBoard event file goes; empty writes none.
+  std::string tensorboard_dir;
+  // Runs whose per-step series are kept; the run idle longest goes first.
+  int max_runs = 64;
+  // A step with no request for this long is finished and published.
+  absl::Duration step_idle_timeout = absl::Minutes(5);
 };
 
 }  // namespace klserve::server

@@ -4,6 +4,8 @@
 #include "kernels/backend.h"
 #include "server/admission.h"
 #include "server/compute_executor.h"
+#include "server/loss_reporter.h"
+#include "server/metrics.h"
 #include "server/server_options.h"
 
 namespace klserve::server {
@@ -13,6 +15,8 @@ struct ServiceContext {
   Backend* backend;
   ComputeExecutor* executor;
   Admission* admission;
+  Metrics* metrics;
+  LossReporter* reporter;
   const ServerOptions* options;
 };
 

@@ -9,6 +9,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "server/grpc_status.h"
 #include "server/service_context.h"
@@ -51,6 +53,9 @@ class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
       : context_(context), rpc_(rpc) {}
   ~StreamReactorBase() override {
     if (admitted_) context_.admission->Leave();
+    context_.metrics->RecordRequest(rpc_, absl::StatusCodeToString(code_),
+                                    absl::ToDoubleSeconds(absl::Now() - start_),
+                                    bytes_in_, bytes_out_, rows_);
   }
 
   // Takes an admission slot and starts reading, or ends the call with the
@@ -75,6 +80,7 @@ class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
     if (writing_ != nullptr || writes_.empty()) return;
     writing_ = std::move(writes_.front());
     writes_.pop_front();
+    bytes_out_ += static_cast<int64_t>(writing_->ByteSizeLong());
     this->StartWrite(writing_.get());
   }
 
@@ -94,6 +100,7 @@ class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
   void Fail(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finishing_) return;
     finishing_ = true;
+    code_ = status.code();
     writes_.clear();
     if (writing_ != nullptr) {
       deferred_finish_ = ToGrpcStatus(status);
@@ -105,6 +112,7 @@ class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
   // Ends the call successfully; no write may be in flight.
   void FinishOk() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     finishing_ = true;
+    code_ = absl::StatusCode::kOk;
     this->Finish(grpc::Status::OK);
   }
 
@@ -118,6 +126,12 @@ class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
   std::deque<std::unique_ptr<Response>> writes_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Response> writing_ ABSL_GUARDED_BY(mu_);
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  // For the request metrics, recorded when the reactor goes.
+  const absl::Time start_ = absl::Now();
+  int64_t bytes_in_ = 0;
+  int64_t bytes_out_ = 0;
+  int64_t rows_ = 0;
+  absl::StatusCode code_ = absl::StatusCode::kUnknown;
 
  private:
   std::optional<grpc::Status> deferred_finish_ ABSL_GUARDED_BY(mu_);
