@@ -170,6 +170,23 @@ absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() {
                      });
 }
 
+absl::StatusOr<v1::FinishStepResponse> Client::FinishStep(
+    const std::string& run, int64_t step) {
+  const absl::Time deadline = absl::Now() + options_.deadline;
+  v1::FinishStepRequest request;
+  request.set_run(run);
+  request.set_step(step);
+  return WithRetries(options_, *stubs_->channel, deadline,
+                     [&](bool*) -> absl::StatusOr<v1::FinishStepResponse> {
+                       grpc::ClientContext context;
+                       SetDeadline(context, deadline);
+                       v1::FinishStepResponse response;
+                       RETURN_IF_ERROR(ToAbslStatus(stubs_->kl->FinishStep(
+                           &context, request, &response)));
+                       return response;
+                     });
+}
+
 absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLoss(
     const v1::ComputeLossRequest& request) {
   if (RequestTensorBytes(request) <= options_.stream_threshold_bytes) {

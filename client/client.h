@@ -79,6 +79,11 @@ class Client {
 
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
 
+  // Publishes the run's step now (FinishStep); NOT_FOUND when the server has
+  // no open step `step` for `run`.
+  absl::StatusOr<v1::FinishStepResponse> FinishStep(const std::string& run,
+                                                    int64_t step);
+
   // Computes one problem, as one unary message when its tensor bytes are at
   // most options().stream_threshold_bytes, through ComputeLossStream
   // otherwise. Either way the response is what the unary call returns.

@@ -80,8 +80,8 @@ ABSL_FLAG(std::string, row_kl_out, "",
 
 // loss: tags.
 ABSL_FLAG(std::string, request_id, "", "loss: echoed in the response");
-ABSL_FLAG(std::string, run, "", "loss: run tag (enables per-step metrics)");
-ABSL_FLAG(std::optional<int64_t>, step, std::nullopt, "loss: step tag");
+ABSL_FLAG(std::string, run, "", "loss, finish-step: run tag (enables per-step metrics)");
+ABSL_FLAG(std::optional<int64_t>, step, std::nullopt, "loss, finish-step: step tag");
 ABSL_FLAG(std::optional<int32_t>, layer, std::nullopt, "loss: layer tag");
 ABSL_FLAG(std::optional<int32_t>, microbatch, std::nullopt,
           "loss: microbatch tag");
@@ -120,6 +120,8 @@ Commands:
           key: value lines; --grad_out / --row_kl_out write .npy files
   bench   bounded synthetic load (--shape, --heads, --topk, --dtype,
           --concurrency, --duration, --count, --mode=loss|echo|both)
+  finish-step  publishes a run's step now (--run, --step); prints its
+          indexer_loss
 
 Common flags: --target=HOST:PORT --deadline=120s --stream=auto|always|never
 Errors print the gRPC code and message to stderr and exit 1.
@@ -180,6 +182,22 @@ absl::Status Info() {
               absl::StrJoin(info.input_dtypes(), ",").c_str());
   std::printf("grad_dtypes: %s\n",
               absl::StrJoin(info.grad_dtypes(), ",").c_str());
+  return absl::OkStatus();
+}
+
+absl::Status FinishStep() {
+  const std::string run = absl::GetFlag(FLAGS_run);
+  const std::optional<int64_t> step = absl::GetFlag(FLAGS_step);
+  if (run.empty() || !step) {
+    return absl::InvalidArgumentError("finish-step: needs --run and --step");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, MakeClient(nullptr));
+  ASSIGN_OR_RETURN(const v1::FinishStepResponse finished,
+                   client->FinishStep(run, *step));
+  std::printf("indexer_loss: %.17g\n", finished.indexer_loss());
+  std::printf("indexer_loss_unscaled: %.17g\n",
+              finished.indexer_loss_unscaled());
+  std::printf("requests: %lld\n", static_cast<long long>(finished.requests()));
   return absl::OkStatus();
 }
 
@@ -472,10 +490,12 @@ int main(int argc, char** argv) {
     status = klserve::Loss();
   } else if (command == "bench") {
     status = klserve::Bench();
+  } else if (command == "finish-step") {
+    status = klserve::FinishStep();
   } else {
     status = absl::InvalidArgumentError(
         absl::StrCat("unknown command \"", command,
-                     "\"; want health, info, loss or bench (see --help)"));
+                     "\"; want health, info, loss, bench or finish-step (see --help)"));
   }
   if (!status.ok()) {
     std::fflush(stdout);  // what was printed so far comes before the error

@@ -29,7 +29,13 @@ PACKAGES=(
   protobuf-compiler-grpc
   grpc-proto
   libtcmalloc-minimal4
+  prometheus-cpp-dev
+  prometheus
+  python3-venv
+  python3-pip
 )
+# What the pytest tests import, installed into build/venv.
+PYTHON_PACKAGES=(pytest numpy tensorboard)
 
 log() { echo "klserve.sh: $*" >&2; }
 
@@ -61,12 +67,26 @@ deps() {
     apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# The tests' Python environment, made once (a stamp names what it holds).
+VENV="$BUILD_DIR/venv"
+python_deps() {
+  local stamp="$VENV/.klserve-packages"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "${PYTHON_PACKAGES[*]}" ]]; then
+    return 0
+  fi
+  log "making $VENV with: ${PYTHON_PACKAGES[*]}"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${PYTHON_PACKAGES[@]}"
+  echo "${PYTHON_PACKAGES[*]}" > "$stamp"
+}
+
 # build [TARGET...]: everything by default.
 build() {
   deps
   # Tests and benchmark on explicitly, whatever an older cache says.
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DKLSERVE_BUILD_TESTS=ON -DKLSERVE_BUILD_BENCHMARKS=ON
+    -DKLSERVE_BUILD_TESTS=ON -DKLSERVE_BUILD_BENCHMARKS=ON \
+    -DKLSERVE_TEST_PYTHON="$VENV/bin/python"
   if [[ $# -gt 0 ]]; then
     cmake --build "$BUILD_DIR" --target "$@"
   else
@@ -75,6 +95,8 @@ build() {
 }
 
 run_tests() {
+  deps
+  python_deps
   build
   ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error \
     -j "$(nproc)"
