@@ -65,12 +65,14 @@ absl::StatusOr<RequestSlicer> RequestSlicer::Create(
     bool present;
     const v1::Tensor* tensor;
   };
+  // The scores first: they fix B and T, so a bad scores tensor is named as
+  // such rather than as the target that disagrees with it.
   const Field fields[] = {
+      {kScores, "indexer_scores", true, &scores},
       {kLogits, "attention_logits", request.has_attention_logits(),
        &request.attention_logits()},
       {kWeights, "attention_weights", request.has_attention_weights(),
        &request.attention_weights()},
-      {kScores, "indexer_scores", true, &scores},
       {kTopk, "topk_indices", request.has_topk_indices(),
        &request.topk_indices()},
       {kMask, "attention_mask", request.has_attention_mask(),

@@ -26,7 +26,9 @@ absl::StatusOr<RowView> BlockView(absl::string_view field, RowRange rows,
   }
   RowView view;
   view.dtype = dtype;
-  view.data = static_cast<const std::byte*>(data);
+  // An unused tensor stays absent even when the caller's pointer is not null
+  // (an empty string's data()): a present view would be read as data.
+  view.data = used ? static_cast<const std::byte*>(data) : nullptr;
   view.origin_row = rows.begin;
   // Rows are contiguous whatever batch they belong to: (b - b0) * T * width
   // + (t - t0) * width = (r - r0) * width.

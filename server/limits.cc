@@ -12,6 +12,28 @@ absl::Status CheckTensorBytes(absl::string_view field, int64_t bytes,
                    options.max_tensor_bytes, " (--max_tensor_bytes)"));
 }
 
+absl::Status CheckInputBytes(const IndexerKlInputs& in,
+                             const ServerOptions& options) {
+  const std::pair<const char*, const std::optional<TensorView>*> optional[] = {
+      {"attention_logits", &in.attention_logits},
+      {"attention_weights", &in.attention_weights},
+      {"topk_indices", &in.topk_indices},
+      {"segment_ids_q", &in.segment_ids_q},
+      {"segment_ids_kv", &in.segment_ids_kv},
+      {"attention_mask", &in.attention_mask},
+      {"key_padding_mask", &in.key_padding_mask},
+      {"row_valid", &in.row_valid}};
+  for (const auto& [field, view] : optional) {
+    if (!view->has_value()) continue;
+    if (absl::Status s = CheckTensorBytes(field, (*view)->byte_size, options);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return CheckTensorBytes("indexer_scores", in.indexer_scores.byte_size,
+                          options);
+}
+
 absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,
                               bool one_message, const ServerOptions& options) {
   const int64_t grad_bytes =

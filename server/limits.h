@@ -14,6 +14,10 @@ namespace klserve::server {
 absl::Status CheckTensorBytes(absl::string_view field, int64_t bytes,
                               const ServerOptions& options);
 
+// Every tensor a whole request carries, against --max_tensor_bytes.
+absl::Status CheckInputBytes(const IndexerKlInputs& inputs,
+                             const ServerOptions& options);
+
 // The outputs of `rows` rows of `problem` (gradient and row KL) against the
 // tensor limit and, for a response that carries them in one message
 // (`one_message`), the message limit. Checked before allocating them.

@@ -21,6 +21,7 @@ absl::Status ComputeUnary(const ServiceContext& ctx,
   ASSIGN_OR_RETURN(const IndexerKlOptions options,
                    OptionsFrom(request.options()));
   ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(request));
+  RETURN_IF_ERROR(CheckInputBytes(inputs, *ctx.options));
   ASSIGN_OR_RETURN(const IndexerKlProblem problem,
                    IndexerKlProblem::Create(inputs, options));
   RETURN_IF_ERROR(CheckOutputBytes(problem, problem.num_rows(),

@@ -1,6 +1,7 @@
 #ifndef KLSERVE_SERVER_STREAM_REACTOR_BASE_H_
 #define KLSERVE_SERVER_STREAM_REACTOR_BASE_H_
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -52,7 +53,7 @@ class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
   StreamReactorBase(const ServiceContext& context, const char* rpc)
       : context_(context), rpc_(rpc) {}
   ~StreamReactorBase() override {
-    if (admitted_) context_.admission->Leave();
+    LeaveAdmission();
     context_.metrics->RecordRequest(rpc_, absl::StatusCodeToString(code_),
                                     absl::ToDoubleSeconds(absl::Now() - start_),
                                     bytes_in_, bytes_out_, rows_);
@@ -101,6 +102,7 @@ class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
     if (finishing_) return;
     finishing_ = true;
     code_ = status.code();
+    LeaveAdmission();
     writes_.clear();
     if (writing_ != nullptr) {
       deferred_finish_ = ToGrpcStatus(status);
@@ -113,12 +115,19 @@ class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
   void FinishOk() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     finishing_ = true;
     code_ = absl::StatusCode::kOk;
+    LeaveAdmission();
     this->Finish(grpc::Status::OK);
+  }
+
+  // The slot goes back when the call is finished, before gRPC has sent the
+  // status, so that a client's next call never finds it still taken.
+  void LeaveAdmission() {
+    if (admitted_.exchange(false)) context_.admission->Leave();
   }
 
   const ServiceContext context_;
   const char* const rpc_;  // the RPC's name, for messages
-  bool admitted_ = false;
+  std::atomic<bool> admitted_ = false;
   absl::Mutex mu_;
   Request incoming_ ABSL_GUARDED_BY(mu_);  // the read in flight
   bool reading_ ABSL_GUARDED_BY(mu_) = false;

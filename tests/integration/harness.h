@@ -1,0 +1,214 @@
+#ifndef KLSERVE_TESTS_INTEGRATION_HARNESS_H_
+#define KLSERVE_TESTS_INTEGRATION_HARNESS_H_
+
+// Helpers of the integration tests, which drive the real `klserve` binary
+// (and `klctl`) over loopback:
+// - ServerProcess: starts klserve on a free 127.0.0.1 port, waits for
+//   grpc.health.v1 SERVING, and SIGKILLs it on destruction if still running;
+// - RunCommand: runs a program with a time limit, capturing its output;
+// - random problems as ComputeLossRequest messages, and what the math
+//   library computes for them in-process (the expected response);
+// - bit-for-bit comparison of two responses;
+// - raw gRPC stubs, for the stream protocol's error paths the Client
+//   cannot produce.
+//
+// The binaries' paths come from CMake as KLSERVE_BIN and KLCTL_BIN.
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "klserve/v1/klserve.grpc.pb.h"
+#include "klserve/v1/klserve.pb.h"
+
+namespace klserve::integration {
+
+// Every call of the tests runs under a deadline of this much at most.
+inline constexpr absl::Duration kCallDeadline = absl::Seconds(30);
+
+// ---------------------------------------------------------------------------
+// The server process.
+
+class ServerProcess {
+ public:
+  // Starts `KLSERVE_BIN --listen=127.0.0.1:<free port> --threads=2
+  // --metrics_listen=127.0.0.1:<another free port> <flags>` (a flag given in
+  // `flags` wins over these defaults, being later), and
+  // waits up to `timeout` for health SERVING. Fails if the process exits
+  // first (the error carries its log).
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
+      const std::vector<std::string>& flags = {},
+      absl::Duration timeout = absl::Seconds(20));
+
+  // SIGKILLs the process if it is still running, and reaps it.
+  ~ServerProcess();
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+
+  const std::string& target() const { return target_; }
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+
+  // False once the process has exited (reaping it).
+  bool Running();
+  void Signal(int signal);
+  // Waits up to `timeout` for the process to exit; its wait status, or
+  // nullopt if it is still running.
+  std::optional<int> WaitForExit(absl::Duration timeout);
+  // VmRSS of /proc/<pid>/status, in KiB.
+  absl::StatusOr<int64_t> RssKiB() const;
+  // What the process has written to stdout and stderr so far.
+  std::string Log() const;
+
+ private:
+  ServerProcess() = default;
+
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int wait_status_ = 0;
+  int port_ = 0;
+  std::string target_;
+  std::string log_path_;
+};
+
+// A free loopback port: bound with port 0, then closed.
+int PickFreePort();
+
+// A Client of `target` with a short deadline and the given attempts.
+std::unique_ptr<Client> MakeClient(const std::string& target,
+                                   int max_attempts = 1,
+                                   absl::Duration deadline = kCallDeadline);
+
+// A test fixture that owns one server started per test and checks, at the
+// end of the test, that it is still running (unless the test said it would
+// stop).
+class ServerTest : public ::testing::Test {
+ protected:
+  // Starts the server with `flags`; fails the test if it does not come up.
+  void StartServer(const std::vector<std::string>& flags = {});
+  // For tests that stop the server on purpose.
+  void ExpectServerToExit() { expect_exit_ = true; }
+  void TearDown() override;
+
+  ServerProcess& server() { return *server_; }
+  Client& client() { return *client_; }
+
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<Client> client_;
+  bool expect_exit_ = false;
+};
+
+// ---------------------------------------------------------------------------
+// Running commands.
+
+struct CommandResult {
+  int exit_code = -1;  // -1 when killed by a signal or timed out
+  bool timed_out = false;
+  std::string out;
+  std::string err;
+};
+
+// Runs `argv` (argv[0] a path), killing it after `timeout`.
+CommandResult RunCommand(const std::vector<std::string>& argv,
+                         absl::Duration timeout = absl::Seconds(30));
+
+// ---------------------------------------------------------------------------
+// Problems.
+
+struct ProblemSpec {
+  std::string name;
+  int64_t B = 1, T = 4, S = 8;
+  int64_t H = 2;  // > 0: per-head attention_logits; 0: attention_weights
+  int64_t K = 0;  // > 0: sparse stage with K slots (K <= S)
+  std::string target_dtype = "FP32";
+  std::string scores_dtype = "FP32";
+  bool segments = false;
+  bool attention_mask = false;
+  bool key_padding = false;
+  bool row_valid = false;
+  // Head-aggregated target only: about one row in five all zero.
+  bool zero_target_rows = false;
+  // -inf in the scores and logits at positions the explicit attention mask
+  // or an empty top-k slot makes invalid (about half of them).
+  bool neg_inf_at_masked = false;
+  // Empty (-1) top-k slots, about one in six.
+  bool empty_slots = true;
+  // causal, q_offset, flavor, reduction, ... (num_keys is set for sparse).
+  v1::LossOptions options;
+  uint64_t seed = 1;
+};
+
+// gtest prints a parameter by its name.
+inline void PrintTo(const ProblemSpec& spec, std::ostream* os) {
+  *os << spec.name;
+}
+
+// A random, valid request for `spec`.
+v1::ComputeLossRequest MakeRequest(const ProblemSpec& spec);
+
+// What the math library (IndexerKlProblem::Create + ComputeIndexerKl on a
+// 2-thread CpuBackend) computes for `request`, shaped as the server's
+// response: grad [B, T, S or K] in grad_dtype, row_kl FP64 [B, T].
+absl::StatusOr<v1::ComputeLossResponse> LibraryCompute(
+    const v1::ComputeLossRequest& request);
+
+// Bit-for-bit equality of two responses: request_id, every result field
+// (doubles compared as bits), diagnostics' presence and values, and the
+// dtype, shape and bytes of grad and row_kl.
+::testing::AssertionResult SameResponse(const v1::ComputeLossResponse& expected,
+                                        const v1::ComputeLossResponse& actual);
+
+// Encodes float values in a wire dtype ("FP32", "BF16", "FP16").
+std::string EncodeFloats(const std::vector<float>& values,
+                         const std::string& dtype);
+// Sets element `index` of a float tensor to `value`.
+void SetFloat(v1::Tensor& tensor, int64_t index, float value);
+// Element `index` of a float tensor.
+float GetFloat(const v1::Tensor& tensor, int64_t index);
+
+// ---------------------------------------------------------------------------
+// Raw gRPC.
+
+std::unique_ptr<v1::IndexerKl::Stub> MakeStub(const std::string& target);
+
+// One ComputeLossStream call with its context.
+struct RawStream {
+  std::unique_ptr<grpc::ClientContext> context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ComputeLossStreamRequest,
+                                           v1::ComputeLossStreamResponse>>
+      stream;
+};
+RawStream OpenStream(v1::IndexerKl::Stub& stub,
+                     absl::Duration deadline = kCallDeadline);
+
+// Writes the messages, closes the writing side, reads everything and
+// returns the final status with the messages read. For short streams whose
+// messages fit in gRPC's buffers (the server answers each block once it is
+// read).
+struct StreamOutcome {
+  grpc::Status status;
+  std::vector<v1::ComputeLossStreamResponse> responses;
+};
+StreamOutcome RunStream(
+    v1::IndexerKl::Stub& stub,
+    const std::vector<v1::ComputeLossStreamRequest>& messages,
+    absl::Duration deadline = kCallDeadline);
+
+// "CODE: message" for failure messages.
+std::string Describe(const absl::Status& status);
+std::string Describe(const grpc::Status& status);
+
+}  // namespace klserve::integration
+
+#endif  // KLSERVE_TESTS_INTEGRATION_HARNESS_H_

@@ -1,0 +1,350 @@
+// klctl against the real server: health, info, loss on .npy files written
+// here (numbers and gradient bytes equal to the library's), errors with the
+// gRPC code name on stderr, and a short bench.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "tests/integration/harness.h"
+
+#ifndef KLCTL_BIN
+#error "KLCTL_BIN must be defined by the build"
+#endif
+
+namespace klserve::integration {
+namespace {
+
+// The .npy descr of a wire dtype (BF16 travels as uint16, klserve's
+// convention).
+std::string Descr(const std::string& dtype) {
+  if (dtype == "FP32") return "<f4";
+  if (dtype == "FP16") return "<f2";
+  if (dtype == "BF16") return "<u2";
+  if (dtype == "INT32") return "<i4";
+  if (dtype == "BOOL") return "|b1";
+  if (dtype == "FP64") return "<f8";
+  return "?";
+}
+
+std::string ShapeTuple(const v1::Tensor& t) {
+  if (t.shape_size() == 1) return absl::StrCat("(", t.shape(0), ",)");
+  return absl::StrCat("(", absl::StrJoin(t.shape(), ", "), ")");
+}
+
+// A version 1.0 .npy image, written by hand from the format's definition.
+std::string NpyImage(const v1::Tensor& t) {
+  std::string dict = absl::StrCat(
+      "{'descr': '", Descr(t.dtype()),
+      "', 'fortran_order': False, 'shape': ", ShapeTuple(t), ", }");
+  // magic (6) + version (2) + length (2) + dict + padding + '\n', a
+  // multiple of 64.
+  const size_t unpadded = 10 + dict.size() + 1;
+  dict.append((64 - unpadded % 64) % 64, ' ');
+  dict.push_back('\n');
+  std::string image("\x93NUMPY\x01\x00", 8);
+  image.push_back(static_cast<char>(dict.size() & 0xff));
+  image.push_back(static_cast<char>(dict.size() >> 8));
+  return image + dict + t.data();
+}
+
+// The dict and data of an .npy file; empty dict when malformed.
+struct Npy {
+  std::string dict;
+  std::string data;
+};
+
+Npy ParseNpyFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string bytes = buffer.str();
+  Npy npy;
+  if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0) return npy;
+  size_t header_len, data_start;
+  if (bytes[6] == 1) {
+    header_len = static_cast<uint8_t>(bytes[8]) |
+                 (static_cast<size_t>(static_cast<uint8_t>(bytes[9])) << 8);
+    data_start = 10 + header_len;
+  } else {
+    if (bytes.size() < 12) return npy;
+    uint32_t len;
+    std::memcpy(&len, bytes.data() + 8, 4);
+    header_len = len;
+    data_start = 12 + header_len;
+  }
+  if (data_start > bytes.size()) return npy;
+  npy.dict = bytes.substr(data_start - header_len, header_len);
+  npy.data = bytes.substr(data_start);
+  return npy;
+}
+
+// "key: value" lines.
+std::map<std::string, std::string> KeyValues(const std::string& text) {
+  std::map<std::string, std::string> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    const size_t colon = line.find(':');
+    if (colon == absl::string_view::npos) continue;
+    out[std::string(absl::StripAsciiWhitespace(line.substr(0, colon)))] =
+        std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+  }
+  return out;
+}
+
+double ParseDouble(const std::string& text) {
+  double value = std::nan("");
+  EXPECT_TRUE(absl::SimpleAtod(text, &value)) << "not a number: " << text;
+  return value;
+}
+
+class KlctlTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(StartServer());
+    char dir[] = "/tmp/klserve_klctl_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+  }
+  void TearDown() override {
+    for (const std::string& file : files_) unlink(file.c_str());
+    if (!dir_.empty()) rmdir(dir_.c_str());
+    ServerTest::TearDown();
+  }
+
+  // Writes `t` as <dir>/<name>.npy; its path.
+  std::string Write(const std::string& name, const v1::Tensor& t) {
+    const std::string path = absl::StrCat(dir_, "/", name, ".npy");
+    std::ofstream out(path, std::ios::binary);
+    const std::string image = NpyImage(t);
+    out.write(image.data(), static_cast<std::streamsize>(image.size()));
+    files_.push_back(path);
+    return path;
+  }
+  std::string OutPath(const std::string& name) {
+    const std::string path = absl::StrCat(dir_, "/", name, ".npy");
+    files_.push_back(path);
+    return path;
+  }
+
+  CommandResult Klctl(std::vector<std::string> args) {
+    args.insert(args.begin(), {KLCTL_BIN});
+    args.insert(args.begin() + 2, {"--target=" + server().target(),
+                                   "--deadline=30s", "--max_attempts=1"});
+    return RunCommand(args, absl::Seconds(40));
+  }
+
+  // Runs `klctl loss` on `request`'s tensors (written as .npy) with
+  // `flags`, and compares what it prints and writes with the library's
+  // answer to `request` (whose options must say what the flags say).
+  void ExpectLossMatchesLibrary(const v1::ComputeLossRequest& request,
+                                std::vector<std::string> flags,
+                                const std::string& transport) {
+    absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(request);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    std::vector<std::string> args = {"loss"};
+    const std::pair<const char*, const v1::Tensor*> inputs[] = {
+        {"attention_logits", request.has_attention_logits()
+                                 ? &request.attention_logits()
+                                 : nullptr},
+        {"attention_weights", request.has_attention_weights()
+                                  ? &request.attention_weights()
+                                  : nullptr},
+        {"indexer_scores", &request.indexer_scores()},
+        {"topk_indices",
+         request.has_topk_indices() ? &request.topk_indices() : nullptr},
+        {"segment_ids_q",
+         request.has_segment_ids_q() ? &request.segment_ids_q() : nullptr},
+        {"segment_ids_kv",
+         request.has_segment_ids_kv() ? &request.segment_ids_kv() : nullptr},
+        {"attention_mask",
+         request.has_attention_mask() ? &request.attention_mask() : nullptr},
+        {"key_padding_mask", request.has_key_padding_mask()
+                                 ? &request.key_padding_mask()
+                                 : nullptr},
+        {"row_valid", request.has_row_valid() ? &request.row_valid() : nullptr},
+    };
+    for (const auto& [name, tensor] : inputs) {
+      if (tensor != nullptr) {
+        args.push_back(absl::StrCat("--", name, "=", Write(name, *tensor)));
+      }
+    }
+    const std::string grad_path = OutPath("grad");
+    const std::string row_kl_path = OutPath("row_kl");
+    args.push_back("--grad_out=" + grad_path);
+    args.push_back("--row_kl_out=" + row_kl_path);
+    args.push_back("--request_id=" + request.request_id());
+    args.insert(args.end(), flags.begin(), flags.end());
+
+    const CommandResult run = Klctl(args);
+    ASSERT_EQ(run.exit_code, 0)
+        << "klctl " << absl::StrJoin(args, " ") << "\nstdout:\n"
+        << run.out << "\nstderr:\n"
+        << run.err;
+    std::map<std::string, std::string> kv = KeyValues(run.out);
+    const v1::LossResult& e = expected->result();
+    ASSERT_TRUE(kv.count("loss")) << run.out;
+    // %.17g round-trips a double exactly.
+    EXPECT_EQ(ParseDouble(kv["loss"]), e.loss()) << run.out;
+    EXPECT_EQ(ParseDouble(kv["unscaled_loss"]), e.unscaled_loss()) << run.out;
+    EXPECT_EQ(kv["denominator"], absl::StrCat(e.denominator()));
+    EXPECT_EQ(kv["rows_counted"], absl::StrCat(e.rows_counted()));
+    EXPECT_EQ(kv["rows_fully_masked"], absl::StrCat(e.rows_fully_masked()));
+    EXPECT_EQ(kv["rows_zero_target"], absl::StrCat(e.rows_zero_target()));
+    EXPECT_EQ(kv["request_id"], request.request_id());
+    EXPECT_EQ(kv["transport"], transport);
+    if (e.has_diagnostics()) {
+      EXPECT_EQ(ParseDouble(kv["mean_entropy_p"]),
+                e.diagnostics().mean_entropy_p());
+      EXPECT_EQ(ParseDouble(kv["mean_entropy_q"]),
+                e.diagnostics().mean_entropy_q());
+      if (e.diagnostics().has_topk_recall()) {
+        EXPECT_EQ(ParseDouble(kv["topk_recall"]),
+                  e.diagnostics().topk_recall());
+      }
+    }
+
+    const Npy grad = ParseNpyFile(grad_path);
+    EXPECT_TRUE(absl::StrContains(
+        grad.dict, absl::StrCat("'descr': '", Descr(expected->grad().dtype()))))
+        << grad.dict;
+    EXPECT_TRUE(absl::StrContains(grad.dict, ShapeTuple(expected->grad())))
+        << grad.dict;
+    EXPECT_TRUE(grad.data == expected->grad().data())
+        << "the gradient .npy's bytes differ from the library's ("
+        << grad.data.size() << " vs " << expected->grad().data().size()
+        << " bytes)";
+    const Npy row_kl = ParseNpyFile(row_kl_path);
+    EXPECT_TRUE(absl::StrContains(row_kl.dict, "'descr': '<f8'"))
+        << row_kl.dict;
+    EXPECT_TRUE(row_kl.data == expected->row_kl().data())
+        << "the row_kl .npy's bytes differ from the library's";
+  }
+
+  std::string dir_;
+  std::vector<std::string> files_;
+};
+
+TEST_F(KlctlTest, HealthPrintsServing) {
+  const CommandResult run = Klctl({"health"});
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(run.out, "SERVING\n");
+}
+
+TEST_F(KlctlTest, InfoPrintsTheBackend) {
+  const CommandResult run = Klctl({"info"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  std::map<std::string, std::string> kv = KeyValues(run.out);
+  EXPECT_EQ(kv["backend"], "cpu") << run.out;
+  EXPECT_EQ(kv["threads"], "2") << run.out;
+  EXPECT_FALSE(kv["version"].empty()) << run.out;
+  EXPECT_EQ(kv["max_concurrent_requests"], "8") << run.out;
+}
+
+TEST_F(KlctlTest, DensePerHeadBf16LossAndGradientMatchTheLibrary) {
+  ProblemSpec s;
+  s.name = "klctl-dense";
+  s.B = 2, s.T = 6, s.S = 10, s.H = 3;
+  s.target_dtype = "BF16";
+  s.scores_dtype = "FP32";
+  s.segments = true;
+  s.row_valid = true;
+  s.options.set_causal(true);
+  s.options.set_flavor(v1::FLAVOR_MAXTEXT);
+  s.options.set_reduction(v1::REDUCTION_MEAN_VALID);
+  s.options.set_scaling_factor(0.01);
+  s.options.set_softmax_scale(0.5f);
+  s.options.set_grad_dtype("BF16");
+  s.options.set_want_row_kl(true);
+  s.options.set_want_diagnostics(true);
+  s.options.set_recall_k(3);
+  s.seed = 51;
+  ExpectLossMatchesLibrary(
+      MakeRequest(s),
+      {"--causal", "--flavor=maxtext", "--reduction=mean_valid",
+       "--scaling_factor=0.01", "--softmax_scale=0.5", "--grad_dtype=bf16",
+       "--diagnostics", "--recall_k=3"},
+      "unary");
+}
+
+TEST_F(KlctlTest, SparseAggregatedStreamedLossAndGradientMatchTheLibrary) {
+  ProblemSpec s;
+  s.name = "klctl-sparse";
+  s.B = 2, s.T = 5, s.S = 24, s.K = 6, s.H = 0;
+  s.target_dtype = "FP16";
+  s.scores_dtype = "FP16";
+  s.key_padding = true;
+  s.attention_mask = true;
+  s.options.set_reduction(v1::REDUCTION_SUM);
+  s.options.set_grad_dtype("FP32");
+  s.options.set_want_row_kl(true);
+  s.seed = 52;
+  // Streamed in small blocks (--stream=always, 64-byte blocks: about one
+  // row each).
+  ExpectLossMatchesLibrary(MakeRequest(s),
+                           {"--num_keys=24", "--reduction=sum",
+                            "--stream=always", "--block_bytes=64"},
+                           "stream");
+}
+
+TEST_F(KlctlTest, BadInputExitsNonZeroWithTheCodeName) {
+  ProblemSpec s;
+  s.name = "klctl-bad";
+  s.B = 1, s.T = 3, s.S = 4, s.H = 0;
+  s.seed = 53;
+  v1::ComputeLossRequest request = MakeRequest(s);
+  SetFloat(*request.mutable_indexer_scores(), 5, std::nanf(""));
+  const CommandResult run = Klctl(
+      {"loss",
+       "--attention_weights=" + Write("weights", request.attention_weights()),
+       "--indexer_scores=" + Write("scores", request.indexer_scores())});
+  EXPECT_NE(run.exit_code, 0) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.err, "INVALID_ARGUMENT")) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.err, "indexer_scores")) << run.err;
+}
+
+TEST_F(KlctlTest, UnreachableServerExitsNonZeroWithUnavailable) {
+  const int port = PickFreePort();
+  const CommandResult run = RunCommand(
+      {KLCTL_BIN, "health", absl::StrCat("--target=127.0.0.1:", port),
+       "--deadline=5s", "--max_attempts=1"},
+      absl::Seconds(20));
+  EXPECT_NE(run.exit_code, 0) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.err, "UNAVAILABLE")) << run.err;
+}
+
+TEST_F(KlctlTest, BenchRunsBothModes) {
+  const CommandResult run = Klctl({"bench", "--count=2", "--mode=both",
+                                   "--shape=1,64,256", "--duration=20s"});
+  ASSERT_EQ(run.exit_code, 0) << "stdout:\n"
+                              << run.out << "\nstderr:\n"
+                              << run.err;
+  int gb_per_s = 0;
+  for (absl::string_view line : absl::StrSplit(run.out, '\n')) {
+    absl::string_view rest = absl::StripAsciiWhitespace(line);
+    if (absl::ConsumePrefix(&rest, "gb_per_s:")) {
+      ++gb_per_s;
+      double value = -1;
+      EXPECT_TRUE(absl::SimpleAtod(absl::StripAsciiWhitespace(rest), &value))
+          << line;
+      EXPECT_GT(value, 0) << line;
+    }
+  }
+  EXPECT_EQ(gb_per_s, 2) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "mode: loss")) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "mode: echo")) << run.out;
+}
+
+}  // namespace
+}  // namespace klserve::integration
