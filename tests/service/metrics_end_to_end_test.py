@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -45,13 +46,18 @@ def free_port():
 
 
 def wait_for(predicate, timeout, what):
+    """Polls `predicate` until truthy; a refused connection counts as not yet."""
     deadline = time.time() + timeout
+    last_error = None
     while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (urllib.error.URLError, ConnectionError) as e:
+            last_error = e
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what} (last error: {last_error})")
 
 
 def http_get_json(url):
