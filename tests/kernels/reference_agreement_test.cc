@@ -16,6 +16,7 @@
 #include "kernels/dtype.h"
 #include "kernels/loss.h"
 #include "kernels/problem.h"
+#include "tests/kernels/test_backends.h"
 #include "tests/kernels/test_data.h"
 
 namespace klserve::testdata {
@@ -46,20 +47,26 @@ CaseSpec SpecFor(Form form, int64_t B, int64_t T, int64_t S, int64_t H = 3) {
   return spec;
 }
 
-klref::RefResult Check(const CaseSpec& spec, uint64_t seed) {
+// The suite runs on every backend: the CUDA instantiation runs the same
+// cases as the CPU one, against the same float64 reference.
+class ReferenceAgreement : public BackendTest {};
+INSTANTIATE_TEST_SUITE_P(Backends, ReferenceAgreement,
+                         ::testing::Values("cpu", "cuda"));
+
+klref::RefResult Check(const CaseSpec& spec, uint64_t seed, Backend* backend) {
   SCOPED_TRACE(Describe(spec) + " seed=" + std::to_string(seed));
-  return CheckAgainstReference(MakeRandomCase(spec, seed));
+  return CheckAgainstReference(MakeRandomCase(spec, seed), {}, backend);
 }
 
-TEST(ReferenceAgreement, RandomSweep) {
+TEST_P(ReferenceAgreement, RandomSweep) {
   std::mt19937_64 rng(20251130);
   for (uint64_t i = 0; i < 400; ++i) {
-    Check(RandomSpec(rng), 1000 + i);
+    Check(RandomSpec(rng), 1000 + i, backend());
     if (::testing::Test::HasFatalFailure()) return;
   }
 }
 
-TEST(ReferenceAgreement, AwkwardShapes) {
+TEST_P(ReferenceAgreement, AwkwardShapes) {
   struct Shape {
     int64_t B, T, S;
   };
@@ -73,21 +80,21 @@ TEST(ReferenceAgreement, AwkwardShapes) {
         CaseSpec spec = SpecFor(form, s.B, s.T, s.S, H);
         if (spec.K == 0) {
           spec.causal = (seed % 2) == 0;
-          Check(spec, seed++);
+          Check(spec, seed++, backend());
           continue;
         }
         // One slot, exactly S slots, and more slots than keys.
         for (int64_t K : {int64_t{1}, s.S, s.S + 5}) {
           spec.K = K;
           spec.causal = (seed % 2) == 0;
-          Check(spec, seed++);
+          Check(spec, seed++, backend());
         }
       }
     }
   }
 }
 
-TEST(ReferenceAgreement, InputDtypes) {
+TEST_P(ReferenceAgreement, InputDtypes) {
   uint64_t seed = 100;
   for (Form form : kForms) {
     for (DType target : kFloatTypes) {
@@ -98,14 +105,14 @@ TEST(ReferenceAgreement, InputDtypes) {
           spec.scores_dtype = scores;
           spec.options.flavor = flavor;
           spec.causal = true;
-          Check(spec, seed++);
+          Check(spec, seed++, backend());
         }
       }
     }
   }
 }
 
-TEST(ReferenceAgreement, EveryMaskAloneAndTogether) {
+TEST_P(ReferenceAgreement, EveryMaskAloneAndTogether) {
   uint64_t seed = 200;
   for (Form form : kForms) {
     for (int variant = 0; variant < 10; ++variant) {
@@ -152,13 +159,13 @@ TEST(ReferenceAgreement, EveryMaskAloneAndTogether) {
       for (Reduction reduction :
            {Reduction::kMean, Reduction::kMeanValid, Reduction::kSum}) {
         spec.options.reduction = reduction;
-        Check(spec, seed++);
+        Check(spec, seed++, backend());
       }
     }
   }
 }
 
-TEST(ReferenceAgreement, FlavoursAndReductions) {
+TEST_P(ReferenceAgreement, FlavoursAndReductions) {
   uint64_t seed = 300;
   for (Form form : kForms) {
     for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
@@ -171,14 +178,14 @@ TEST(ReferenceAgreement, FlavoursAndReductions) {
           spec.row_valid = row_valid;
           spec.causal = true;  // some rows with one key, none empty
           spec.zero_weight_fraction = 0.5;  // some zero-target rows
-          Check(spec, seed++);
+          Check(spec, seed++, backend());
         }
       }
     }
   }
 }
 
-TEST(ReferenceAgreement, ScalingFactor) {
+TEST_P(ReferenceAgreement, ScalingFactor) {
   uint64_t seed = 400;
   for (Form form : kForms) {
     for (double c : {0.0, 0.01, 1.0, 7.5, -0.5}) {
@@ -187,7 +194,7 @@ TEST(ReferenceAgreement, ScalingFactor) {
       spec.options.reduction = Reduction::kMeanValid;
       SCOPED_TRACE(Describe(spec));
       const Case cs = MakeRandomCase(spec, seed++);
-      const LibOutput lib = RunLibrary(cs);
+      const LibOutput lib = RunLibrary(cs, backend());
       const klref::RefResult ref = klref::ComputeReference(ToReference(cs));
       ExpectMatchesReference(cs, lib, ref);
       ASSERT_TRUE(lib.status.ok());
@@ -203,7 +210,7 @@ TEST(ReferenceAgreement, ScalingFactor) {
   }
 }
 
-TEST(ReferenceAgreement, GradDtypes) {
+TEST_P(ReferenceAgreement, GradDtypes) {
   uint64_t seed = 500;
   for (Form form : kForms) {
     for (DType grad : kFloatTypes) {
@@ -214,14 +221,14 @@ TEST(ReferenceAgreement, GradDtypes) {
           spec.options.flavor = flavor;
           spec.options.scaling_factor = c;
           spec.options.reduction = Reduction::kMean;
-          Check(spec, seed++);
+          Check(spec, seed++, backend());
         }
       }
     }
   }
 }
 
-TEST(ReferenceAgreement, SoftmaxScale) {
+TEST_P(ReferenceAgreement, SoftmaxScale) {
   uint64_t seed = 600;
   for (Form form : {Form::kPerHeadDense, Form::kPerHeadSparse}) {
     for (float scale : {0.01f, 0.125f, 0.7f, 1.0f, 3.5f}) {
@@ -229,13 +236,13 @@ TEST(ReferenceAgreement, SoftmaxScale) {
         CaseSpec spec = SpecFor(form, 1, 5, 12, 4);
         spec.options.softmax_scale = scale;
         spec.target_dtype = target;
-        Check(spec, seed++);
+        Check(spec, seed++, backend());
       }
     }
   }
 }
 
-TEST(ReferenceAgreement, OutputsAreOptional) {
+TEST_P(ReferenceAgreement, OutputsAreOptional) {
   uint64_t seed = 700;
   for (Form form : kForms) {
     for (int variant = 0; variant < 3; ++variant) {
@@ -243,12 +250,12 @@ TEST(ReferenceAgreement, OutputsAreOptional) {
       spec.options.want_grad = variant != 0;
       spec.options.want_row_kl = variant != 1;
       spec.options.want_diagnostics = variant != 2;
-      Check(spec, seed++);
+      Check(spec, seed++, backend());
     }
   }
 }
 
-TEST(ReferenceAgreement, LongRowsExerciseVectorBodiesAndTails) {
+TEST_P(ReferenceAgreement, LongRowsExerciseVectorBodiesAndTails) {
   uint64_t seed = 800;
   for (int64_t S : {15, 16, 17, 31, 33, 63, 64, 65, 257}) {
     for (Form form : kForms) {
@@ -259,12 +266,12 @@ TEST(ReferenceAgreement, LongRowsExerciseVectorBodiesAndTails) {
       spec.target_dtype = (seed % 3 == 0) ? DType::kBFloat16 : DType::kFloat32;
       spec.scores_dtype = (seed % 3 == 1) ? DType::kFloat16 : DType::kFloat32;
       spec.options.flavor = (seed % 2) ? Flavor::kExact : Flavor::kMaxText;
-      Check(spec, seed++);
+      Check(spec, seed++, backend());
     }
   }
 }
 
-TEST(ReferenceAgreement, ManyRowsAcrossThreads) {
+TEST_P(ReferenceAgreement, ManyRowsAcrossThreads) {
   // Enough rows for the pool to split them into several chunks.
   uint64_t seed = 900;
   for (Form form : kForms) {
@@ -272,12 +279,12 @@ TEST(ReferenceAgreement, ManyRowsAcrossThreads) {
     spec.causal = true;
     spec.row_valid = true;
     spec.options.reduction = Reduction::kMeanValid;
-    Check(spec, seed++);
+    Check(spec, seed++, backend());
   }
 }
 
 // Runs the encoded case with every input view moved to an odd address.
-LibOutput RunUnaligned(const Case& c, bool unaligned) {
+LibOutput RunUnaligned(const Case& c, bool unaligned, Backend& backend) {
   EncodedCase encoded(c);
   std::vector<std::vector<std::byte>> storage;
   storage.reserve(16);
@@ -311,7 +318,7 @@ LibOutput RunUnaligned(const Case& c, bool unaligned) {
   outputs.row_kl = out.row_kl.data();
   outputs.row_kl_size = c.num_rows();
   absl::StatusOr<IndexerKlResult> result =
-      ComputeIndexerKl(SharedBackend(), *problem, outputs);
+      ComputeIndexerKl(backend, *problem, outputs);
   if (!result.ok()) {
     out.status = result.status();
   } else {
@@ -320,7 +327,7 @@ LibOutput RunUnaligned(const Case& c, bool unaligned) {
   return out;
 }
 
-TEST(ReferenceAgreement, UnalignedInputsGiveTheSameBits) {
+TEST_P(ReferenceAgreement, UnalignedInputsGiveTheSameBits) {
   uint64_t seed = 1000;
   for (Form form : kForms) {
     for (DType dtype : kFloatTypes) {
@@ -330,8 +337,8 @@ TEST(ReferenceAgreement, UnalignedInputsGiveTheSameBits) {
       spec.key_padding = spec.row_valid = true;
       SCOPED_TRACE(Describe(spec));
       const Case c = MakeRandomCase(spec, seed++);
-      const LibOutput aligned = RunUnaligned(c, false);
-      const LibOutput odd = RunUnaligned(c, true);
+      const LibOutput aligned = RunUnaligned(c, false, *backend());
+      const LibOutput odd = RunUnaligned(c, true, *backend());
       ASSERT_TRUE(aligned.status.ok()) << aligned.status;
       ASSERT_TRUE(odd.status.ok()) << odd.status;
       EXPECT_EQ(aligned.result.loss, odd.result.loss);
