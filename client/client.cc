@@ -142,6 +142,30 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
       new Client(std::move(options), std::move(stubs)));
 }
 
+namespace {
+
+// One unary IndexerKl call with the options' deadline and retries.
+template <typename Request, typename Response>
+absl::StatusOr<Response> UnaryCall(
+    const ClientOptions& options, grpc::Channel& channel,
+    v1::IndexerKl::Stub& stub,
+    grpc::Status (v1::IndexerKl::Stub::*method)(grpc::ClientContext*,
+                                                const Request&, Response*),
+    const Request& request) {
+  const absl::Time deadline = absl::Now() + options.deadline;
+  return WithRetries(
+      options, channel, deadline, [&](bool*) -> absl::StatusOr<Response> {
+        grpc::ClientContext context;
+        SetDeadline(context, deadline);
+        Response response;
+        RETURN_IF_ERROR(
+            ToAbslStatus((stub.*method)(&context, request, &response)));
+        return response;
+      });
+}
+
+}  // namespace
+
 absl::StatusOr<bool> Client::Health(const std::string& service) {
   HealthCheckRequest request;
   request.set_service(service);
@@ -158,33 +182,18 @@ absl::StatusOr<bool> Client::Health(const std::string& service) {
 }
 
 absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() {
-  const absl::Time deadline = absl::Now() + options_.deadline;
-  return WithRetries(options_, *stubs_->channel, deadline,
-                     [&](bool*) -> absl::StatusOr<v1::GetServerInfoResponse> {
-                       grpc::ClientContext context;
-                       SetDeadline(context, deadline);
-                       v1::GetServerInfoResponse response;
-                       RETURN_IF_ERROR(ToAbslStatus(stubs_->kl->GetServerInfo(
-                           &context, v1::GetServerInfoRequest(), &response)));
-                       return response;
-                     });
+  return UnaryCall(options_, *stubs_->channel, *stubs_->kl,
+                   &v1::IndexerKl::Stub::GetServerInfo,
+                   v1::GetServerInfoRequest());
 }
 
 absl::StatusOr<v1::FinishStepResponse> Client::FinishStep(
     const std::string& run, int64_t step) {
-  const absl::Time deadline = absl::Now() + options_.deadline;
   v1::FinishStepRequest request;
   request.set_run(run);
   request.set_step(step);
-  return WithRetries(options_, *stubs_->channel, deadline,
-                     [&](bool*) -> absl::StatusOr<v1::FinishStepResponse> {
-                       grpc::ClientContext context;
-                       SetDeadline(context, deadline);
-                       v1::FinishStepResponse response;
-                       RETURN_IF_ERROR(ToAbslStatus(stubs_->kl->FinishStep(
-                           &context, request, &response)));
-                       return response;
-                     });
+  return UnaryCall(options_, *stubs_->channel, *stubs_->kl,
+                   &v1::IndexerKl::Stub::FinishStep, request);
 }
 
 absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLoss(
@@ -197,16 +206,8 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLoss(
 
 absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossUnary(
     const v1::ComputeLossRequest& request) {
-  const absl::Time deadline = absl::Now() + options_.deadline;
-  return WithRetries(options_, *stubs_->channel, deadline,
-                     [&](bool*) -> absl::StatusOr<v1::ComputeLossResponse> {
-                       grpc::ClientContext context;
-                       SetDeadline(context, deadline);
-                       v1::ComputeLossResponse response;
-                       RETURN_IF_ERROR(ToAbslStatus(stubs_->kl->ComputeLoss(
-                           &context, request, &response)));
-                       return response;
-                     });
+  return UnaryCall(options_, *stubs_->channel, *stubs_->kl,
+                   &v1::IndexerKl::Stub::ComputeLoss, request);
 }
 
 absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
