@@ -3,8 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "absl/strings/str_cat.h"
-#include "kernels/value_errors.h"
+#include "kernels/topk_check.h"
 
 namespace klserve::cpu {
 namespace {
@@ -91,37 +90,16 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
     return validity;
   }
 
-  // Three passes over the slots: the range check and the causal cut (which
-  // vectorise), the duplicate check (scalar: one mark per key), then the
-  // other rules, gathered by key.
+  // The index rules (range, duplicates) first, shared with the other
+  // backends; then the causal cut, and the other rules gathered by key.
   const std::byte* indices = data.indices.Row(r, p.T);
-  bool out_of_range = false;
+  const absl::Status indices_ok =
+      CheckTopkRow(indices, p.K, p.S, r / p.T, t, scratch.NextRowMark(),
+                   scratch.seen());
+  if (!indices_ok.ok()) return indices_ok;
   for (int64_t j = 0; j < p.K; ++j) {
     const int32_t key = LoadInt32(indices + 4 * j);
-    out_of_range |= key < -1 || key >= p.S;
     bytes[j] = key >= 0 && key < causal_end;
-  }
-  if (out_of_range) {
-    for (int64_t j = 0;; ++j) {
-      const int32_t key = LoadInt32(indices + 4 * j);
-      if (key < -1 || key >= p.S) {
-        return ValueError(
-            "topk_indices",
-            absl::StrCat("an index must be -1 or in [0, S=", p.S, ")"),
-            absl::StrCat(key), {r / p.T, t, j});
-      }
-    }
-  }
-  const uint64_t mark = scratch.NextRowMark();
-  uint64_t* seen = scratch.seen();
-  for (int64_t j = 0; j < p.K; ++j) {
-    const int32_t key = LoadInt32(indices + 4 * j);
-    if (key == -1) continue;  // empty slot
-    if (seen[key] == mark) {
-      return ValueError("topk_indices", "a key may appear once per row",
-                        absl::StrCat("key ", key, " again"), {r / p.T, t, j});
-    }
-    seen[key] = mark;
   }
   if (p.has_row_mask()) {
     for (int64_t j = 0; j < p.K; ++j) {

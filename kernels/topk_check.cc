@@ -1,0 +1,51 @@
+#include "kernels/topk_check.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/value_errors.h"
+
+namespace klserve {
+namespace {
+
+int32_t LoadInt32(const std::byte* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+absl::Status CheckTopkRow(const std::byte* indices_row, int64_t K, int64_t S,
+                          int64_t b, int64_t t, uint64_t mark, uint64_t* seen) {
+  // The range check first, over the whole row (a simple loop that
+  // vectorises), so that a bad index wins over an earlier repeated key.
+  bool out_of_range = false;
+  for (int64_t j = 0; j < K; ++j) {
+    const int32_t key = LoadInt32(indices_row + 4 * j);
+    out_of_range |= key < -1 || key >= S;
+  }
+  if (out_of_range) {
+    for (int64_t j = 0;; ++j) {
+      const int32_t key = LoadInt32(indices_row + 4 * j);
+      if (key < -1 || key >= S) {
+        return ValueError(
+            "topk_indices",
+            absl::StrCat("an index must be -1 or in [0, S=", S, ")"),
+            absl::StrCat(key), {b, t, j});
+      }
+    }
+  }
+  for (int64_t j = 0; j < K; ++j) {
+    const int32_t key = LoadInt32(indices_row + 4 * j);
+    if (key == -1) continue;  // empty slot
+    if (seen[key] == mark) {
+      return ValueError("topk_indices", "a key may appear once per row",
+                        absl::StrCat("key ", key, " again"), {b, t, j});
+    }
+    seen[key] = mark;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace klserve

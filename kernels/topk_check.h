@@ -1,0 +1,29 @@
+#ifndef KLSERVE_KERNELS_TOPK_CHECK_H_
+#define KLSERVE_KERNELS_TOPK_CHECK_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+// The sparse stage's index rules for one row, shared by the backends so that
+// they report bad indices alike.
+
+namespace klserve {
+
+// Checks row (b, t) of topk_indices: K INT32 values at `indices_row` (any
+// alignment), each -1 (an empty slot) or in [0, S), and no key named twice.
+// The first out-of-range index is reported before any repeated key:
+//   "topk_indices: an index must be -1 or in [0, S=<S>), got <X> at [b, t, j]"
+//   "topk_indices: a key may appear once per row, got key <K> again at
+//    [b, t, j]" (INVALID_ARGUMENT).
+// `seen` has S entries and remembers keys across rows by mark: the row's keys
+// are marked `mark`, so each row needs a mark no earlier row used (e.g. one
+// counter per `seen` array, incremented per row, starting from a zeroed
+// array and a first mark of 1).
+absl::Status CheckTopkRow(const std::byte* indices_row, int64_t K, int64_t S,
+                          int64_t b, int64_t t, uint64_t mark, uint64_t* seen);
+
+}  // namespace klserve
+
+#endif  // KLSERVE_KERNELS_TOPK_CHECK_H_
