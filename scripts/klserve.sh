@@ -7,6 +7,10 @@
 #   scripts/klserve.sh run     build, then start the klserve server (CPU backend
 #                              where there is no GPU); extra arguments go to it
 #   scripts/klserve.sh bench   build, then the kernels' benchmark (klserve_bench)
+#   scripts/klserve.sh pytest  build the server, then the Python client's tests
+#                              (tests/python); extra arguments go to pytest
+#   scripts/klserve.sh demo    examples/run_demo.sh: train a toy indexer against
+#                              a local server; extra arguments go to the script
 #
 # BUILD_DIR overrides the build directory.
 set -euo pipefail
@@ -34,8 +38,13 @@ PACKAGES=(
   python3-venv
   python3-pip
 )
-# What the pytest tests import, installed into build/venv.
-PYTHON_PACKAGES=(pytest numpy tensorboard)
+# What the pytest tests import, installed into build/venv. The Python client
+# (client/python) is installed on top from this checkout on every run; it
+# needs grpcio, protobuf, numpy, ml_dtypes, and setuptools and grpcio-tools to
+# build (its stubs are generated from proto/ at install time). Add torch to
+# run the PyTorch tests too (skipped without it; PyPI's wheel is ~6 GB).
+PYTHON_PACKAGES=(pytest numpy tensorboard grpcio protobuf ml_dtypes
+                 setuptools grpcio-tools jax optax torch)
 
 log() { echo "klserve.sh: $*" >&2; }
 
@@ -71,13 +80,17 @@ deps() {
 VENV="$BUILD_DIR/venv"
 python_deps() {
   local stamp="$VENV/.klserve-packages"
-  if [[ -f "$stamp" && "$(cat "$stamp")" == "${PYTHON_PACKAGES[*]}" ]]; then
-    return 0
+  if [[ ! -f "$stamp" || "$(cat "$stamp")" != "${PYTHON_PACKAGES[*]}" ]]; then
+    log "making $VENV with: ${PYTHON_PACKAGES[*]}"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check \
+      "${PYTHON_PACKAGES[@]}"
+    echo "${PYTHON_PACKAGES[*]}" > "$stamp"
   fi
-  log "making $VENV with: ${PYTHON_PACKAGES[*]}"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "${PYTHON_PACKAGES[@]}"
-  echo "${PYTHON_PACKAGES[*]}" > "$stamp"
+  # The client from this checkout, every time (about a second, offline):
+  # its code and its generated stubs then always match the tree.
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps \
+    --no-build-isolation --force-reinstall "$ROOT/client/python"
 }
 
 # build [TARGET...]: everything by default.
@@ -102,6 +115,14 @@ run_tests() {
     -j "$(nproc)"
 }
 
+run_pytest() {
+  deps
+  python_deps
+  build klserve
+  KLSERVE_BIN="$BUILD_DIR/server/klserve" "$VENV/bin/python" -m pytest -q \
+    -p no:cacheprovider "$ROOT/tests/python" "$@"
+}
+
 run_server() {
   build klserve klctl
   exec "$BUILD_DIR/server/klserve" "$@"
@@ -113,7 +134,7 @@ run_bench() {
 }
 
 usage() {
-  sed -n '2,11s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+  sed -n '2,15s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 
@@ -126,5 +147,7 @@ case "$command" in
   test) run_tests ;;
   run) run_server "$@" ;;
   bench) run_bench "$@" ;;
+  pytest) run_pytest "$@" ;;
+  demo) BUILD_DIR="$BUILD_DIR" exec "$ROOT/examples/run_demo.sh" "$@" ;;
   *) usage ;;
 esac

@@ -1,0 +1,22 @@
+"""Python client of klserve, the lightning-indexer KL loss service.
+
+    import klserve
+    client = klserve.Client("localhost:50051")
+    result = client.compute_loss(scores, attention_logits=logits, causal=True)
+    result.loss, result.grad
+
+`klserve.jax.indexer_kl_loss` makes the service a differentiable JAX
+function; `klserve.torch.IndexerKlLoss` a torch.autograd.Function. The loss
+itself is specified in shared/spec/indexer-kl.md; the wire contract is
+proto/klserve/v1/klserve.proto (its generated stubs are `klserve.v1`).
+"""
+
+from klserve._errors import KlserveError
+from klserve._client import (Client, LossResult, ServerInfo, StepResult,
+                             default_client, set_default_client)
+
+__version__ = "0.1.0"
+
+__all__ = ["Client", "KlserveError", "LossResult", "ServerInfo",
+           "StepResult", "default_client", "set_default_client",
+           "__version__"]

@@ -1,0 +1,133 @@
+"""NumPy arrays to and from the wire's Tensor (raw little-endian bytes, a
+dtype name and a shape)."""
+
+import ml_dtypes
+import numpy as np
+
+from klserve._errors import invalid_argument
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+FP32 = np.dtype("<f4")
+FP16 = np.dtype("<f2")
+FP64 = np.dtype("<f8")
+INT32 = np.dtype("<i4")
+BOOL = np.dtype("bool")
+
+# Wire names of the float inputs / gradients and their NumPy dtypes.
+FLOAT_DTYPES = {"FP32": FP32, "BF16": BF16, "FP16": FP16}
+WIRE_DTYPES = dict(FLOAT_DTYPES, FP64=FP64, INT32=INT32, BOOL=BOOL)
+
+_GRAD_NAMES = {
+    "fp32": "FP32", "float32": "FP32", "f32": "FP32",
+    "bf16": "BF16", "bfloat16": "BF16",
+    "fp16": "FP16", "float16": "FP16", "f16": "FP16", "half": "FP16",
+}
+
+
+def wire_name_of_float(dtype):
+    """The wire name of a float dtype, or None."""
+    dtype = np.dtype(dtype)
+    if dtype == BF16:
+        return "BF16"
+    if dtype.kind == "f" and dtype.itemsize == 4:
+        return "FP32"
+    if dtype.kind == "f" and dtype.itemsize == 2:
+        return "FP16"
+    return None
+
+
+def grad_wire_name(grad_dtype):
+    """"FP32", "BF16" or "FP16" from a NumPy dtype or a name such as "bf16"."""
+    if grad_dtype is None:
+        return "FP32"
+    if isinstance(grad_dtype, str):
+        name = _GRAD_NAMES.get(grad_dtype.lower())
+        if name is not None:
+            return name
+        if grad_dtype.upper() in FLOAT_DTYPES:
+            return grad_dtype.upper()
+    else:
+        try:
+            name = wire_name_of_float(grad_dtype)
+        except TypeError:
+            name = None
+        if name is not None:
+            return name
+    raise invalid_argument(
+        "grad_dtype: must be float32, bfloat16 or float16 (a NumPy dtype or "
+        "'fp32', 'bf16', 'fp16'), got %r" % (grad_dtype,))
+
+
+def _little_endian(arr):
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(arr)
+
+
+def float_input(field, value):
+    """A float tensor as float32, float16 or bfloat16 (float64 is narrowed to
+    float32, the precision the service computes in)."""
+    arr = np.asarray(value)
+    name = wire_name_of_float(arr.dtype)
+    if name is None:
+        if arr.dtype.kind == "f" and arr.dtype.itemsize == 8:
+            arr = arr.astype(FP32)
+            name = "FP32"
+        else:
+            raise invalid_argument(
+                "%s: dtype must be float32, float16 or bfloat16, got %s" %
+                (field, arr.dtype))
+    return name, _little_endian(arr)
+
+
+def int32_input(field, value):
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iu":
+        raise invalid_argument(
+            "%s: dtype must be an integer type (sent as int32), got %s" %
+            (field, arr.dtype))
+    if arr.dtype != INT32:
+        if arr.size and (arr.min() < np.iinfo(np.int32).min or
+                         arr.max() > np.iinfo(np.int32).max):
+            raise invalid_argument("%s: values must fit in int32" % field)
+        arr = arr.astype(INT32)
+    return "INT32", _little_endian(arr)
+
+
+def bool_input(field, value):
+    arr = np.asarray(value)
+    if arr.dtype != BOOL:
+        if arr.dtype.kind not in "iub":
+            raise invalid_argument(
+                "%s: dtype must be bool (or integer, nonzero is true), got %s"
+                % (field, arr.dtype))
+        arr = arr != 0
+    return "BOOL", np.ascontiguousarray(arr)
+
+
+def to_tensor(pb2, name, arr):
+    return pb2.Tensor(dtype=name, shape=list(arr.shape), data=arr.tobytes())
+
+
+def to_spec(pb2, name, arr):
+    return pb2.TensorSpec(dtype=name, shape=list(arr.shape))
+
+
+def from_tensor(tensor, field):
+    """A response Tensor as a writable NumPy array."""
+    dtype = WIRE_DTYPES.get(tensor.dtype)
+    if dtype is None:
+        raise _protocol_error("%s: unknown dtype %r" % (field, tensor.dtype))
+    shape = tuple(tensor.shape)
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if len(tensor.data) != count * dtype.itemsize:
+        raise _protocol_error("%s: %d bytes for %s %s" % (
+            field, len(tensor.data), tensor.dtype, list(shape)))
+    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape).copy()
+
+
+def _protocol_error(what):
+    import grpc
+    from klserve._errors import KlserveError
+    return KlserveError(grpc.StatusCode.INTERNAL,
+                        "server broke the protocol: " + what)

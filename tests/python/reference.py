@@ -1,0 +1,150 @@
+"""A float64 NumPy reference of the indexer KL loss, written from
+shared/spec/indexer-kl.md for these tests (vectorised; not fast, not
+clever). Inputs are taken as the values the service receives: pass bf16 /
+fp16 arrays and they are widened exactly."""
+
+import numpy as np
+
+EPS = 1e-8
+
+
+def _f64(x):
+    return None if x is None else np.asarray(x).astype(np.float64)
+
+
+def validity(batch, rows, keys, *, topk_indices=None, segment_ids_q=None,
+             segment_ids_kv=None, attention_mask=None, key_padding_mask=None,
+             causal=False, q_offset=None):
+    """valid[b, t, slot]: [B, T, S] dense, [B, T, K] sparse."""
+    q_offset = keys - rows if q_offset is None else q_offset
+    valid = np.ones((batch, rows, keys), bool)
+    if causal:
+        pos = np.arange(rows)[:, None] + q_offset
+        valid &= np.arange(keys)[None, :] <= pos
+    if segment_ids_q is not None:
+        sq = np.asarray(segment_ids_q)[:, :, None]
+        skv = np.asarray(segment_ids_kv)[:, None, :]
+        valid &= (sq == skv) & (skv >= 0)
+    if attention_mask is not None:
+        valid &= np.asarray(attention_mask, bool)
+    if key_padding_mask is not None:
+        valid &= np.asarray(key_padding_mask, bool)[:, None, :]
+    if topk_indices is None:
+        return valid
+    idx = np.asarray(topk_indices).astype(np.int64)
+    in_range = (idx >= 0) & (idx < keys)
+    safe = np.where(in_range, idx, 0)
+    return in_range & np.take_along_axis(valid, safe, axis=2)
+
+
+def _masked_softmax(x, valid):
+    """softmax over the last axis among valid entries; (probs, log-probs);
+    rows without a valid entry give zeros / -inf."""
+    xm = np.where(valid, x, -np.inf)
+    m = xm.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        e = np.where(valid, np.exp(xm - m), 0.0)
+        total = e.sum(axis=-1, keepdims=True)
+        lse = m + np.log(total)
+        logp = np.where(valid, xm - lse, -np.inf)
+        prob = np.where(valid & (total > 0), e / np.where(total > 0, total, 1),
+                        0.0)
+    return prob, logp
+
+
+def indexer_kl_reference(indexer_scores, *, attention_logits=None,
+                         attention_weights=None, topk_indices=None,
+                         segment_ids_q=None, segment_ids_kv=None,
+                         attention_mask=None, key_padding_mask=None,
+                         row_valid=None, causal=False, q_offset=None,
+                         num_keys=None, softmax_scale=None, flavor="exact",
+                         reduction="mean", scaling_factor=None, recall_k=0):
+    """Returns a dict: loss, unscaled_loss, denominator, rows_counted,
+    rows_fully_masked, rows_zero_target, grad (float64, like the scores),
+    row_kl [B, T], mean_entropy_p, mean_entropy_q, topk_recall."""
+    scores = _f64(indexer_scores)
+    batch, rows, width = scores.shape
+    keys = num_keys if topk_indices is not None else width
+    scale = 1.0 if softmax_scale is None else softmax_scale
+    c = 1.0 if scaling_factor is None else scaling_factor
+    valid = validity(batch, rows, keys, topk_indices=topk_indices,
+                     segment_ids_q=segment_ids_q,
+                     segment_ids_kv=segment_ids_kv,
+                     attention_mask=attention_mask,
+                     key_padding_mask=key_padding_mask, causal=causal,
+                     q_offset=q_offset)
+    has_valid = valid.any(axis=-1)
+
+    # The target: x = sum over heads of P_h, or the aggregated weights.
+    if attention_logits is not None:
+        logits = _f64(attention_logits) * scale
+        heads = logits.shape[1]
+        per_head, _ = _masked_softmax(logits, valid[:, None])
+        x = per_head.sum(axis=1)
+    else:
+        heads = None
+        x = np.where(valid, _f64(attention_weights), 0.0)
+    x_sum = x.sum(axis=-1)
+    zero_target = has_valid & (x_sum == 0)
+    computed = has_valid & ~zero_target
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if flavor == "maxtext":
+            p = x / (x_sum + EPS)[..., None]
+        elif heads is not None:
+            p = x / heads
+        else:
+            p = x / np.where(x_sum > 0, x_sum, 1)[..., None]
+    p = np.where(computed[..., None] & valid, p, 0.0)
+
+    q, logq = _masked_softmax(scores, valid)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if flavor == "maxtext":
+            kl = np.where(valid, p * (np.log(p + EPS) - np.log(q + EPS)),
+                          0.0).sum(-1)
+            g = -p / (q + EPS)
+            qg = np.where(valid, q * g, 0.0).sum(-1, keepdims=True)
+            dkl = np.where(valid, q * (g - qg), 0.0)
+        else:
+            kl = np.where(valid & (p > 0), p * (np.log(p) - logq),
+                          0.0).sum(-1)
+            dkl = np.where(valid, q - p, 0.0)
+        ent_p = -np.where(valid & (p > 0), p * np.log(p), 0.0).sum(-1)
+        ent_q = -np.where(valid & (q > 0), q * logq, 0.0).sum(-1)
+
+    counted = computed.copy()
+    if row_valid is not None:
+        counted &= np.asarray(row_valid, bool)
+    row_kl = np.where(counted, kl, 0.0)
+
+    if reduction == "mean":
+        n = batch * rows
+    elif reduction == "mean_valid":
+        n = (int(np.asarray(row_valid, bool).sum()) if row_valid is not None
+             else int(computed.sum()))
+    elif reduction == "sum":
+        n = 1
+    else:
+        raise ValueError(reduction)
+    unscaled = row_kl.sum() / n if n > 0 else 0.0
+    grad = np.where(counted[..., None], dkl, 0.0) * (c / n if n > 0 else 0.0)
+
+    recall = None
+    if recall_k:
+        total = 0.0
+        for b, t in zip(*np.nonzero(counted)):
+            slots = np.nonzero(valid[b, t])[0]
+            order = slots[np.argsort(-scores[b, t, slots], kind="stable")]
+            total += p[b, t, order[:recall_k]].sum()
+        recall = total / counted.sum() if counted.any() else 0.0
+
+    n_counted = int(counted.sum())
+    return dict(
+        loss=c * unscaled, unscaled_loss=unscaled, denominator=n,
+        rows_counted=n_counted,
+        rows_fully_masked=int((~has_valid).sum()),
+        rows_zero_target=int(zero_target.sum()),
+        grad=grad, row_kl=row_kl,
+        mean_entropy_p=ent_p[counted].sum() / max(n_counted, 1),
+        mean_entropy_q=ent_q[counted].sum() / max(n_counted, 1),
+        topk_recall=recall)

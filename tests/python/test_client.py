@@ -1,0 +1,340 @@
+"""klserve.Client against a live server, checked with the float64 NumPy
+reference (reference.py)."""
+
+import socket
+import threading
+import time
+
+import grpc
+import ml_dtypes
+import numpy as np
+import pytest
+
+import klserve
+from conftest import Server
+from reference import indexer_kl_reference
+
+BF16 = ml_dtypes.bfloat16
+
+
+def rng_for(seed):
+    return np.random.default_rng(seed)
+
+
+def dense_problem(seed, batch=2, heads=3, rows=6, keys=6, dtype=np.float32):
+    rng = rng_for(seed)
+    return dict(
+        indexer_scores=rng.standard_normal((batch, rows, keys)).astype(dtype),
+        attention_logits=(2 * rng.standard_normal(
+            (batch, heads, rows, keys))).astype(dtype))
+
+
+def check(result, ref, *, rtol=2e-5, grad_atol=None, grad=True):
+    """The service's answer against the reference's."""
+    assert result.denominator == ref["denominator"]
+    assert result.rows_counted == ref["rows_counted"]
+    assert result.rows_fully_masked == ref["rows_fully_masked"]
+    assert result.rows_zero_target == ref["rows_zero_target"]
+    assert result.unscaled_loss == pytest.approx(ref["unscaled_loss"],
+                                                 rel=rtol, abs=1e-7)
+    assert result.loss == pytest.approx(ref["loss"], rel=rtol, abs=1e-9)
+    if grad:
+        assert result.grad is not None
+        assert result.grad.shape == ref["grad"].shape
+        g = result.grad.astype(np.float64)
+        scale = max(np.abs(ref["grad"]).max(), 1e-30)
+        atol = grad_atol if grad_atol is not None else 2e-6 * scale
+        np.testing.assert_allclose(g, ref["grad"], rtol=rtol, atol=atol)
+    if result.row_kl is not None:
+        assert result.row_kl.dtype == np.float64
+        np.testing.assert_allclose(result.row_kl, ref["row_kl"], rtol=rtol,
+                                   atol=1e-7)
+    if result.diagnostics is not None:
+        d = result.diagnostics
+        assert d["mean_entropy_p"] == pytest.approx(ref["mean_entropy_p"],
+                                                    rel=rtol, abs=1e-6)
+        assert d["mean_entropy_q"] == pytest.approx(ref["mean_entropy_q"],
+                                                    rel=rtol, abs=1e-6)
+        if ref["topk_recall"] is not None:
+            assert d["topk_recall"] == pytest.approx(ref["topk_recall"],
+                                                     rel=rtol, abs=1e-6)
+
+
+def test_health_and_server_info(client):
+    assert client.health() is True
+    info = client.server_info()
+    assert info.backend in ("cpu", "cuda")
+    assert info.max_message_bytes > 0
+    assert set(info.grad_dtypes) >= {"FP32", "BF16", "FP16"}
+    assert set(info.input_dtypes) >= {"FP32", "BF16", "FP16"}
+
+
+def test_dense_per_head_logits(client):
+    problem = dense_problem(1, batch=2, heads=4, rows=7, keys=7)
+    options = dict(causal=True, softmax_scale=0.7, scaling_factor=0.01,
+                   recall_k=3)
+    r = client.compute_loss(**problem, **options, want_row_kl=True,
+                            want_diagnostics=True)
+    assert r.grad.dtype == np.float32
+    assert r.streamed is False
+    check(r, indexer_kl_reference(**problem, **options))
+    assert r.loss > 0
+
+
+def test_head_aggregated_with_zero_target_and_key_padding(client):
+    rng = rng_for(2)
+    batch, rows, keys = 2, 5, 8
+    weights = rng.random((batch, rows, keys)).astype(np.float32)
+    weights[0, 3] = 0  # a zero-target row
+    key_padding = np.ones((batch, keys), bool)
+    key_padding[1, 6:] = False
+    scores = rng.standard_normal((batch, rows, keys)).astype(np.float32)
+    for reduction in ("mean", "mean_valid", "sum"):
+        kwargs = dict(attention_weights=weights,
+                      key_padding_mask=key_padding, reduction=reduction)
+        r = client.compute_loss(scores, **kwargs, want_row_kl=True,
+                                want_diagnostics=True)
+        ref = indexer_kl_reference(scores, **kwargs)
+        assert ref["rows_zero_target"] == 1
+        check(r, ref)
+
+
+def test_sparse_top_k(client):
+    rng = rng_for(3)
+    batch, heads, rows, keys, k = 2, 3, 6, 10, 4
+    # Distinct keys per row; some slots empty (-1), some causally masked.
+    topk = np.stack([np.stack([rng.permutation(keys)[:k] for _ in range(rows)])
+                     for _ in range(batch)]).astype(np.int32)
+    topk[0, 2, 1] = -1
+    topk[1, 4, :] = -1  # a row with no slot: fully masked
+    logits = rng.standard_normal((batch, heads, rows, k)).astype(np.float32)
+    scores = rng.standard_normal((batch, rows, k)).astype(np.float32)
+    for flavor in ("exact", "maxtext"):
+        kwargs = dict(attention_logits=logits, topk_indices=topk,
+                      num_keys=keys, causal=True, flavor=flavor,
+                      scaling_factor=0.5)
+        r = client.compute_loss(scores, **kwargs, want_row_kl=True,
+                                want_diagnostics=True, recall_k=2)
+        ref = indexer_kl_reference(scores, **kwargs, recall_k=2)
+        assert ref["rows_fully_masked"] >= 1
+        assert r.grad.shape == (batch, rows, k)
+        check(r, ref)
+
+
+def test_sparse_with_all_slots_equals_dense(client):
+    problem = dense_problem(4, batch=1, heads=2, rows=5, keys=5)
+    dense = client.compute_loss(**problem, causal=True)
+    topk = np.broadcast_to(np.arange(5, dtype=np.int32), (1, 5, 5))
+    sparse = client.compute_loss(**problem, topk_indices=topk, num_keys=5,
+                                 causal=True)
+    assert sparse.loss == pytest.approx(dense.loss, rel=1e-6)
+    np.testing.assert_allclose(sparse.grad, dense.grad, atol=1e-7)
+
+
+@pytest.mark.parametrize("flavor", ["exact", "maxtext"])
+@pytest.mark.parametrize("reduction", ["mean", "mean_valid", "sum"])
+def test_masks_flavors_reductions(client, flavor, reduction):
+    rng = rng_for(5)
+    batch, heads, rows, keys = 2, 2, 6, 9
+    problem = dict(
+        indexer_scores=rng.standard_normal((batch, rows, keys)).astype(
+            np.float32),
+        attention_logits=rng.standard_normal(
+            (batch, heads, rows, keys)).astype(np.float32))
+    segment_q = np.array([[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 2, 2]], np.int32)
+    segment_kv = np.array([[0, 0, 0, 0, 1, 1, 1, 1, -1],
+                           [0, 0, 0, 0, 0, 0, 2, 2, 2]], np.int32)
+    mask = rng.random((batch, rows, keys)) > 0.2
+    row_valid = np.ones((batch, rows), bool)
+    row_valid[1, 0] = False
+    kwargs = dict(segment_ids_q=segment_q, segment_ids_kv=segment_kv,
+                  attention_mask=mask, row_valid=row_valid, causal=True,
+                  flavor=flavor, reduction=reduction, scaling_factor=0.01)
+    r = client.compute_loss(**problem, **kwargs, want_row_kl=True,
+                            want_diagnostics=True)
+    check(r, indexer_kl_reference(**problem, **kwargs))
+
+
+def test_q_offset_and_fewer_rows_than_keys(client):
+    problem = dense_problem(6, batch=1, heads=2, rows=4, keys=10)
+    for q_offset in (None, 2):
+        kwargs = dict(causal=True, q_offset=q_offset)
+        r = client.compute_loss(**problem, **kwargs, want_row_kl=True)
+        check(r, indexer_kl_reference(**problem, **kwargs))
+
+
+def test_skip_grad(client):
+    r = client.compute_loss(**dense_problem(7), want_grad=False)
+    assert r.grad is None and r.row_kl is None and r.diagnostics is None
+    assert r.loss > 0
+
+
+def test_bf16_round_trip(client):
+    """bf16 in, bf16 gradient out: the float64 answer on the bf16-rounded
+    inputs, the gradient rounded once to bf16."""
+    problem = dense_problem(8, batch=2, heads=2, rows=8, keys=8, dtype=BF16)
+    assert problem["indexer_scores"].dtype == BF16
+    r = client.compute_loss(**problem, causal=True, grad_dtype="bf16",
+                            want_row_kl=True)
+    assert r.grad.dtype == np.dtype(BF16)
+    ref = indexer_kl_reference(**problem, causal=True)
+    check(r, ref, grad=False)
+    expected = ref["grad"].astype(np.float32).astype(BF16).astype(np.float64)
+    # Round to nearest even of the float32 gradient: at most one bf16 ulp
+    # away from the rounded float64 value.
+    np.testing.assert_allclose(r.grad.astype(np.float64), expected,
+                               rtol=2 ** -7, atol=1e-6)
+    # bf16 scores with a numpy-dtype grad_dtype ask.
+    r2 = client.compute_loss(**problem, causal=True, grad_dtype=BF16)
+    np.testing.assert_array_equal(r2.grad.view(np.uint16),
+                                  r.grad.view(np.uint16))
+
+
+def test_fp16_inputs_and_grad(client):
+    problem = dense_problem(9, dtype=np.float16)
+    r = client.compute_loss(**problem, causal=True, grad_dtype=np.float16)
+    assert r.grad.dtype == np.float16
+    ref = indexer_kl_reference(**problem, causal=True)
+    check(r, ref, grad=False)
+    np.testing.assert_allclose(r.grad.astype(np.float64), ref["grad"],
+                               rtol=2 ** -10, atol=1e-6)
+
+
+def test_float64_and_int64_inputs_are_narrowed(client):
+    rng = rng_for(10)
+    scores = rng.standard_normal((1, 4, 3))
+    weights = rng.random((1, 4, 3))
+    topk = np.stack([[rng.permutation(6)[:3] for _ in range(4)]])  # int64
+    r = client.compute_loss(scores, attention_weights=weights,
+                            topk_indices=topk, num_keys=6)
+    ref = indexer_kl_reference(scores.astype(np.float32),
+                               attention_weights=weights.astype(np.float32),
+                               topk_indices=topk, num_keys=6)
+    check(r, ref)
+
+
+def test_nan_scores_are_invalid_argument(client):
+    problem = dense_problem(11)
+    problem["indexer_scores"][1, 2, 3] = np.nan
+    with pytest.raises(klserve.KlserveError) as info:
+        client.compute_loss(**problem)
+    err = info.value
+    assert isinstance(err, grpc.RpcError)
+    assert err.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details.startswith("indexer_scores")
+    assert "[1, 2, 3]" in err.details
+    assert "INVALID_ARGUMENT" in str(err)
+
+
+def test_server_errors_keep_code_and_field(client):
+    problem = dense_problem(12)
+    with pytest.raises(klserve.KlserveError) as info:  # no target at all
+        client.compute_loss(problem["indexer_scores"])
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(klserve.KlserveError) as info:  # both targets
+        client.compute_loss(**problem,
+                            attention_weights=np.ones((2, 6, 6), np.float32))
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    weights = np.ones((2, 6, 6), np.float32)
+    weights[0, 0, 0] = -1
+    with pytest.raises(klserve.KlserveError) as info:
+        client.compute_loss(problem["indexer_scores"],
+                            attention_weights=weights)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details.startswith("attention_weights")
+
+
+def test_client_side_errors(client):
+    problem = dense_problem(13)
+    with pytest.raises(klserve.KlserveError) as info:
+        client.compute_loss(**problem, flavor="megatron")
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(klserve.KlserveError) as info:
+        client.compute_loss(**problem, grad_dtype="int8")
+    assert info.value.details.startswith("grad_dtype")
+    with pytest.raises(klserve.KlserveError) as info:
+        client.compute_loss(problem["indexer_scores"].astype(np.int32),
+                            attention_logits=problem["attention_logits"])
+    assert info.value.details.startswith("indexer_scores")
+    # Streaming needs consistent shapes, checked before anything is sent.
+    with pytest.raises(klserve.KlserveError) as info:
+        client.compute_loss(problem["indexer_scores"],
+                            attention_logits=problem["attention_logits"][:1],
+                            stream=True)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details.startswith("attention_logits")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unavailable_is_retried_then_raised():
+    port = free_port()
+    with klserve.Client("127.0.0.1:%d" % port, deadline=5.0, max_attempts=3,
+                        initial_backoff=0.02) as c:
+        start = time.monotonic()
+        with pytest.raises(klserve.KlserveError) as info:
+            c.health()
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - start < 5.0
+
+
+def test_retry_reaches_a_server_that_comes_up_late():
+    port = free_port()
+    servers = []
+
+    def start_later():
+        time.sleep(0.5)
+        servers.append(Server(listen="127.0.0.1:%d" % port))
+
+    thread = threading.Thread(target=start_later)
+    thread.start()
+    try:
+        with klserve.Client("127.0.0.1:%d" % port, deadline=30.0,
+                            max_attempts=20, initial_backoff=0.05,
+                            max_backoff=0.5) as c:
+            assert c.health()
+            assert c.compute_loss(**dense_problem(14)).loss > 0
+    finally:
+        thread.join()
+        for s in servers:
+            assert s.stop() == 0
+
+
+def test_tags_and_finish_step(client):
+    run = "pytest-run-%d" % time.monotonic_ns()
+    results = []
+    for layer in (0, 1):
+        problem = dense_problem(20 + layer)
+        results.append(client.compute_loss(
+            **problem, causal=True, scaling_factor=0.01, run=run, step=7,
+            layer=layer, microbatch=0, request_id="r%d" % layer))
+    assert results[1].request_id == "r1"
+    step = client.finish_step(run, 7)
+    assert step.requests == 2
+    mean = np.mean([r.unscaled_loss for r in results])
+    assert step.indexer_loss_unscaled == pytest.approx(mean, rel=1e-6)
+    assert step.indexer_loss == pytest.approx(0.01 * mean, rel=1e-6)
+    with pytest.raises(klserve.KlserveError) as info:
+        client.finish_step("pytest-no-such-run", 1)
+    assert info.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_maxtext_differs_from_exact_where_q_is_tiny(client):
+    """The flavours agree except where q_s is below about 1e-8 with p_s > 0:
+    there MAXTEXT's epsilon damps the KL and the pull."""
+    rng = rng_for(15)
+    weights = rng.random((1, 4, 6)).astype(np.float32) + 0.1
+    scores = rng.standard_normal((1, 4, 6)).astype(np.float32)
+    scores[0, :, 2] = -40.0  # q ~ 1e-18 where p ~ 0.15
+    results = {}
+    for flavor in ("exact", "maxtext"):
+        kwargs = dict(attention_weights=weights, flavor=flavor)
+        results[flavor] = r = client.compute_loss(scores, **kwargs)
+        check(r, indexer_kl_reference(scores, **kwargs))
+    exact, maxtext = results["exact"], results["maxtext"]
+    assert exact.loss > 1.5 * maxtext.loss
+    assert np.abs(exact.grad - maxtext.grad).max() > 1e-2

@@ -1,0 +1,215 @@
+"""klserve.jax.indexer_kl_loss: jax.grad through the service against
+jax.grad of a pure-JAX implementation of the same loss."""
+
+import time
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+from klserve.jax import indexer_kl_loss  # noqa: E402
+from reference import validity  # noqa: E402
+
+EPS = 1e-8
+
+
+def jax_indexer_kl(scores, *, valid, attention_logits=None,
+                   attention_weights=None, row_valid=None, flavor="exact",
+                   reduction="mean", scaling_factor=1.0, softmax_scale=1.0):
+    """The spec's loss in plain JAX (float32), differentiated by JAX. The
+    target is under stop_gradient; masking is by `valid` (a static bool
+    [B, T, S])."""
+    batch, rows, _ = scores.shape
+    valid = jnp.asarray(valid)
+    has_valid = valid.any(-1)
+    if attention_logits is not None:
+        heads = attention_logits.shape[1]
+        a = jnp.where(valid[:, None], softmax_scale * attention_logits, -1e30)
+        x = jnp.where(valid, jax.nn.softmax(a, axis=-1).sum(1), 0.0)
+    else:
+        heads = None
+        x = jnp.where(valid, attention_weights, 0.0)
+    x = jax.lax.stop_gradient(x)
+    x_sum = x.sum(-1)
+    computed = has_valid & (x_sum > 0)
+    if flavor == "maxtext":
+        p = x / (x_sum + EPS)[..., None]
+    elif heads is not None:
+        p = x / heads
+    else:
+        p = x / jnp.where(x_sum > 0, x_sum, 1.0)[..., None]
+    masked = jnp.where(valid, scores, -1e30)
+    logq = jax.nn.log_softmax(masked, axis=-1)
+    if flavor == "maxtext":
+        q = jnp.exp(logq)
+        kl = jnp.where(valid, p * (jnp.log(p + EPS) - jnp.log(q + EPS)),
+                       0.0).sum(-1)
+    else:
+        safe_p = jnp.where(p > 0, p, 1.0)
+        kl = jnp.where(valid & (p > 0), p * (jnp.log(safe_p) - logq),
+                       0.0).sum(-1)
+    counted = computed
+    if row_valid is not None:
+        counted = counted & jnp.asarray(row_valid)
+    if reduction == "mean":
+        n = batch * rows
+    elif reduction == "mean_valid":
+        n = (int(np.asarray(row_valid).sum()) if row_valid is not None
+             else int(np.asarray(computed).sum()))
+    else:
+        n = 1
+    return scaling_factor * jnp.where(counted, kl, 0.0).sum() / n
+
+
+def problem(seed, batch=2, heads=3, rows=8, keys=8):
+    rng = np.random.default_rng(seed)
+    return (jnp.asarray(rng.standard_normal((batch, rows, keys)),
+                        jnp.float32),
+            jnp.asarray(2 * rng.standard_normal((batch, heads, rows, keys)),
+                        jnp.float32))
+
+
+def assert_grads_close(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    scale = max(np.abs(want).max(), 1e-30)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-6 * scale)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("flavor", ["exact", "maxtext"])
+def test_grad_matches_pure_jax_per_head(client, jit, flavor):
+    scores, logits = problem(1)
+    valid = validity(2, 8, 8, causal=True)
+    opts = dict(causal=True, flavor=flavor, scaling_factor=0.01,
+                softmax_scale=0.8)
+
+    def service(s):
+        # A cotangent other than 1 and a second term: the chain rule.
+        return 3.0 * indexer_kl_loss(s, attention_logits=logits,
+                                     client=client, **opts) + 0.1 * jnp.sum(
+                                         s ** 2)
+
+    def pure(s):
+        return 3.0 * jax_indexer_kl(s, valid=valid, attention_logits=logits,
+                                    flavor=flavor, scaling_factor=0.01,
+                                    softmax_scale=0.8) + 0.1 * jnp.sum(s ** 2)
+
+    vg_service = jax.value_and_grad(service)
+    vg_pure = jax.value_and_grad(pure)
+    if jit:
+        vg_service, vg_pure = jax.jit(vg_service), jax.jit(vg_pure)
+    value, grad = vg_service(scores)
+    want_value, want_grad = vg_pure(scores)
+    assert grad.dtype == jnp.float32 and grad.shape == scores.shape
+    assert float(value) == pytest.approx(float(want_value), rel=1e-5)
+    assert_grads_close(grad, want_grad)
+    # The forward alone (no differentiation) gives the same number.
+    fwd = jax.jit(service) if jit else service
+    assert float(fwd(scores)) == pytest.approx(float(value), rel=1e-6)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "mean_valid", "sum"])
+def test_grad_matches_pure_jax_weights_with_masks(client, jit, reduction):
+    rng = np.random.default_rng(2)
+    batch, rows, keys = 2, 6, 10
+    scores = jnp.asarray(rng.standard_normal((batch, rows, keys)),
+                         jnp.float32)
+    weights = jnp.asarray(rng.random((batch, rows, keys)), jnp.float32)
+    key_padding = np.ones((batch, keys), bool)
+    key_padding[1, 7:] = False
+    row_valid = np.ones((batch, rows), bool)
+    row_valid[0, 1] = False
+    valid = validity(batch, rows, keys, causal=True, q_offset=4,
+                     key_padding_mask=key_padding)
+
+    def service(s):
+        return indexer_kl_loss(s, attention_weights=weights,
+                               key_padding_mask=key_padding,
+                               row_valid=row_valid, causal=True, q_offset=4,
+                               reduction=reduction, client=client)
+
+    def pure(s):
+        return jax_indexer_kl(s, valid=valid, attention_weights=weights,
+                              row_valid=row_valid, reduction=reduction)
+
+    g_service, g_pure = jax.grad(service), jax.grad(pure)
+    if jit:
+        g_service, g_pure = jax.jit(g_service), jax.jit(g_pure)
+    assert_grads_close(g_service(scores), g_pure(scores))
+    assert float(service(scores)) == pytest.approx(float(pure(scores)),
+                                                   rel=1e-5)
+
+
+def test_targets_get_zero_cotangent(client):
+    scores, logits = problem(3)
+
+    def f(s, a):
+        return indexer_kl_loss(s, attention_logits=a, causal=True,
+                               client=client)
+
+    d_scores, d_logits = jax.jit(jax.grad(f, argnums=(0, 1)))(scores, logits)
+    assert np.abs(np.asarray(d_scores)).max() > 0
+    np.testing.assert_array_equal(np.asarray(d_logits), 0)
+
+
+def test_bf16_scores_give_bf16_grad(client):
+    scores, logits = problem(4)
+    scores = scores.astype(jnp.bfloat16)
+
+    def f(s):
+        return indexer_kl_loss(s, attention_logits=logits, causal=True,
+                               client=client)
+
+    loss, grad = jax.jit(jax.value_and_grad(f))(scores)
+    assert loss.dtype == jnp.float32
+    assert grad.dtype == jnp.bfloat16
+    direct = client.compute_loss(np.asarray(scores),
+                                 attention_logits=np.asarray(logits),
+                                 causal=True, grad_dtype="bf16")
+    np.testing.assert_array_equal(np.asarray(grad).view(np.uint16),
+                                  direct.grad.view(np.uint16))
+
+
+def test_traced_step_tag_under_jit(client):
+    run = "pytest-jax-%d" % time.monotonic_ns()
+    scores, logits = problem(5)
+
+    @jax.jit
+    def train_step(s, step):
+        return jax.value_and_grad(lambda s: indexer_kl_loss(
+            s, attention_logits=logits, causal=True, client=client,
+            run=run, step=step, layer=0))(s)
+
+    for step in range(3):
+        loss, _ = train_step(scores, jnp.int32(step))
+    published = client.finish_step(run, 2)
+    assert published.requests == 1
+    assert published.indexer_loss == pytest.approx(float(loss), rel=1e-6)
+
+
+def test_vmap_one_request_per_element(client):
+    scores, logits = problem(6, batch=3)
+    per_element = jax.vmap(lambda s, a: indexer_kl_loss(
+        s[None], attention_logits=a[None], causal=True, client=client))(
+            scores, logits)
+    for i in range(3):
+        single = client.compute_loss(np.asarray(scores[i:i + 1]),
+                                     attention_logits=np.asarray(
+                                         logits[i:i + 1]), causal=True,
+                                     want_grad=False)
+        assert float(per_element[i]) == pytest.approx(single.loss, rel=1e-6)
+
+
+def test_errors_surface_through_jax(client):
+    scores, logits = problem(7)
+    scores = scores.at[0, 0, 0].set(jnp.nan)
+    with pytest.raises(Exception) as info:
+        jax.block_until_ready(indexer_kl_loss(
+            scores, attention_logits=logits, client=client))
+    assert "indexer_scores" in str(info.value)
+    with pytest.raises(TypeError):
+        indexer_kl_loss(scores, attention_logits=logits, client=client,
+                        want_row_kl=True)
