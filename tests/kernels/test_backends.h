@@ -14,7 +14,8 @@ namespace klserve::testdata {
 Backend* TestBackend(const std::string& name, std::string* why);
 
 // A suite that runs on every backend: instantiate it with
-// INSTANTIATE_TEST_SUITE_P(Backends, Suite, ::testing::Values("cpu", "cuda")).
+// INSTANTIATE_TEST_SUITE_P(Backends, Suite, ::testing::Values("cpu", "cuda"),
+// name generator returning the backend's name).
 // Tests on a backend this machine lacks are skipped with the reason.
 class BackendTest : public ::testing::TestWithParam<std::string> {
  protected:
