@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -43,8 +43,8 @@ std::vector<std::byte> Random(DType dtype, int64_t count, bool positive,
     if (dtype == DType::kFloat32) {
       std::memcpy(bytes.data() + 4 * i, &v, 4);
     } else {
-      const uint16_t h = dtype == DType::kBFloat16 ? FloatToBFloat16(v)
-                                                   : FloatToFloat16(v);
+      const uint16_t h =
+          dtype == DType::kBFloat16 ? FloatToBFloat16(v) : FloatToFloat16(v);
       std::memcpy(bytes.data() + 2 * i, &h, 2);
     }
   }
@@ -98,8 +98,8 @@ int main() {
     std::vector<std::byte> scores = Random(c.dtype, slots, false, rng);
     std::vector<int32_t> indices;
     IndexerKlInputs in;
-    TensorView target_view{c.dtype, {}, target.data(),
-                           static_cast<int64_t>(target.size())};
+    TensorView target_view{
+        c.dtype, {}, target.data(), static_cast<int64_t>(target.size())};
     if (c.per_head) {
       target_view.shape = {1, c.H, c.T, c.K};
       in.attention_logits = target_view;
@@ -107,7 +107,9 @@ int main() {
       target_view.shape = {1, c.T, c.K};
       in.attention_weights = target_view;
     }
-    in.indexer_scores = {c.dtype, {1, c.T, c.K}, scores.data(),
+    in.indexer_scores = {c.dtype,
+                         {1, c.T, c.K},
+                         scores.data(),
                          static_cast<int64_t>(scores.size())};
     IndexerKlOptions options;
     options.scaling_factor = 0.01;
@@ -119,8 +121,8 @@ int main() {
         std::shuffle(keys.begin(), keys.end(), rng);
         indices.insert(indices.end(), keys.begin(), keys.begin() + c.K);
       }
-      in.topk_indices = TensorView{DType::kInt32, {1, c.T, c.K},
-                                   indices.data(), slots * 4};
+      in.topk_indices =
+          TensorView{DType::kInt32, {1, c.T, c.K}, indices.data(), slots * 4};
       options.num_keys = c.S;
     }
     absl::StatusOr<IndexerKlProblem> problem =

@@ -44,9 +44,9 @@ absl::StatusOr<double> BestSeconds(int repetitions, Launch launch) {
 absl::Status Upload(DeviceBuffer& buffer, int64_t offset, const void* data,
                     int64_t bytes) {
   if (bytes == 0) return absl::OkStatus();
-  return CudaStatus(cudaMemcpy(buffer.data() + offset, data, bytes,
-                               cudaMemcpyHostToDevice),
-                    "cudaMemcpy");
+  return CudaStatus(
+      cudaMemcpy(buffer.data() + offset, data, bytes, cudaMemcpyHostToDevice),
+      "cudaMemcpy");
 }
 
 }  // namespace
@@ -72,8 +72,7 @@ absl::StatusOr<double> ResidentKernelSeconds(const IndexerKlProblem& p,
   }
   const int64_t n = p.T;
   const ChunkInputs in = LayoutChunkInputs(p, p.rows, n);
-  const ChunkOutputs out =
-      LayoutChunkOutputs(p, true, p.options.grad_dtype, n);
+  const ChunkOutputs out = LayoutChunkOutputs(p, true, p.options.grad_dtype, n);
   const ChunkScratch scratch = LayoutChunkScratch(p, n);
   DeviceBuffer inputs, outputs, scratch_buffer;
   RETURN_IF_ERROR(inputs.Reserve(in.bytes));
@@ -101,10 +100,10 @@ absl::StatusOr<double> ResidentKernelSeconds(const IndexerKlProblem& p,
     params.indices =
         reinterpret_cast<const int32_t*>(inputs.data() + in.indices);
   }
-  params.valid = scratch.has_valid
-                     ? reinterpret_cast<uint8_t*>(scratch_buffer.data() +
-                                                  scratch.valid)
-                     : nullptr;
+  params.valid =
+      scratch.has_valid
+          ? reinterpret_cast<uint8_t*>(scratch_buffer.data() + scratch.valid)
+          : nullptr;
   params.w = scratch.has_w
                  ? reinterpret_cast<float*>(scratch_buffer.data() + scratch.w)
                  : nullptr;

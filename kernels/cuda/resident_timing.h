@@ -14,8 +14,7 @@ namespace klserve::cuda {
 
 // Bytes per second of a device-to-device copy of `bytes` (read plus write
 // counted), best of `repetitions`, timed with events.
-absl::StatusOr<double> DeviceCopyBytesPerSecond(int64_t bytes,
-                                                int repetitions);
+absl::StatusOr<double> DeviceCopyBytesPerSecond(int64_t bytes, int repetitions);
 
 // Seconds per launch of the row kernel over all rows of `problem` (B = 1,
 // whole tensors in problem.rows), with its inputs uploaded once and the
