@@ -94,22 +94,9 @@ absl::StatusOr<double> ResidentKernelSeconds(const IndexerKlProblem& p,
   RowKernelParams params = ProblemKernelParams(p, p.rows, block);
   params.row_begin = 0;
   params.n = n;
-  params.target = inputs.data() + in.target;
-  params.scores = inputs.data() + in.scores;
-  if (p.sparse) {
-    params.indices =
-        reinterpret_cast<const int32_t*>(inputs.data() + in.indices);
-  }
-  params.valid =
-      scratch.has_valid
-          ? reinterpret_cast<uint8_t*>(scratch_buffer.data() + scratch.valid)
-          : nullptr;
-  params.w = scratch.has_w
-                 ? reinterpret_cast<float*>(scratch_buffer.data() + scratch.w)
-                 : nullptr;
-  params.grad = outputs.data() + out.grad;
-  params.results =
-      reinterpret_cast<DeviceRowResult*>(outputs.data() + out.results);
+  PointAtChunk(in, out, scratch, inputs.data(), outputs.data(),
+               scratch_buffer.data(), /*with_mask=*/false, /*with_grad=*/true,
+               params);
   return BestSeconds(repetitions,
                      [&] { return LaunchRowKernel(params, nullptr); });
 }

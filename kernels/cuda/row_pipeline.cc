@@ -127,26 +127,11 @@ absl::Status RowPipeline::StartChunk(const IndexerKlProblem& p,
                                              cudaMemcpyHostToDevice, stream_),
                              "copying rows to the device"));
 
-  std::byte* const d_in = inputs_.data();
   params.row_begin = chunk.begin;
   params.n = n;
-  params.target = d_in + in.target;
-  params.scores = d_in + in.scores;
-  params.indices =
-      p.sparse ? reinterpret_cast<const int32_t*>(d_in + in.indices) : nullptr;
-  params.mask = data.mask.present()
-                    ? reinterpret_cast<const uint8_t*>(d_in + in.mask)
-                    : nullptr;
-  params.valid =
-      scratch.has_valid
-          ? reinterpret_cast<uint8_t*>(scratch_.data() + scratch.valid)
-          : nullptr;
-  params.w = scratch.has_w
-                 ? reinterpret_cast<float*>(scratch_.data() + scratch.w)
-                 : nullptr;
-  params.grad = outputs.grad != nullptr ? outputs_.data() + out.grad : nullptr;
-  params.results =
-      reinterpret_cast<DeviceRowResult*>(outputs_.data() + out.results);
+  PointAtChunk(in, out, scratch, inputs_.data(), outputs_.data(),
+               scratch_.data(), data.mask.present(), outputs.grad != nullptr,
+               params);
   RETURN_IF_ERROR(
       CudaStatus(LaunchRowKernel(params, stream_), "launching the row kernel"));
   RETURN_IF_ERROR(
@@ -239,6 +224,26 @@ absl::Status RowPipeline::Run(const IndexerKlProblem& p, const RowData& data,
         FinishChunk(p, pending, outputs, pending_slot, results, row_error));
   }
   return absl::OkStatus();
+}
+
+void PointAtChunk(const ChunkInputs& in, const ChunkOutputs& out,
+                  const ChunkScratch& scratch, std::byte* d_in,
+                  std::byte* d_out, std::byte* d_scratch, bool with_mask,
+                  bool with_grad, RowKernelParams& params) {
+  params.target = d_in + in.target;
+  params.scores = d_in + in.scores;
+  params.indices = params.sparse
+                       ? reinterpret_cast<const int32_t*>(d_in + in.indices)
+                       : nullptr;
+  params.mask =
+      with_mask ? reinterpret_cast<const uint8_t*>(d_in + in.mask) : nullptr;
+  params.valid = scratch.has_valid
+                     ? reinterpret_cast<uint8_t*>(d_scratch + scratch.valid)
+                     : nullptr;
+  params.w =
+      scratch.has_w ? reinterpret_cast<float*>(d_scratch + scratch.w) : nullptr;
+  params.grad = with_grad ? d_out + out.grad : nullptr;
+  params.results = reinterpret_cast<DeviceRowResult*>(d_out + out.results);
 }
 
 RowKernelParams ProblemKernelParams(const IndexerKlProblem& p,

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/copy_plan.h"
 #include "kernels/cuda/device_buffers.h"
 #include "kernels/cuda/device_row_result.h"
 #include "kernels/cuda/row_kernel.h"
@@ -27,6 +28,13 @@ namespace klserve::cuda {
 RowKernelParams ProblemKernelParams(const IndexerKlProblem& problem,
                                     const RowData& data,
                                     const BlockOutputs& outputs);
+
+// Points `params` (whose `sparse` is set) at a chunk laid out by
+// LayoutChunkInputs/Outputs/Scratch in the given device buffers.
+void PointAtChunk(const ChunkInputs& in, const ChunkOutputs& out,
+                  const ChunkScratch& scratch, std::byte* d_in,
+                  std::byte* d_out, std::byte* d_scratch, bool with_mask,
+                  bool with_grad, RowKernelParams& params);
 
 class RowPipeline {
  public:
