@@ -43,7 +43,7 @@ PACKAGES=(
 # needs grpcio, protobuf, numpy, ml_dtypes, and setuptools and grpcio-tools to
 # build (its stubs are generated from proto/ at install time). Add torch to
 # run the PyTorch tests too (skipped without it; PyPI's wheel is ~6 GB).
-PYTHON_PACKAGES=(pytest numpy tensorboard grpcio protobuf ml_dtypes
+PYTHON_PACKAGES=(pytest pyyaml kubernetes-validate numpy tensorboard grpcio protobuf ml_dtypes
                  setuptools grpcio-tools jax optax torch)
 
 log() { echo "klserve.sh: $*" >&2; }
