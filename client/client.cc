@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -30,8 +32,57 @@ absl::Status ToAbslStatus(const grpc::Status& status) {
                       status.error_message());
 }
 
-void SetDeadline(grpc::ClientContext& context, absl::Time deadline) {
+// Sets the call's deadline and, when the options carry one, its token.
+void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
+                    absl::Time deadline) {
   context.set_deadline(absl::ToChronoTime(deadline));
+  if (!options.auth_token.empty()) {
+    context.AddMetadata("authorization",
+                        absl::StrCat("Bearer ", options.auth_token));
+  }
+}
+
+absl::StatusOr<std::string> ReadFile(absl::string_view field,
+                                     const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  if (in) buffer << in.rdbuf();
+  if (!in || buffer.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions.", field, ": cannot read \"", path, "\" (or empty)"));
+  }
+  return buffer.str();
+}
+
+// Plaintext, or TLS with the options' roots (and client certificate).
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const ClientOptions& options, grpc::ChannelArguments& args) {
+  if (options.tls_ca_file.empty()) {
+    if (!options.tls_cert_file.empty() || !options.tls_key_file.empty() ||
+        !options.tls_server_name.empty()) {
+      return absl::InvalidArgumentError(
+          "ClientOptions.tls_cert_file, tls_key_file, tls_server_name: need "
+          "tls_ca_file");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.tls_cert_file, tls_key_file: set both or neither");
+  }
+  grpc::SslCredentialsOptions ssl;
+  ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                   ReadFile("tls_ca_file", options.tls_ca_file));
+  if (!options.tls_cert_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                     ReadFile("tls_cert_file", options.tls_cert_file));
+    ASSIGN_OR_RETURN(ssl.pem_private_key,
+                     ReadFile("tls_key_file", options.tls_key_file));
+  }
+  if (!options.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  return grpc::SslCredentials(ssl);
 }
 
 // Runs `attempt` until it returns anything but a retriable UNAVAILABLE, or
@@ -133,9 +184,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options.max_backoff)));
 
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                   ChannelCredentials(options, args));
   auto stubs = std::make_unique<Stubs>();
-  stubs->channel = grpc::CreateCustomChannel(
-      options.target, grpc::InsecureChannelCredentials(), args);
+  stubs->channel = grpc::CreateCustomChannel(options.target, credentials, args);
   stubs->kl = v1::IndexerKl::NewStub(stubs->channel);
   stubs->health = grpc::health::v1::Health::NewStub(stubs->channel);
   return std::unique_ptr<Client>(
@@ -156,7 +208,7 @@ absl::StatusOr<Response> UnaryCall(
   return WithRetries(
       options, channel, deadline, [&](bool*) -> absl::StatusOr<Response> {
         grpc::ClientContext context;
-        SetDeadline(context, deadline);
+        PrepareContext(context, options, deadline);
         Response response;
         RETURN_IF_ERROR(
             ToAbslStatus((stub.*method)(&context, request, &response)));
@@ -173,7 +225,7 @@ absl::StatusOr<bool> Client::Health(const std::string& service) {
   return WithRetries(
       options_, *stubs_->channel, deadline, [&](bool*) -> absl::StatusOr<bool> {
         grpc::ClientContext context;
-        SetDeadline(context, deadline);
+        PrepareContext(context, options_, deadline);
         HealthCheckResponse response;
         RETURN_IF_ERROR(
             ToAbslStatus(stubs_->health->Check(&context, request, &response)));
@@ -224,7 +276,7 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
   auto attempt =
       [&](bool* may_retry) -> absl::StatusOr<v1::ComputeLossResponse> {
     grpc::ClientContext context;
-    SetDeadline(context, deadline);
+    PrepareContext(context, options_, deadline);
     auto stream = stubs_->kl->ComputeLossStream(&context);
 
     // Bidi: blocks go out from this thread while the caller's thread reads
@@ -303,7 +355,7 @@ absl::StatusOr<EchoStats> Client::EchoStream(
   const absl::Time deadline = absl::Now() + options_.deadline;
   auto attempt = [&](bool* may_retry) -> absl::StatusOr<EchoStats> {
     grpc::ClientContext context;
-    SetDeadline(context, deadline);
+    PrepareContext(context, options_, deadline);
     auto stream = stubs_->kl->Echo(&context);
     EchoStats stats;
     std::thread writer([&] {

@@ -43,6 +43,20 @@ struct ClientOptions {
   int64_t stream_threshold_bytes = 64 << 20;
   // Target bytes of per-row data per RowBlock when streaming; > 0.
   int64_t block_bytes = 4 << 20;
+
+  // Transport security (docs/security.md). PEM root certificates to verify
+  // the server with; TLS when set, plaintext otherwise.
+  std::string tls_ca_file;
+  // A client certificate and its key, for servers that require one (mutual
+  // TLS). Both or neither; need tls_ca_file.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // The name the server's certificate must carry, when it is not the
+  // target's host (e.g. connecting by IP to a certificate for a DNS name).
+  std::string tls_server_name;
+  // Bearer token sent as "authorization: Bearer <token>" on every call
+  // (health included, which does not need it); empty sends none.
+  std::string auth_token;
 };
 
 // Sizes of one Echo message: `payload_bytes` up, `reply_bytes` back.

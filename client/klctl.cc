@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,16 @@ ABSL_FLAG(int64_t, stream_threshold, int64_t{64} << 20,
           "Requests with more tensor bytes than this are streamed (auto)");
 ABSL_FLAG(int64_t, block_bytes, int64_t{4} << 20,
           "Per-row bytes per RowBlock when streaming");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM roots to verify the server with; TLS when set");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate, for servers requiring one (mutual TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "name the server certificate must carry, if not --target's host");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding the server's bearer token (trailing newlines "
+          "stripped)");
 
 // health.
 ABSL_FLAG(std::string, service, "", "health: the service to ask about");
@@ -80,8 +92,10 @@ ABSL_FLAG(std::string, row_kl_out, "",
 
 // loss: tags.
 ABSL_FLAG(std::string, request_id, "", "loss: echoed in the response");
-ABSL_FLAG(std::string, run, "", "loss, finish-step: run tag (enables per-step metrics)");
-ABSL_FLAG(std::optional<int64_t>, step, std::nullopt, "loss, finish-step: step tag");
+ABSL_FLAG(std::string, run, "",
+          "loss, finish-step: run tag (enables per-step metrics)");
+ABSL_FLAG(std::optional<int64_t>, step, std::nullopt,
+          "loss, finish-step: step tag");
 ABSL_FLAG(std::optional<int32_t>, layer, std::nullopt, "loss: layer tag");
 ABSL_FLAG(std::optional<int32_t>, microbatch, std::nullopt,
           "loss: microbatch tag");
@@ -152,6 +166,25 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient(ClientOptions* out) {
   options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   options.stream_threshold_bytes = absl::GetFlag(FLAGS_stream_threshold);
   options.block_bytes = absl::GetFlag(FLAGS_block_bytes);
+  options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  if (const std::string path = absl::GetFlag(FLAGS_auth_token_file);
+      !path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream token;
+    if (in) token << in.rdbuf();
+    options.auth_token = token.str();
+    while (!options.auth_token.empty() && (options.auth_token.back() == '\n' ||
+                                           options.auth_token.back() == '\r')) {
+      options.auth_token.pop_back();
+    }
+    if (!in || options.auth_token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--auth_token_file: cannot read a token from \"", path, "\""));
+    }
+  }
   if (out != nullptr) *out = options;
   return Client::Create(std::move(options));
 }
@@ -493,9 +526,9 @@ int main(int argc, char** argv) {
   } else if (command == "finish-step") {
     status = klserve::FinishStep();
   } else {
-    status = absl::InvalidArgumentError(
-        absl::StrCat("unknown command \"", command,
-                     "\"; want health, info, loss, bench or finish-step (see --help)"));
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "unknown command \"", command,
+        "\"; want health, info, loss, bench or finish-step (see --help)"));
   }
   if (!status.ok()) {
     std::fflush(stdout);  // what was printed so far comes before the error

@@ -25,7 +25,7 @@ absl::StatusOr<std::unique_ptr<Backend>> Cuda() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> SelectBackend(absl::string_view name,
-                                                      int threads) {
+                                                       int threads) {
   if (name == "cpu") return std::make_unique<CpuBackend>(threads);
   if (name != "cuda" && name != "auto") {
     return absl::InvalidArgumentError(absl::StrCat(

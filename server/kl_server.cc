@@ -2,15 +2,66 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
 #include "kernels/status_macros.h"
 #include "server/backend_selection.h"
 #include "server/version.h"
 
 namespace klserve::server {
+namespace {
+
+absl::StatusOr<std::string> ReadPemFile(absl::string_view flag,
+                                        const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  if (in) buffer << in.rdbuf();
+  if (!in || buffer.str().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": cannot read \"", path, "\" (or empty)"));
+  }
+  return buffer.str();
+}
+
+// The gRPC port's credentials: plaintext, TLS, or mutual TLS.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
+    const ServerOptions& options) {
+  const bool cert = !options.tls_cert_file.empty();
+  const bool key = !options.tls_key_file.empty();
+  if (cert != key) {
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key: set both (TLS) or neither (plaintext)");
+  }
+  if (!cert) {
+    if (!options.tls_client_ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_client_ca: needs --tls_cert and --tls_key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions ssl(
+      GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain,
+                   ReadPemFile("tls_cert", options.tls_cert_file));
+  ASSIGN_OR_RETURN(pair.private_key,
+                   ReadPemFile("tls_key", options.tls_key_file));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!options.tls_client_ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                     ReadPemFile("tls_client_ca", options.tls_client_ca_file));
+    ssl.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
     const ServerOptions& options) {
@@ -35,7 +86,13 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("--max_runs: must be >= 1, got ", options.max_runs));
   }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   ListenCredentials(options));
   std::unique_ptr<KlServer> s(new KlServer(options));
+  if (!options.auth_token_file.empty()) {
+    ASSIGN_OR_RETURN(std::string token, ReadTokenFile(options.auth_token_file));
+    s->auth_ = std::make_unique<TokenAuth>(std::move(token));
+  }
   ASSIGN_OR_RETURN(s->backend_,
                    SelectBackend(options.backend, options.threads));
   MetricsOptions metrics;
@@ -58,15 +115,18 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
                                               s->metrics_.get());
   s->executor_ =
       std::make_unique<ComputeExecutor>(options.max_concurrent_requests);
-  s->service_ = std::make_unique<LossService>(
-      ServiceContext{s->backend_.get(), s->executor_.get(), s->admission_.get(),
-                     s->metrics_.get(), s->reporter_.get(), &s->options_});
+  s->service_ = std::make_unique<LossService>(ServiceContext{
+      s->backend_.get(), s->executor_.get(), s->admission_.get(),
+      s->metrics_.get(), s->reporter_.get(), &s->options_, s->auth_.get()});
 
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // Reflection would describe the API to anyone: not with a token set. (The
+  // plugin is process-wide once added; klserve runs one server.)
+  if (s->auth_ == nullptr) {
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  }
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
-                           &s->port_);
+  builder.AddListeningPort(options.listen, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(s->service_.get());
@@ -76,11 +136,17 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
         absl::StrCat("--listen: cannot serve on ", options.listen));
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
-  std::fprintf(stderr,
-               "klserve: serving on port %d, backend %s (%s), metrics on port "
-               "%d\n",
-               s->port_, std::string(s->backend_->name()).c_str(),
-               s->backend_->device().c_str(), s->metrics_->port());
+  std::fprintf(
+      stderr,
+      "klserve: serving on port %d (%s%s), backend %s (%s), metrics "
+      "on port %d\n",
+      s->port_,
+      options.tls_cert_file.empty()
+          ? "plaintext"
+          : (options.tls_client_ca_file.empty() ? "TLS" : "mutual TLS"),
+      s->auth_ != nullptr ? ", token required" : "",
+      std::string(s->backend_->name()).c_str(), s->backend_->device().c_str(),
+      s->metrics_->port());
   return s;
 }
 

@@ -7,6 +7,7 @@
 #include "grpcpp/grpcpp.h"
 #include "kernels/backend.h"
 #include "server/admission.h"
+#include "server/auth.h"
 #include "server/compute_executor.h"
 #include "server/loss_reporter.h"
 #include "server/loss_service.h"
@@ -45,6 +46,7 @@ class KlServer {
   const ServerOptions options_;
   // Destroyed in reverse: the executor finishes its last tasks while the
   // admission and the backend they use still exist.
+  std::unique_ptr<TokenAuth> auth_;  // null when no token is required
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<LossReporter> reporter_;

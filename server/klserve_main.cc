@@ -38,6 +38,16 @@ ABSL_FLAG(int, max_runs, 64,
 ABSL_FLAG(absl::Duration, step_idle_timeout, absl::Minutes(5),
           "a step with no request for this long is finished and published");
 
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM server certificate chain; with --tls_key, serve TLS only");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates signed by it (mutual "
+          "TLS; needs --tls_cert and --tls_key)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding a bearer token every IndexerKl RPC must send as "
+          "'authorization: Bearer <token>' (health is exempt)");
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves the indexer KL loss over gRPC.\n  klserve [--listen=HOST:PORT] "
@@ -65,6 +75,10 @@ int main(int argc, char** argv) {
   options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
   options.max_runs = absl::GetFlag(FLAGS_max_runs);
   options.step_idle_timeout = absl::GetFlag(FLAGS_step_idle_timeout);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
 
   absl::StatusOr<std::unique_ptr<klserve::server::KlServer>> server =
       klserve::server::KlServer::Start(options);

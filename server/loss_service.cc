@@ -61,12 +61,38 @@ void FinishUnary(const ServiceContext& ctx, grpc::ServerUnaryReactor* reactor,
   reactor->Finish(ToGrpcStatus(status));
 }
 
+// A stream refused before it started: finishes at once with `status`.
+template <typename Request, typename Response>
+class RefusedStream final : public grpc::ServerBidiReactor<Request, Response> {
+ public:
+  explicit RefusedStream(const grpc::Status& status) { this->Finish(status); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
+
+// The one authentication check of every IndexerKl RPC (health is gRPC's own
+// service and never gets here). A refused call is counted in the request
+// metrics under its method with code UNAUTHENTICATED.
+absl::Status LossService::Authenticate(grpc::CallbackServerContext* context,
+                                       absl::string_view method) const {
+  if (context_.auth == nullptr) return absl::OkStatus();
+  absl::Status status = context_.auth->Check(*context);
+  if (!status.ok()) {
+    context_.metrics->RecordRequest(
+        method, absl::StatusCodeToString(status.code()), 0, 0, 0, 0);
+  }
+  return status;
+}
 
 grpc::ServerUnaryReactor* LossService::ComputeLoss(
     grpc::CallbackServerContext* context, const v1::ComputeLossRequest* request,
     v1::ComputeLossResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status auth = Authenticate(context, "ComputeLoss"); !auth.ok()) {
+    reactor->Finish(ToGrpcStatus(auth));
+    return reactor;
+  }
   const absl::Time start = absl::Now();
   if (absl::Status admitted = context_.admission->Enter(); !admitted.ok()) {
     FinishUnary(context_, reactor, "ComputeLoss", start, admitted, 0, 0, 0);
@@ -95,12 +121,22 @@ grpc::ServerUnaryReactor* LossService::ComputeLoss(
 grpc::ServerBidiReactor<v1::ComputeLossStreamRequest,
                         v1::ComputeLossStreamResponse>*
 LossService::ComputeLossStream(grpc::CallbackServerContext* context) {
+  if (absl::Status auth = Authenticate(context, "ComputeLossStream");
+      !auth.ok()) {
+    return new RefusedStream<v1::ComputeLossStreamRequest,
+                             v1::ComputeLossStreamResponse>(ToGrpcStatus(auth));
+  }
   return LossStreamReactor::Start(context_, context);
 }
 
 grpc::ServerUnaryReactor* LossService::GetServerInfo(
     grpc::CallbackServerContext* context, const v1::GetServerInfoRequest*,
     v1::GetServerInfoResponse* response) {
+  if (absl::Status auth = Authenticate(context, "GetServerInfo"); !auth.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(auth));
+    return reactor;
+  }
   const ServerOptions& options = *context_.options;
   response->set_version(std::string(kVersion));
   response->set_backend(std::string(context_.backend->name()));
@@ -122,6 +158,11 @@ grpc::ServerUnaryReactor* LossService::GetServerInfo(
 grpc::ServerUnaryReactor* LossService::FinishStep(
     grpc::CallbackServerContext* context, const v1::FinishStepRequest* request,
     v1::FinishStepResponse* response) {
+  if (absl::Status auth = Authenticate(context, "FinishStep"); !auth.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(auth));
+    return reactor;
+  }
   const absl::Time start = absl::Now();
   absl::StatusOr<server::FinishedStep> step =
       context_.reporter->FinishStep(request->run(), request->step());
@@ -137,6 +178,10 @@ grpc::ServerUnaryReactor* LossService::FinishStep(
 
 grpc::ServerBidiReactor<v1::EchoRequest, v1::EchoResponse>* LossService::Echo(
     grpc::CallbackServerContext* context) {
+  if (absl::Status auth = Authenticate(context, "Echo"); !auth.ok()) {
+    return new RefusedStream<v1::EchoRequest, v1::EchoResponse>(
+        ToGrpcStatus(auth));
+  }
   return EchoReactor::Start(context_, context);
 }
 

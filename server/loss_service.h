@@ -1,6 +1,8 @@
 #ifndef KLSERVE_SERVER_LOSS_SERVICE_H_
 #define KLSERVE_SERVER_LOSS_SERVICE_H_
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 #include "klserve/v1/klserve.grpc.pb.h"
 #include "server/service_context.h"
@@ -37,6 +39,10 @@ class LossService final : public v1::IndexerKl::CallbackService {
       grpc::CallbackServerContext* context) override;
 
  private:
+  // OK, or UNAUTHENTICATED when a token is required and the call lacks it.
+  absl::Status Authenticate(grpc::CallbackServerContext* context,
+                            absl::string_view method) const;
+
   ServiceContext context_;
 };
 

@@ -37,6 +37,22 @@ struct ServerOptions {
   int max_runs = 64;
   // A step with no request for this long is finished and published.
   absl::Duration step_idle_timeout = absl::Minutes(5);
+
+  // Transport security (docs/security.md). With both tls_cert_file and
+  // tls_key_file set, the gRPC port speaks TLS only (plaintext clients are
+  // refused); with neither, plaintext only. Setting one without the other
+  // is an error. PEM files, read once at start.
+  std::string tls_cert_file;  // server certificate chain
+  std::string tls_key_file;   // its private key
+  // PEM CA bundle: when set (TLS only), clients must present a certificate
+  // signed by one of these CAs (mutual TLS); without one the handshake fails.
+  std::string tls_client_ca_file;
+  // A file holding a bearer token (trailing newlines stripped; empty is an
+  // error). When set, every IndexerKl RPC must carry the metadata
+  // "authorization: Bearer <token>" or gets UNAUTHENTICATED;
+  // grpc.health.v1.Health stays open (Kubernetes probes), and server
+  // reflection is not served. Read once at start.
+  std::string auth_token_file;
 };
 
 }  // namespace klserve::server

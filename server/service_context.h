@@ -3,6 +3,7 @@
 
 #include "kernels/backend.h"
 #include "server/admission.h"
+#include "server/auth.h"
 #include "server/compute_executor.h"
 #include "server/loss_reporter.h"
 #include "server/metrics.h"
@@ -18,6 +19,8 @@ struct ServiceContext {
   Metrics* metrics;
   LossReporter* reporter;
   const ServerOptions* options;
+  // Checks each IndexerKl call's bearer token; null when no token is set.
+  const TokenAuth* auth = nullptr;
 };
 
 }  // namespace klserve::server

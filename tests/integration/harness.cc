@@ -114,8 +114,14 @@ int PickFreePort() {
 }
 
 std::unique_ptr<Client> MakeClient(const std::string& target, int max_attempts,
-                                   absl::Duration deadline) {
+                                   absl::Duration deadline,
+                                   const ClientOptions& security) {
   ClientOptions options;
+  options.tls_ca_file = security.tls_ca_file;
+  options.tls_cert_file = security.tls_cert_file;
+  options.tls_key_file = security.tls_key_file;
+  options.tls_server_name = security.tls_server_name;
+  options.auth_token = security.auth_token;
   options.target = target;
   options.max_attempts = max_attempts;
   options.deadline = deadline;
@@ -129,7 +135,8 @@ std::unique_ptr<Client> MakeClient(const std::string& target, int max_attempts,
 }
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
-    const std::vector<std::string>& flags, absl::Duration timeout) {
+    const std::vector<std::string>& flags, absl::Duration timeout,
+    const ClientOptions& probe) {
   absl::Status last_error;
   // The port is free when picked but could be taken before the server binds
   // it; another port then gets another try.
@@ -160,7 +167,7 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
       // A fresh channel per probe: a channel that failed to connect waits
       // out a reconnect backoff of a second or more before trying again.
       std::unique_ptr<Client> health =
-          MakeClient(server->target_, 1, absl::Milliseconds(500));
+          MakeClient(server->target_, 1, absl::Milliseconds(500), probe);
       if (health == nullptr)
         return absl::InternalError("Client::Create failed");
       absl::StatusOr<bool> serving = health->Health();

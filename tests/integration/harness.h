@@ -46,10 +46,13 @@ class ServerProcess {
   // --metrics_listen=127.0.0.1:<another free port> <flags>` (a flag given in
   // `flags` wins over these defaults, being later), and
   // waits up to `timeout` for health SERVING. Fails if the process exits
-  // first (the error carries its log).
+  // first (the error carries its log). The health probe is a Client with
+  // `probe` (its target, attempts and deadline replaced): a TLS server needs
+  // a probe with TLS options.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
       const std::vector<std::string>& flags = {},
-      absl::Duration timeout = absl::Seconds(20));
+      absl::Duration timeout = absl::Seconds(20),
+      const ClientOptions& probe = ClientOptions());
 
   // SIGKILLs the process if it is still running, and reaps it.
   ~ServerProcess();
@@ -85,10 +88,12 @@ class ServerProcess {
 // A free loopback port: bound with port 0, then closed.
 int PickFreePort();
 
-// A Client of `target` with a short deadline and the given attempts.
-std::unique_ptr<Client> MakeClient(const std::string& target,
-                                   int max_attempts = 1,
-                                   absl::Duration deadline = kCallDeadline);
+// A Client of `target` with a short deadline and the given attempts, and
+// the TLS and token fields of `security` (only those).
+std::unique_ptr<Client> MakeClient(
+    const std::string& target, int max_attempts = 1,
+    absl::Duration deadline = kCallDeadline,
+    const ClientOptions& security = ClientOptions());
 
 // A test fixture that owns one server started per test and checks, at the
 // end of the test, that it is still running (unless the test said it would

@@ -85,7 +85,8 @@ TEST(TensorCodec, BadGradDTypeIsNamed) {
 TEST(TensorCodec, StreamHeaderGivesShapesWithoutBytes) {
   v1::StreamHeader header;
   header.mutable_attention_logits()->set_dtype("FP16");
-  for (int64_t d : {2, 4, 8, 16}) header.mutable_attention_logits()->add_shape(d);
+  for (int64_t d : {2, 4, 8, 16})
+    header.mutable_attention_logits()->add_shape(d);
   header.mutable_indexer_scores()->set_dtype("FP32");
   for (int64_t d : {2, 8, 16}) header.mutable_indexer_scores()->add_shape(d);
   absl::StatusOr<IndexerKlInputs> in = InputsFrom(header);
