@@ -3,7 +3,10 @@
 #
 #   scripts/klserve.sh deps    install the Debian packages the build needs
 #   scripts/klserve.sh build   deps, then a Release build into build/
-#   scripts/klserve.sh test    build, then every test (non-zero exit on failure)
+#   scripts/klserve.sh test    build, then every test (non-zero exit on
+#                              failure); with SANITIZE=1, then sanitize
+#   scripts/klserve.sh sanitize  the C++ tests under ASan+UBSan (build-asan),
+#                              then the request fuzzer for 60 s (build-fuzz)
 #   scripts/klserve.sh run     build, then start the klserve server (CPU backend
 #                              where there is no GPU); extra arguments go to it
 #   scripts/klserve.sh bench   build, then the kernels' benchmark (klserve_bench)
@@ -11,6 +14,9 @@
 #                              (tests/python); extra arguments go to pytest
 #   scripts/klserve.sh demo    examples/run_demo.sh: train a toy indexer against
 #                              a local server; extra arguments go to the script
+#
+# SANITIZE=1 makes `test` run the sanitize stage too; FUZZ_SECONDS (default 60)
+# bounds the fuzzer.
 #
 # BUILD_DIR overrides the build directory.
 set -euo pipefail
@@ -37,6 +43,8 @@ PACKAGES=(
   prometheus
   python3-venv
   python3-pip
+  clang-14
+  libclang-rt-14-dev
 )
 # What the pytest tests import, installed into build/venv. The Python client
 # (client/python) is installed on top from this checkout on every run; it
@@ -114,6 +122,70 @@ run_tests() {
   build
   ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error \
     -j "$(nproc)"
+  # Opt-in for now: under ASan+UBSan (GCC, RelWithDebInfo) some integration
+  # tests' bit-for-bit gradient comparisons differ in a few bytes, varying
+  # from run to run; not yet understood.
+  if [[ "${SANITIZE:-0}" != 0 ]]; then
+    run_sanitize
+  fi
+}
+
+# Not run under sanitize: promql_expressions runs Python, the promtool checks
+# are not C++, and the load test's RSS bound cannot hold under ASan, whose
+# quarantine keeps freed memory.
+SANITIZE_EXCLUDE='^(promql_expressions|promtool_|integration\.LoadTest\.MixedConcurrentRequestsStayCorrectAndRssStaysFlat)'
+ASAN_DIR="${ASAN_BUILD_DIR:-$ROOT/build-asan}"
+FUZZ_DIR="${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
+FUZZ_CLANG="${FUZZ_CLANG:-clang-14}"
+FUZZ_CLANGXX="${FUZZ_CLANGXX:-clang++-14}"
+
+# sanitize: (a) the C++ unit and integration tests built with
+# -fsanitize=address,undefined (leak checking on), (b) the request fuzzer
+# (fuzz/) for FUZZ_SECONDS on a copy of fuzz/corpus. Fails on any finding.
+run_sanitize() {
+  deps
+  local start=$SECONDS
+  log "sanitize: ASan+UBSan build in $ASAN_DIR"
+  # No KLSERVE_TEST_PYTHON: the pytest-based tests are not registered.
+  cmake -S "$ROOT" -B "$ASAN_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS=-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
+    -DKLSERVE_BUILD_TESTS=ON -DKLSERVE_BUILD_BENCHMARKS=OFF \
+    -DKLSERVE_CUDA=OFF -DKLSERVE_TEST_PYTHON=
+  # Everything the configuration has: with benchmarks off and no
+  # KLSERVE_TEST_PYTHON, that is klserve, klctl and the C++ tests.
+  cmake --build "$ASAN_DIR"
+  log "sanitize: ASan build took $((SECONDS - start)) s"
+  local suppressions="$ROOT/tests/sanitizers/lsan.supp"
+  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" \
+  LSAN_OPTIONS="suppressions=$suppressions:print_suppressions=0" \
+  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+    ctest --test-dir "$ASAN_DIR" --output-on-failure --no-tests=error \
+      -j "$(nproc)" -E "$SANITIZE_EXCLUDE"
+  log "sanitize: ASan build and tests took $((SECONDS - start)) s"
+
+  local fuzz_start=$SECONDS
+  if ! command -v "$FUZZ_CLANGXX" >/dev/null 2>&1; then
+    log "sanitize: $FUZZ_CLANGXX not found (apt-get install clang-14" \
+        "libclang-rt-14-dev), cannot build the fuzzer"
+    return 1
+  fi
+  CC="$FUZZ_CLANG" CXX="$FUZZ_CLANGXX" cmake -S "$ROOT" -B "$FUZZ_DIR" -G Ninja \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKLSERVE_FUZZ=ON \
+    -DKLSERVE_BUILD_TESTS=OFF -DKLSERVE_BUILD_BENCHMARKS=OFF \
+    -DKLSERVE_CUDA=OFF
+  cmake --build "$FUZZ_DIR" --target klserve_request_fuzzer
+  # The fuzzer adds what it finds to its first corpus folder: a scratch copy.
+  local corpus="$FUZZ_DIR/corpus" artifacts="$FUZZ_DIR/artifacts"
+  rm -rf "$corpus"
+  mkdir -p "$corpus" "$artifacts"
+  cp "$ROOT"/fuzz/corpus/* "$corpus"/
+  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" \
+  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+    "$FUZZ_DIR/fuzz/klserve_request_fuzzer" \
+      -max_total_time="${FUZZ_SECONDS:-60}" -rss_limit_mb=2048 -timeout=25 \
+      -print_final_stats=1 -artifact_prefix="$artifacts/" "$corpus"
+  log "sanitize: fuzzer build and run took $((SECONDS - fuzz_start)) s"
+  log "sanitize: passed in $((SECONDS - start)) s"
 }
 
 run_pytest() {
@@ -135,7 +207,7 @@ run_bench() {
 }
 
 usage() {
-  sed -n '2,15s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+  sed -n '2,22s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 
@@ -146,6 +218,7 @@ case "$command" in
   deps) deps ;;
   build) build ;;
   test) run_tests ;;
+  sanitize) run_sanitize ;;
   run) run_server "$@" ;;
   bench) run_bench "$@" ;;
   pytest) run_pytest "$@" ;;

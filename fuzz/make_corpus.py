@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Writes fuzz/corpus/: small serialized klserve.v1.ComputeLossRequest seeds.
+
+Valid requests of each kind (dense per-head and aggregated, sparse, masked,
+each dtype) and a few invalid ones. The wire format is written by hand
+(proto/klserve/v1/klserve.proto's field numbers), so no protobuf package is
+needed. Rerun after changing it:  python3 fuzz/make_corpus.py
+"""
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def varint(n):
+    n &= (1 << 64) - 1  # negative int64: ten-byte two's complement
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def key(field, wire):
+    return varint(field << 3 | wire)
+
+
+def vint(field, n):
+    return key(field, 0) + varint(n)
+
+
+def blob(field, data):
+    return key(field, 2) + varint(len(data)) + data
+
+
+def f32(field, x):
+    return key(field, 5) + struct.pack("<f", x)
+
+
+def f64(field, x):
+    return key(field, 1) + struct.pack("<d", x)
+
+
+def tensor(dtype, shape, data):
+    packed = b"".join(varint(d) for d in shape)
+    return blob(1, dtype.encode()) + blob(2, packed) + blob(3, data)
+
+
+def fp32(values):
+    return struct.pack("<%df" % len(values), *values)
+
+
+def fp16(values):
+    return struct.pack("<%de" % len(values), *values)
+
+
+def bf16(values):
+    return b"".join(struct.pack("<f", v)[2:] for v in values)
+
+
+def int32(values):
+    return struct.pack("<%di" % len(values), *values)
+
+
+def boolean(values):
+    return bytes(1 if v else 0 for v in values)
+
+
+# ComputeLossRequest fields.
+OPTIONS, LOGITS, WEIGHTS, SCORES, TOPK = 3, 10, 11, 12, 13
+SEG_Q, SEG_KV, MASK, KPM, ROW_VALID = 14, 15, 16, 17, 18
+
+
+def ramp(n, scale=0.25):
+    return [((i * 7) % 5 - 2) * scale for i in range(n)]
+
+
+def weights(n):
+    return [float((i % 3) + 1) for i in range(n)]
+
+
+SEEDS = {
+    # Dense, aggregated FP32 target [1, 2, 4]; row KL and diagnostics.
+    "dense_weights_fp32": (
+        blob(OPTIONS, vint(10, 1) + vint(11, 1) + vint(12, 2)) +
+        blob(WEIGHTS, tensor("FP32", [1, 2, 4], fp32(weights(8)))) +
+        blob(SCORES, tensor("FP32", [1, 2, 4], fp32(ramp(8))))),
+    # Dense, per-head BF16 logits [1, 2, 2, 4], FP16 scores; causal, scale,
+    # BF16 gradient, MaxText flavor, sum reduction, c = 0.01.
+    "dense_logits_bf16_causal": (
+        blob(OPTIONS, vint(1, 1) + f32(4, 0.5) + vint(5, 2) + vint(6, 3) +
+             f64(7, 0.01) + blob(8, b"BF16")) +
+        blob(LOGITS, tensor("BF16", [1, 2, 2, 4], bf16(ramp(16, 1.0)))) +
+        blob(SCORES, tensor("FP16", [1, 2, 4], fp16(ramp(8))))),
+    # Sparse: [1, 2, 2] slots over S = 4 keys, one empty slot.
+    "sparse_topk": (
+        blob(OPTIONS, vint(3, 4) + blob(8, b"FP16") + vint(10, 1)) +
+        blob(WEIGHTS, tensor("FP32", [1, 2, 2], fp32([1, 2, 3, 0]))) +
+        blob(SCORES, tensor("FP32", [1, 2, 2], fp32([0.5, -0.5, 1, 0]))) +
+        blob(TOPK, tensor("INT32", [1, 2, 2], int32([0, 3, 2, -1])))),
+    # Packed segments, key padding, row validity; mean over valid rows.
+    "masked_segments": (
+        blob(OPTIONS, vint(1, 1) + vint(6, 2) + vint(11, 1)) +
+        blob(WEIGHTS, tensor("FP32", [2, 2, 3], fp32(weights(12)))) +
+        blob(SCORES, tensor("FP32", [2, 2, 3], fp32(ramp(12)))) +
+        blob(SEG_Q, tensor("INT32", [2, 2], int32([0, 1, 0, 0]))) +
+        blob(SEG_KV, tensor("INT32", [2, 3], int32([0, 1, 1, 0, 0, 0]))) +
+        blob(KPM, tensor("BOOL", [2, 3], boolean([1, 1, 0, 1, 1, 1]))) +
+        blob(ROW_VALID, tensor("BOOL", [2, 2], boolean([1, 0, 1, 1])))),
+    # A dense attention mask [1, 2, 3].
+    "attention_mask": (
+        blob(WEIGHTS, tensor("FP32", [1, 2, 3], fp32(weights(6)))) +
+        blob(SCORES, tensor("FP32", [1, 2, 3], fp32(ramp(6)))) +
+        blob(MASK, tensor("BOOL", [1, 2, 3], boolean([1, 0, 1, 0, 0, 0])))),
+    # Invalid: shapes disagree.
+    "invalid_shape_mismatch": (
+        blob(WEIGHTS, tensor("FP32", [1, 2, 4], fp32(weights(8)))) +
+        blob(SCORES, tensor("FP32", [1, 2, 3], fp32(ramp(6))))),
+    # Invalid: too few bytes for the shape, unknown dtype, negative shape.
+    "invalid_short_data": (
+        blob(WEIGHTS, tensor("FP32", [1, 2, 4], fp32(weights(3)))) +
+        blob(SCORES, tensor("FP32", [1, 2, 4], fp32(ramp(8))))),
+    "invalid_dtype": (
+        blob(WEIGHTS, tensor("FP64", [1, 1, 2], fp32(weights(4)))) +
+        blob(SCORES, tensor("FP32", [1, 1, 2], fp32(ramp(2))))),
+    "invalid_negative_shape": (
+        blob(WEIGHTS, tensor("FP32", [1, -1, 2], b"")) +
+        blob(SCORES, tensor("FP32", [1, -1, 2], b""))),
+    # Invalid: both targets; and no target at all.
+    "invalid_two_targets": (
+        blob(LOGITS, tensor("FP32", [1, 1, 1, 2], fp32([0, 1]))) +
+        blob(WEIGHTS, tensor("FP32", [1, 1, 2], fp32([1, 1]))) +
+        blob(SCORES, tensor("FP32", [1, 1, 2], fp32([0, 1])))),
+    "invalid_no_target": blob(SCORES, tensor("FP32", [1, 1, 2], fp32([0, 1]))),
+    # Invalid: top-k index out of range.
+    "invalid_topk_range": (
+        blob(OPTIONS, vint(3, 2)) +
+        blob(WEIGHTS, tensor("FP32", [1, 1, 2], fp32([1, 1]))) +
+        blob(SCORES, tensor("FP32", [1, 1, 2], fp32([0, 1]))) +
+        blob(TOPK, tensor("INT32", [1, 1, 2], int32([0, 7])))),
+}
+
+
+def main():
+    out = os.path.join(HERE, "corpus")
+    os.makedirs(out, exist_ok=True)
+    for name, data in sorted(SEEDS.items()):
+        with open(os.path.join(out, name + ".bin"), "wb") as f:
+            f.write(data)
+    print("wrote %d seeds to %s" % (len(SEEDS), out))
+
+
+if __name__ == "__main__":
+    main()
