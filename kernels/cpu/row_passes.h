@@ -208,7 +208,7 @@ double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
   VecF block{};
   int64_t i = 0;
   for (int64_t n = 0; i + kLanes <= limit; i += kLanes, ++n) {
-    VecF d = vmul * Load(x + i) + vbias;
+    VecF d = Fma(vmul, Load(x + i), vbias);
     if constexpr (kMasked) d = Select(LoadValid(valid + i), d, Splat(-kInf));
     const VecF ev = Exp(d);
     Store(e + i, ev);
@@ -223,7 +223,7 @@ double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
     const int64_t count = limit - i;
     const VecF d =
         Select(ValidLanes<kMasked>(valid, i, limit),
-               vmul * LoadPart(x + i, count, 0.0f) + vbias, Splat(-kInf));
+               Fma(vmul, LoadPart(x + i, count, 0.0f), vbias), Splat(-kInf));
     const VecF ev = Exp(d);
     StorePart(e + i, ev, count);
     extra(i, count, d, ev);
@@ -289,9 +289,9 @@ struct AccumulatePreviousHead {
   bool first;
 
   void operator()(int64_t i, int64_t count, VecF, VecF) {
-    VecF v = Splat(a) * LoadAt(e_prev, i, count, 0.0f);
-    if (!first) v += LoadAt(w, i, count, 0.0f);
-    StoreAt(w, i, count, v);
+    const VecF x = LoadAt(e_prev, i, count, 0.0f);
+    StoreAt(w, i, count,
+            first ? Splat(a) * x : Fma(Splat(a), x, LoadAt(w, i, count, 0.0f)));
   }
 };
 
@@ -310,9 +310,9 @@ inline void AccumulateHead(float* w, const float* e, float a, int64_t limit,
                            bool first) {
   for (int64_t i = 0; i < limit; i += kLanes) {
     const int64_t count = LanesAt(i, limit);
-    VecF v = Splat(a) * LoadAt(e, i, count, 0.0f);
-    if (!first) v += LoadAt(w, i, count, 0.0f);
-    StoreAt(w, i, count, v);
+    const VecF x = LoadAt(e, i, count, 0.0f);
+    StoreAt(w, i, count,
+            first ? Splat(a) * x : Fma(Splat(a), x, LoadAt(w, i, count, 0.0f)));
   }
 }
 

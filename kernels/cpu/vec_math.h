@@ -90,6 +90,19 @@ inline VecI LanesBelow(int64_t i, int64_t limit) {
 
 inline VecF Select(VecI mask, VecF a, VecF b) { return mask ? a : b; }
 
+// a * b + c, rounded once where the ISA has FMA. The project builds with
+// -ffp-contract=off, so this is the only place a multiply and an add fuse and
+// every copy of an expression rounds alike.
+inline VecF Fma(VecF a, VecF b, VecF c) {
+#if defined(__AVX512F__)
+  return _mm512_fmadd_ps(a, b, c);
+#elif defined(__AVX2__) && defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 inline bool Any(VecI mask) {
   int32_t acc = 0;
   for (int l = 0; l < kLanes; ++l) acc |= mask[l];
@@ -149,19 +162,19 @@ inline VecD WideDot(VecF a, VecF b) {
 inline VecF Exp(VecF x) {
   const VecF xc = x < Splat(88.0f) ? x : Splat(88.0f);
   const VecF shifter = Splat(12582912.0f);  // 1.5 * 2^23 rounds to integer
-  const VecF t = xc * Splat(1.44269504088896341f) + shifter;
+  const VecF t = Fma(xc, Splat(1.44269504088896341f), shifter);
   const VecF n = t - shifter;
   const VecI ni = std::bit_cast<VecI>(t) - 0x4b400000;
-  VecF r = xc - n * Splat(0.693359375f);
-  r = r - n * Splat(-2.12194440e-4f);
+  VecF r = Fma(n, Splat(-0.693359375f), xc);
+  r = Fma(n, Splat(2.12194440e-4f), r);
   VecF p = Splat(1.0f / 5040);
-  p = p * r + Splat(1.0f / 720);
-  p = p * r + Splat(1.0f / 120);
-  p = p * r + Splat(1.0f / 24);
-  p = p * r + Splat(1.0f / 6);
-  p = p * r + Splat(0.5f);
-  p = p * r + Splat(1.0f);
-  p = p * r + Splat(1.0f);
+  p = Fma(p, r, Splat(1.0f / 720));
+  p = Fma(p, r, Splat(1.0f / 120));
+  p = Fma(p, r, Splat(1.0f / 24));
+  p = Fma(p, r, Splat(1.0f / 6));
+  p = Fma(p, r, Splat(0.5f));
+  p = Fma(p, r, Splat(1.0f));
+  p = Fma(p, r, Splat(1.0f));
   const VecI bits = (ni + 127) << 23;
   const VecF scale = std::bit_cast<VecF>(bits);
   return Select(x < Splat(-87.33654f), Splat(0.0f), p * scale);
@@ -189,14 +202,14 @@ inline LogParts LogSplit(VecF x) {
   // log(1+f) = f - f^2/2 + f^3 P(f); P fitted by least squares in float64
   // (max error 2.7e-9 on the interval).
   VecF p = Splat(0.07149679213762283f);
-  p = p * f + Splat(-0.11571265757083893f);
-  p = p * f + Splat(0.11661573499441147f);
-  p = p * f + Splat(-0.12411043792963028f);
-  p = p * f + Splat(0.14249928295612335f);
-  p = p * f + Splat(-0.1666848063468933f);
-  p = p * f + Splat(0.20000708103179932f);
-  p = p * f + Splat(-0.24999989569187164f);
-  p = p * f + Splat(0.3333333134651184f);
+  p = Fma(p, f, Splat(-0.11571265757083893f));
+  p = Fma(p, f, Splat(0.11661573499441147f));
+  p = Fma(p, f, Splat(-0.12411043792963028f));
+  p = Fma(p, f, Splat(0.14249928295612335f));
+  p = Fma(p, f, Splat(-0.1666848063468933f));
+  p = Fma(p, f, Splat(0.20000708103179932f));
+  p = Fma(p, f, Splat(-0.24999989569187164f));
+  p = Fma(p, f, Splat(0.3333333134651184f));
   const VecF f2 = f * f;
   const VecF ml = f + (f2 * f * p - Splat(0.5f) * f2);
   return {__builtin_convertvector(e, VecF), ml};
