@@ -25,9 +25,19 @@ namespace {
 using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
 
-// gRPC and absl number their codes alike, so the cast keeps the code.
+// gRPC and absl number their codes alike, so the cast keeps the code. One
+// exception: a call that reaches a server as it shuts down, before any
+// handler took it, ends CANCELLED with gRPC's bare message "CANCELLED"
+// (grpc/grpc#41785). Nothing of it ran, and this client only ever cancels
+// after a local error, which it reports instead; so it is what UNAVAILABLE
+// means, retried and reported as such.
 absl::Status ToAbslStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
+  if (status.error_code() == grpc::StatusCode::CANCELLED &&
+      status.error_message() == "CANCELLED") {
+    return absl::UnavailableError(
+        "the server shut down before handling the call (gRPC: CANCELLED)");
+  }
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());
 }

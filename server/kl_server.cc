@@ -6,6 +6,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -155,6 +157,7 @@ KlServer::~KlServer() {
 }
 
 void KlServer::Drain() {
+  const absl::Time deadline = absl::Now() + options_.drain_timeout;
   server_->GetHealthCheckService()->SetServingStatus(false);
   admission_->StartDraining();
   if (!admission_->WaitIdle(options_.drain_timeout)) {
@@ -162,8 +165,12 @@ void KlServer::Drain() {
                  "klserve: requests still in flight after the drain timeout; "
                  "cancelling them\n");
   }
-  // Cancels whatever is left and stops accepting calls.
-  server_->Shutdown(std::chrono::system_clock::now());
+  // The admitted work is done, but answers and refusals may still be on
+  // their way out: a call gives its slot back when it finishes, before gRPC
+  // has sent its status. Shutdown stops taking calls, lets those go out, and
+  // cancels only what is still open at the drain deadline (at once when the
+  // wait above ran out).
+  server_->Shutdown(absl::ToChronoTime(std::max(deadline, absl::Now())));
   reporter_->Shutdown();
 }
 

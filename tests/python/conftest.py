@@ -37,7 +37,10 @@ class Server:
     names it on stderr ("serving on port N"), which is read here, so there
     is no window in which another process could take the port."""
 
-    def __init__(self, *flags, listen="127.0.0.1:0", timeout=30.0):
+    def __init__(self, *flags, listen="127.0.0.1:0", timeout=30.0,
+                 client_options=None):
+        # What every client of this server needs (TLS files, a token).
+        self.client_options = dict(client_options or {})
         self.args = [klserve_bin(), "--listen=" + listen, "--metrics_listen=",
                      "--threads=2", *flags]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL,
@@ -67,12 +70,12 @@ class Server:
             if m:
                 self.port = int(m.group(1))
         self.target = "127.0.0.1:%d" % self.port
-        with klserve.Client(self.target, deadline=timeout) as client:
+        with self.client(deadline=timeout) as client:
             if not client.health():
                 raise RuntimeError("klserve not SERVING")
 
     def client(self, **kwargs):
-        return klserve.Client(self.target, **kwargs)
+        return klserve.Client(self.target, **{**self.client_options, **kwargs})
 
     def stop(self):
         if self.proc.poll() is None:

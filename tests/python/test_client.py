@@ -338,3 +338,31 @@ def test_maxtext_differs_from_exact_where_q_is_tiny(client):
     exact, maxtext = results["exact"], results["maxtext"]
     assert exact.loss > 1.5 * maxtext.loss
     assert np.abs(exact.grad - maxtext.grad).max() > 1e-2
+
+
+class _FakeCall(grpc.RpcError):
+    """What a failed grpc call raises: code() and details() methods."""
+
+    def __init__(self, code, details):
+        super().__init__()
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+
+def test_a_call_dropped_by_a_shutting_down_server_is_unavailable():
+    # gRPC ends a call no handler took before shutdown with a bare
+    # "CANCELLED" (grpc/grpc#41785); the client retries it as UNAVAILABLE.
+    e = klserve.KlserveError.from_rpc_error(
+        _FakeCall(grpc.StatusCode.CANCELLED, "CANCELLED"))
+    assert e.code == grpc.StatusCode.UNAVAILABLE
+    assert "shut down" in e.details
+    # A cancellation with a message of its own (a server's reactor, a
+    # client-side cancel) stays CANCELLED.
+    e = klserve.KlserveError.from_rpc_error(
+        _FakeCall(grpc.StatusCode.CANCELLED, "ComputeLossStream: cancelled"))
+    assert e.code == grpc.StatusCode.CANCELLED

@@ -137,6 +137,40 @@ class _Attempt:
         self.may_retry = True  # cleared once a stream delivered a message
 
 
+def _read_file(field, path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError("%s: cannot read %r: %s" % (field, path, e)) from e
+
+
+def _channel_credentials(ca_file, cert_file, key_file, server_name):
+    """TLS credentials, or None for plaintext."""
+    if not ca_file:
+        if cert_file or key_file or server_name:
+            raise ValueError("tls_cert_file, tls_key_file, tls_server_name: "
+                             "need tls_ca_file")
+        return None
+    if bool(cert_file) != bool(key_file):
+        raise ValueError("tls_cert_file, tls_key_file: set both or neither")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_file("tls_ca_file", ca_file),
+        private_key=_read_file("tls_key_file", key_file) if key_file else None,
+        certificate_chain=(_read_file("tls_cert_file", cert_file)
+                           if cert_file else None))
+
+
+def _token_metadata(token):
+    """The call metadata carrying the bearer token (none without one)."""
+    if token is None:
+        return ()
+    if not token or not all(0x21 <= ord(ch) <= 0x7E for ch in token):
+        raise ValueError("auth_token: must be non-empty printable ASCII "
+                         "without spaces")
+    return (("authorization", "Bearer " + token),)
+
+
 class Client:
     """A blocking client of klserve.
 
@@ -149,13 +183,20 @@ class Client:
     `stream_threshold_bytes` through ComputeLossStream in blocks of about
     `block_bytes` of rows, the rest as one message. Thread-safe: calls share
     one channel.
+
+    TLS (docs/security.md): `tls_ca_file` (PEM roots) turns it on;
+    `tls_cert_file` and `tls_key_file` add a client certificate for mutual
+    TLS; `tls_server_name` is the name the server's certificate must carry
+    when the target's host is not it. `auth_token` is sent as
+    `authorization: Bearer <token>` on every call.
     """
 
     def __init__(self, target="localhost:50051", *, deadline=120.0,
                  max_message_bytes=1 << 30, max_attempts=5,
                  initial_backoff=0.05, max_backoff=2.0,
                  stream_threshold_bytes=64 << 20, block_bytes=4 << 20,
-                 channel_options=()):
+                 channel_options=(), tls_ca_file=None, tls_cert_file=None,
+                 tls_key_file=None, tls_server_name=None, auth_token=None):
         if not target:
             raise ValueError("target: must not be empty")
         if not (deadline > 0 and np.isfinite(deadline)):
@@ -191,8 +232,17 @@ class Client:
             ("grpc.max_reconnect_backoff_ms",
              max(1, int(self.max_backoff * 1000))),
         ]
+        credentials = _channel_credentials(tls_ca_file, tls_cert_file,
+                                           tls_key_file, tls_server_name)
+        if tls_server_name:
+            options.append(("grpc.ssl_target_name_override", tls_server_name))
         options.extend(channel_options)
-        self._channel = grpc.insecure_channel(target, options=options)
+        self._metadata = _token_metadata(auth_token)
+        if credentials is None:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            self._channel = grpc.secure_channel(target, credentials,
+                                                options=options)
         self._stub = pb2_grpc.IndexerKlStub(self._channel)
         self._health = self._channel.unary_unary(
             _HEALTH_CHECK, request_serializer=_encode_health_request,
@@ -248,13 +298,15 @@ class Client:
     def health(self, service=""):
         """grpc.health.v1.Health/Check: True when SERVING."""
         status = self._with_retries(
-            lambda timeout, _: self._health(service, timeout=timeout))
+            lambda timeout, _: self._health(service, timeout=timeout,
+                                            metadata=self._metadata))
         return status == _HEALTH_SERVING
 
     def server_info(self):
         """GetServerInfo: version, backend, device and limits."""
         r = self._with_retries(lambda timeout, _: self._stub.GetServerInfo(
-            pb2.GetServerInfoRequest(), timeout=timeout))
+            pb2.GetServerInfoRequest(), timeout=timeout,
+            metadata=self._metadata))
         return ServerInfo(
             version=r.version, backend=r.backend, device=r.device,
             threads=r.threads, max_message_bytes=r.max_message_bytes,
@@ -268,7 +320,7 @@ class Client:
         server has no open step `step` for `run`."""
         request = pb2.FinishStepRequest(run=run, step=int(step))
         r = self._with_retries(lambda timeout, _: self._stub.FinishStep(
-            request, timeout=timeout))
+            request, timeout=timeout, metadata=self._metadata))
         return StepResult(indexer_loss=r.indexer_loss,
                           indexer_loss_unscaled=r.indexer_loss_unscaled,
                           requests=r.requests)
@@ -383,8 +435,8 @@ class Client:
         for field, (name, arr) in tensors.items():
             getattr(request, field).CopyFrom(to_tensor(pb2, name, arr))
         response = self._with_retries(
-            lambda timeout, _: self._stub.ComputeLoss(request,
-                                                      timeout=timeout))
+            lambda timeout, _: self._stub.ComputeLoss(
+                request, timeout=timeout, metadata=self._metadata))
         grad = (from_tensor(response.grad, "grad")
                 if response.HasField("grad") and response.grad.dtype else None)
         row_kl = (from_tensor(response.row_kl, "row_kl")
@@ -408,7 +460,8 @@ class Client:
             result = None
             # grpc consumes the request iterator on its own thread, so
             # blocks go out while this thread reads the gradients.
-            call = self._stub.ComputeLossStream(requests(), timeout=timeout)
+            call = self._stub.ComputeLossStream(
+                requests(), timeout=timeout, metadata=self._metadata)
             try:
                 for message in call:
                     state.may_retry = False

@@ -45,6 +45,15 @@ class KlserveError(grpc.RpcError):
                 debug = error.debug_error_string()
             except Exception:  # pragma: no cover - informational only
                 debug = None
+        # A call that reaches a server as it shuts down, before any handler
+        # took it, ends CANCELLED with gRPC's bare "CANCELLED"
+        # (grpc/grpc#41785). Nothing of it ran, and the client only cancels
+        # after a local error, which it raises instead: it is UNAVAILABLE,
+        # retried and reported as such.
+        if code == grpc.StatusCode.CANCELLED and details == "CANCELLED":
+            code = grpc.StatusCode.UNAVAILABLE
+            details = ("the server shut down before handling the call "
+                       "(gRPC: CANCELLED)")
         return cls(code, details or "", debug)
 
 
