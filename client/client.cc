@@ -13,6 +13,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "client/call_status.h"
 #include "client/stream_codec.h"
 #include "client/tensor_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -24,23 +25,6 @@ namespace {
 
 using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
-
-// gRPC and absl number their codes alike, so the cast keeps the code. One
-// exception: a call that reaches a server as it shuts down, before any
-// handler took it, ends CANCELLED with gRPC's bare message "CANCELLED"
-// (grpc/grpc#41785). Nothing of it ran, and this client only ever cancels
-// after a local error, which it reports instead; so it is what UNAVAILABLE
-// means, retried and reported as such.
-absl::Status ToAbslStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  if (status.error_code() == grpc::StatusCode::CANCELLED &&
-      status.error_message() == "CANCELLED") {
-    return absl::UnavailableError(
-        "the server shut down before handling the call (gRPC: CANCELLED)");
-  }
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
-}
 
 // Sets the call's deadline and, when the options carry one, its token.
 void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
@@ -221,7 +205,7 @@ absl::StatusOr<Response> UnaryCall(
         PrepareContext(context, options, deadline);
         Response response;
         RETURN_IF_ERROR(
-            ToAbslStatus((stub.*method)(&context, request, &response)));
+            StatusFromCall((stub.*method)(&context, request, &response)));
         return response;
       });
 }
@@ -237,8 +221,8 @@ absl::StatusOr<bool> Client::Health(const std::string& service) {
         grpc::ClientContext context;
         PrepareContext(context, options_, deadline);
         HealthCheckResponse response;
-        RETURN_IF_ERROR(
-            ToAbslStatus(stubs_->health->Check(&context, request, &response)));
+        RETURN_IF_ERROR(StatusFromCall(
+            stubs_->health->Check(&context, request, &response)));
         return response.status() == HealthCheckResponse::SERVING;
       });
 }
@@ -326,7 +310,7 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
     writer.join();
     const grpc::Status status = stream->Finish();
     RETURN_IF_ERROR(local);
-    RETURN_IF_ERROR(ToAbslStatus(status));
+    RETURN_IF_ERROR(StatusFromCall(status));
     if (!result.has_value()) {
       return ProtocolError("ComputeLossStream: no result before the end");
     }
@@ -382,7 +366,7 @@ absl::StatusOr<EchoStats> Client::EchoStream(
       stats.bytes_received += response.payload().size();
     }
     writer.join();
-    RETURN_IF_ERROR(ToAbslStatus(stream->Finish()));
+    RETURN_IF_ERROR(StatusFromCall(stream->Finish()));
     if (stats.messages != static_cast<int64_t>(messages.size())) {
       return ProtocolError(absl::StrCat("Echo: ", stats.messages,
                                         " replies to ", messages.size(),

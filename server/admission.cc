@@ -31,11 +31,12 @@ void Admission::StartDraining() {
   draining_ = true;
 }
 
-bool Admission::WaitIdle(absl::Duration timeout) {
+bool Admission::WaitIdle(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  return mu_.AwaitWithTimeout(absl::Condition(
-                                  +[](int* n) { return *n == 0; }, &in_flight_),
-                              timeout);
+  return mu_.AwaitWithDeadline(
+      absl::Condition(
+          +[](int* n) { return *n == 0; }, &in_flight_),
+      deadline);
 }
 
 }  // namespace klserve::server

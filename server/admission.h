@@ -22,8 +22,8 @@ class Admission {
   void Leave();
 
   void StartDraining();
-  // Waits until nothing is in flight; false if `timeout` passed first.
-  bool WaitIdle(absl::Duration timeout);
+  // Waits until nothing is in flight; false if `deadline` passed first.
+  bool WaitIdle(absl::Time deadline);
 
  private:
   const int max_in_flight_;

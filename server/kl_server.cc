@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -132,6 +133,12 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(s->service_.get());
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(
+      s->open_calls_.CountingFactory("/klserve.v1.IndexerKl/"));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(
@@ -160,17 +167,19 @@ void KlServer::Drain() {
   const absl::Time deadline = absl::Now() + options_.drain_timeout;
   server_->GetHealthCheckService()->SetServingStatus(false);
   admission_->StartDraining();
-  if (!admission_->WaitIdle(options_.drain_timeout)) {
+  // The admitted work finishes; then the answers and refusals still on
+  // their way out go out.
+  if (!admission_->WaitIdle(deadline) || !open_calls_.WaitNone(deadline)) {
     std::fprintf(stderr,
                  "klserve: requests still in flight after the drain timeout; "
                  "cancelling them\n");
   }
-  // The admitted work is done, but answers and refusals may still be on
-  // their way out: a call gives its slot back when it finishes, before gRPC
-  // has sent its status. Shutdown stops taking calls, lets those go out, and
-  // cancels only what is still open at the drain deadline (at once when the
-  // wait above ran out).
-  server_->Shutdown(absl::ToChronoTime(std::max(deadline, absl::Now())));
+  // Stops taking calls. One that slipped in after the count reached zero
+  // gets a moment to be refused; then whatever is left (a health Watch, work
+  // past the drain deadline) is cancelled.
+  constexpr absl::Duration kLastRefusals = absl::Milliseconds(500);
+  server_->Shutdown(
+      absl::ToChronoTime(std::min(deadline, absl::Now() + kLastRefusals)));
   reporter_->Shutdown();
 }
 

@@ -12,6 +12,7 @@
 #include "server/loss_reporter.h"
 #include "server/loss_service.h"
 #include "server/metrics.h"
+#include "server/open_calls.h"
 #include "server/server_options.h"
 
 namespace klserve::server {
@@ -33,9 +34,10 @@ class KlServer {
   const Backend& backend() const { return *backend_; }
 
   // Health turns NOT_SERVING, new requests get UNAVAILABLE, requests in
-  // flight finish (up to options.drain_timeout, then they are cancelled),
-  // the server stops, and the open steps are published and the TensorBoard
-  // files closed. Safe to call from any thread, once.
+  // flight finish and their answers go out (up to options.drain_timeout,
+  // then they are cancelled), the server stops, and the open steps are
+  // published and the TensorBoard files closed. Safe to call from any
+  // thread, once.
   void Drain();
   // Blocks until the server has stopped.
   void Wait();
@@ -53,6 +55,7 @@ class KlServer {
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<ComputeExecutor> executor_;
   std::unique_ptr<LossService> service_;
+  OpenCalls open_calls_;  // fed by the server's interceptor
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

@@ -200,15 +200,16 @@ template <bool kMasked, typename Extra>
 double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
               float mul, float* e, Extra&& extra) {
   constexpr int64_t kBlock = 8;
-  // mul * x - mul * shift: a rounding of mul * shift shifts every slot of
-  // the row alike, which the normalisation cancels.
+  // mul * (x - shift), not mul * x - mul * shift: exactly 0 at the maximum
+  // and never above it, whatever the magnitudes (with logits near -1e30 the
+  // rounding of mul * shift alone would overflow exp).
   const VecF vmul = Splat(mul);
-  const VecF vbias = Splat(-mul * shift);
+  const VecF vshift = Splat(shift);
   VecD sum{};
   VecF block{};
   int64_t i = 0;
   for (int64_t n = 0; i + kLanes <= limit; i += kLanes, ++n) {
-    VecF d = Fma(vmul, Load(x + i), vbias);
+    VecF d = vmul * (Load(x + i) - vshift);
     if constexpr (kMasked) d = Select(LoadValid(valid + i), d, Splat(-kInf));
     const VecF ev = Exp(d);
     Store(e + i, ev);
@@ -223,7 +224,7 @@ double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
     const int64_t count = limit - i;
     const VecF d =
         Select(ValidLanes<kMasked>(valid, i, limit),
-               Fma(vmul, LoadPart(x + i, count, 0.0f), vbias), Splat(-kInf));
+               vmul * (LoadPart(x + i, count, 0.0f) - vshift), Splat(-kInf));
     const VecF ev = Exp(d);
     StorePart(e + i, ev, count);
     extra(i, count, d, ev);

@@ -58,7 +58,7 @@ struct RowTarget {
 __device__ inline double Rescale(float from, float to, float scale) {
   if (from == to) return 1.0;
   if (from == -kInf) return 0.0;
-  return expf(fmaf(scale, from, -scale * to));
+  return expf(scale * (from - to));
 }
 
 // One head's pass: its first NaN or +inf, its max over valid slots and
@@ -109,11 +109,10 @@ __device__ bool PerHeadTarget(const RowKernelParams& p, int64_t i,
         scan.max = run_max;
       }
       if (scan.max == -kInf) return;  // nothing finite yet
-      const float bias = -scale * scan.max;
 #pragma unroll
       for (int c = 0; c < kChunk; ++c) {
         if (slots.Valid(j0 + c) && v[c] > -kInf) {
-          scan.sum += expf(fmaf(scale, v[c], bias));
+          scan.sum += expf(scale * (v[c] - scan.max));
         }
       }
     });
@@ -133,7 +132,6 @@ __device__ bool PerHeadTarget(const RowKernelParams& p, int64_t i,
     // w += P_h = exp(scale * (x - max)) / sum; each thread updates the slots
     // it reads, so the heads fold in order slot by slot.
     const float a = static_cast<float>(1.0 / scan.sum);
-    const float bias = -scale * scan.max;
     ForEachRun(slots.limit, [&](int64_t j0) {
       float v[kChunk];
       LoadRun(x, j0, slots.limit, v);
@@ -141,7 +139,8 @@ __device__ bool PerHeadTarget(const RowKernelParams& p, int64_t i,
       for (int c = 0; c < kChunk; ++c) {
         const int64_t j = j0 + c;
         if (j >= slots.limit) break;
-        const float e = slots.Valid(j) ? expf(fmaf(scale, v[c], bias)) : 0.0f;
+        const float e =
+            slots.Valid(j) ? expf(scale * (v[c] - scan.max)) : 0.0f;
         w[j] = h == 0 ? a * e : fmaf(a, e, w[j]);
       }
     });

@@ -21,6 +21,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/stream_codec.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "tests/integration/harness.h"
 
 namespace klserve::integration {
@@ -532,6 +534,42 @@ TEST_F(ServerTest, DrainTimeoutCancelsWhatIsLeftAndExitsZero) {
   }
   const grpc::Status end = (*held)->raw.stream->Finish();
   EXPECT_FALSE(end.ok()) << "the unfinished stream ended OK";
+}
+
+// A health Watch never ends on its own; the drain must not wait for it (nor
+// for its own deadline) once no IndexerKl call is left.
+TEST_F(ServerTest, OpenHealthWatchDoesNotHoldTheDrain) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--drain_timeout=20s"}));
+  ExpectServerToExit();
+  std::unique_ptr<grpc::health::v1::Health::Stub> health =
+      grpc::health::v1::Health::NewStub(grpc::CreateChannel(
+          server().target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  grpc::health::v1::HealthCheckRequest request;
+  std::unique_ptr<grpc::ClientReader<grpc::health::v1::HealthCheckResponse>>
+      watch = health->Watch(&context, request);
+  grpc::health::v1::HealthCheckResponse update;
+  ASSERT_TRUE(watch->Read(&update));
+  EXPECT_EQ(update.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  const absl::Time signalled = absl::Now();
+  server().Signal(SIGTERM);
+  const std::optional<int> status = server().WaitForExit(absl::Seconds(15));
+  ASSERT_TRUE(status.has_value()) << "still running 15 s after SIGTERM";
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(5))
+      << "the drain waited for the health Watch";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << "wait status " << *status << "; log:\n"
+      << server().Log();
+  // The watcher heard NOT_SERVING, then the end of the stream.
+  bool heard_not_serving = false;
+  while (watch->Read(&update)) {
+    heard_not_serving |=
+        update.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING;
+  }
+  EXPECT_TRUE(heard_not_serving);
+  watch->Finish().error_code();  // any code: the server is gone
 }
 
 TEST_F(ServerTest, SigintOnAnIdleServerExitsZero) {

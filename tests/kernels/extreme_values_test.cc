@@ -1,6 +1,7 @@
 // Extreme but legal inputs against the reference: logits and scores of
 // +-1e4, -inf at valid positions, one-hot targets, indexer probabilities far
-// below 1e-30, weights near the float32 limits, large softmax scales.
+// below 1e-30, weights near the float32 limits, large softmax scales, logits
+// of +-1e30.
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/problem.h"
 #include "tests/kernels/test_data.h"
@@ -269,6 +271,30 @@ TEST(ExtremeValues, LargeSoftmaxScale) {
         spec.logit_spread = 2.0 / scale;
         SCOPED_TRACE(scale);
         CheckAgainstReference(MakeRandomCase(spec, seed++));
+      }
+    }
+  }
+}
+
+TEST(ExtremeValues, HugeEqualLogitsWithAnOddSoftmaxScale) {
+  // Every logit of a head at +-1e30, scaled by 1/sqrt(128): scale * logit
+  // rounds by up to ~5e21, so an exponent formed as scale * x - scale * max
+  // is that rounding error at the max slot, and its exp overflows or
+  // vanishes. The target must come out uniform over the valid keys.
+  uint64_t seed = 80;
+  for (double logit : {-1e30, 1e30}) {
+    for (int64_t K : {0, 12}) {
+      for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
+        CaseSpec spec = Spec(true, K, flavor, DType::kFloat32);
+        spec.options.softmax_scale = 0.0883883476f;
+        SCOPED_TRACE(
+            absl::StrCat(logit, K > 0 ? " sparse " : " dense ",
+                         flavor == Flavor::kExact ? "EXACT" : "MAXTEXT"));
+        Case c = MakeRandomCase(spec, seed++);
+        for (double& a : c.attention_logits->values) {
+          if (std::isfinite(a)) a = static_cast<float>(logit);
+        }
+        CheckAgainstReference(c);
       }
     }
   }

@@ -12,7 +12,7 @@ from conftest import Server
 from reference import indexer_kl_reference
 from test_client import check, dense_problem
 
-TOKEN = "py-test-token-0123456789abcdef"
+TOKEN = "py test token 0123456789abcdef"  # spaces are allowed
 
 
 def openssl(*args, cwd):
@@ -51,6 +51,7 @@ def pki(tmp_path_factory):
     make_leaf(d, "client", "ca", [
         "basicConstraints=CA:FALSE", "extendedKeyUsage=clientAuth"])
     (d / "token").write_text(TOKEN + "\n")
+    (d / "empty.pem").write_text("")
     return d
 
 
@@ -135,8 +136,10 @@ def test_bad_security_options_name_the_option(pki):
         (dict(tls_ca_file=str(pki / "ca.pem"),
               tls_cert_file=str(pki / "client.pem")), "set both or neither"),
         (dict(tls_ca_file=str(pki / "missing.pem")), "tls_ca_file: cannot read"),
+        (dict(tls_ca_file=str(pki / "empty.pem")), "tls_ca_file: .* is empty"),
         (dict(auth_token=""), "auth_token"),
-        (dict(auth_token="has space"), "auth_token"),
+        (dict(auth_token="new\nline"), "auth_token"),
+        (dict(auth_token="caf\u00e9"), "auth_token"),
     ]
     for options, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -140,9 +140,12 @@ class _Attempt:
 def _read_file(field, path):
     try:
         with open(path, "rb") as f:
-            return f.read()
+            data = f.read()
     except OSError as e:
         raise ValueError("%s: cannot read %r: %s" % (field, path, e)) from e
+    if not data.strip():
+        raise ValueError("%s: %r is empty" % (field, path))
+    return data
 
 
 def _channel_credentials(ca_file, cert_file, key_file, server_name):
@@ -165,9 +168,9 @@ def _token_metadata(token):
     """The call metadata carrying the bearer token (none without one)."""
     if token is None:
         return ()
-    if not token or not all(0x21 <= ord(ch) <= 0x7E for ch in token):
-        raise ValueError("auth_token: must be non-empty printable ASCII "
-                         "without spaces")
+    # The server's rule for its token file (it goes in a gRPC header).
+    if not token or not all(0x20 <= ord(ch) <= 0x7E for ch in token):
+        raise ValueError("auth_token: must be non-empty printable ASCII")
     return (("authorization", "Bearer " + token),)
 
 

@@ -1,0 +1,21 @@
+#ifndef KLSERVE_CLIENT_CALL_STATUS_H_
+#define KLSERVE_CLIENT_CALL_STATUS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+
+namespace klserve {
+
+// The status a finished call reports to the client's caller: gRPC's code
+// and message, with one exception. A call that reaches a server as it shuts
+// down, before any handler took it, ends CANCELLED with gRPC's bare message
+// "CANCELLED" (grpc/grpc#41785). Nothing of it ran, so it becomes
+// UNAVAILABLE, which the client retries. This relies on the client never
+// reporting a cancel of its own through here: it cancels only after a local
+// error, and reports that error instead.
+absl::Status StatusFromCall(const grpc::Status& status);
+
+}  // namespace klserve
+
+#endif  // KLSERVE_CLIENT_CALL_STATUS_H_
