@@ -46,7 +46,8 @@ def free_port():
 
 
 def wait_for(predicate, timeout, what):
-    """Polls `predicate` until truthy; a refused connection counts as not yet."""
+    """Polls `predicate` until truthy; a refused connection or an HTTP error
+    (urllib.error.HTTPError is a URLError) counts as not yet."""
     deadline = time.time() + timeout
     last_error = None
     while time.time() < deadline:
@@ -73,7 +74,11 @@ class Prometheus:
         q = urllib.parse.urlencode({"query": expr})
         try:
             return http_get_json(f"{self.url}/api/v1/query?{q}")
-        except urllib.error.HTTPError as e:  # 400 for a bad expression
+        except urllib.error.HTTPError as e:
+            # 400/422 answer a bad expression in JSON; anything else (503
+            # while Prometheus starts) is raised, and wait_for polls again.
+            if e.code not in (400, 422):
+                raise
             return json.load(e)
 
     def value(self, expr):
