@@ -31,12 +31,4 @@ void Admission::StartDraining() {
   draining_ = true;
 }
 
-bool Admission::WaitIdle(absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  return mu_.AwaitWithDeadline(
-      absl::Condition(
-          +[](int* n) { return *n == 0; }, &in_flight_),
-      deadline);
-}
-
 }  // namespace klserve::server

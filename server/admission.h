@@ -3,7 +3,6 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "server/metrics.h"
 
 namespace klserve::server {
@@ -22,8 +21,6 @@ class Admission {
   void Leave();
 
   void StartDraining();
-  // Waits until nothing is in flight; false if `deadline` passed first.
-  bool WaitIdle(absl::Time deadline);
 
  private:
   const int max_in_flight_;

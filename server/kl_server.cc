@@ -167,9 +167,9 @@ void KlServer::Drain() {
   const absl::Time deadline = absl::Now() + options_.drain_timeout;
   server_->GetHealthCheckService()->SetServingStatus(false);
   admission_->StartDraining();
-  // The admitted work finishes; then the answers and refusals still on
-  // their way out go out.
-  if (!admission_->WaitIdle(deadline) || !open_calls_.WaitNone(deadline)) {
+  // Admitted calls are open calls: this waits for the work in flight, then
+  // for the answers and refusals still on their way out.
+  if (!open_calls_.WaitNone(deadline)) {
     std::fprintf(stderr,
                  "klserve: requests still in flight after the drain timeout; "
                  "cancelling them\n");

@@ -309,11 +309,9 @@ struct BothExtras {
 // w = a * e (first head) or w += a * e, for s < limit.
 inline void AccumulateHead(float* w, const float* e, float a, int64_t limit,
                            bool first) {
+  AccumulatePreviousHead accumulate{w, e, a, first};
   for (int64_t i = 0; i < limit; i += kLanes) {
-    const int64_t count = LanesAt(i, limit);
-    const VecF x = LoadAt(e, i, count, 0.0f);
-    StoreAt(w, i, count,
-            first ? Splat(a) * x : Fma(Splat(a), x, LoadAt(w, i, count, 0.0f)));
+    accumulate(i, LanesAt(i, limit), VecF{}, VecF{});
   }
 }
 

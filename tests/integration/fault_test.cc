@@ -39,17 +39,6 @@
 namespace klserve::integration {
 namespace {
 
-// Dense head-aggregated FP32 [1, T, 4096]: 32 KiB of input per row.
-v1::ComputeLossRequest WideProblem(int64_t T, uint64_t seed) {
-  ProblemSpec s;
-  s.name = "wide";
-  s.B = 1, s.T = T, s.S = 4096, s.H = 0;
-  s.options.set_causal(true);
-  s.options.set_want_row_kl(true);
-  s.seed = seed;
-  return MakeRequest(s);
-}
-
 // A child process that, once it reads the server's target from `in`, opens
 // a stream, sends the header and the first 8 rows of `request`, waits for
 // the first gradient block, writes one byte to `out`, and then holds the
@@ -102,7 +91,7 @@ Child ForkStreamingChild(const v1::ComputeLossRequest& request) {
 
 TEST(ClientKilledTest, KilledMidStreamFreesItsSlotAndResultsStayCorrect) {
   constexpr int kKills = 3;
-  const v1::ComputeLossRequest wide = WideProblem(64, 7);
+  const v1::ComputeLossRequest wide = MakeRequest(WideSpec(64, 7));
   // Fork first, before anything here starts gRPC.
   std::vector<Child> children;
   for (int i = 0; i < kKills; ++i) {

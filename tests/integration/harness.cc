@@ -365,6 +365,16 @@ v1::Tensor BoolTensor(std::vector<int64_t> shape,
 
 }  // namespace
 
+ProblemSpec WideSpec(int64_t T, uint64_t seed) {
+  ProblemSpec s;
+  s.name = "wide";
+  s.B = 1, s.T = T, s.S = 4096, s.H = 0;
+  s.options.set_causal(true);
+  s.options.set_want_row_kl(true);
+  s.seed = seed;
+  return s;
+}
+
 v1::ComputeLossRequest MakeRequest(const ProblemSpec& spec) {
   std::mt19937_64 rng(spec.seed);
   std::normal_distribution<float> logit(0.0f, 2.0f);

@@ -162,6 +162,10 @@ inline void PrintTo(const ProblemSpec& spec, std::ostream* os) {
 // A random, valid request for `spec`.
 v1::ComputeLossRequest MakeRequest(const ProblemSpec& spec);
 
+// Dense head-aggregated FP32 [1, T, 4096], causal, with row_kl: 32 KiB of
+// input per row, for tests that need large requests.
+ProblemSpec WideSpec(int64_t T, uint64_t seed);
+
 // What the math library (IndexerKlProblem::Create + ComputeIndexerKl on a
 // 2-thread CpuBackend) computes for `request`, shaped as the server's
 // response: grad [B, T, S or K] in grad_dtype, row_kl FP64 [B, T].

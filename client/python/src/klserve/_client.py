@@ -35,6 +35,17 @@ _FLOAT_FIELDS = ("attention_logits", "attention_weights", "indexer_scores")
 _INT_FIELDS = ("topk_indices", "segment_ids_q", "segment_ids_kv")
 _BOOL_FIELDS = ("attention_mask", "key_padding_mask", "row_valid")
 
+
+def _enum_option(field, value, names, allowed):
+    """An option given as a name (any case) or as the proto enum value."""
+    if not isinstance(value, str):
+        return value
+    if value.lower() not in names:
+        raise invalid_argument("options.%s: must be %s, got %r" %
+                               (field, allowed, value))
+    return names[value.lower()]
+
+
 _HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 _HEALTH_SERVING = 1
 
@@ -401,20 +412,10 @@ class Client:
     def _options(*, causal, q_offset, num_keys, softmax_scale, flavor,
                  reduction, scaling_factor, grad_dtype, want_grad,
                  want_row_kl, want_diagnostics, recall_k):
-        if isinstance(flavor, str):
-            key = flavor.lower()
-            if key not in _FLAVORS:
-                raise invalid_argument(
-                    "options.flavor: must be 'exact' or 'maxtext', got %r" %
-                    (flavor,))
-            flavor = _FLAVORS[key]
-        if isinstance(reduction, str):
-            key = reduction.lower()
-            if key not in _REDUCTIONS:
-                raise invalid_argument(
-                    "options.reduction: must be 'mean', 'mean_valid' or "
-                    "'sum', got %r" % (reduction,))
-            reduction = _REDUCTIONS[key]
+        flavor = _enum_option("flavor", flavor, _FLAVORS,
+                              "'exact' or 'maxtext'")
+        reduction = _enum_option("reduction", reduction, _REDUCTIONS,
+                                 "'mean', 'mean_valid' or 'sum'")
         options = pb2.LossOptions(
             causal=bool(causal), num_keys=int(num_keys or 0),
             flavor=int(flavor), reduction=int(reduction),
