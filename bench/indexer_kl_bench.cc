@@ -11,8 +11,9 @@
 // otherwise. The machines are shared and noisy: compare ratios from one run,
 // not absolute times across runs. Method and results: docs/PERFORMANCE.md.
 //
-// Flags: --klserve_threads=N (default 0: every core), then Google Benchmark's
-// own (--benchmark_filter, --benchmark_min_time=0.2, ...).
+// Flags: --klserve_threads=N (default 0: every core), --isa=auto|avx512|avx2|
+// baseline (the CPU kernels' variant, kernels/cpu/isa.h), then Google
+// Benchmark's own (--benchmark_filter, --benchmark_min_time=0.2, ...).
 
 #include <unistd.h>
 
@@ -38,7 +39,7 @@
 #include "absl/status/statusor.h"
 #include "benchmark/benchmark.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/dtype.h"
 #include "kernels/half.h"
 #include "kernels/loss.h"
@@ -84,8 +85,8 @@ double BestParallelSeconds(int threads, int reps, const Body& body) {
         if (i == 0) {
           const auto first = *std::min_element(starts.begin(), starts.end());
           const auto last = *std::max_element(ends.begin(), ends.end());
-          best = std::min(
-              best, std::chrono::duration<double>(last - first).count());
+          best = std::min(best,
+                          std::chrono::duration<double>(last - first).count());
         }
       }
     });
@@ -94,13 +95,18 @@ double BestParallelSeconds(int threads, int reps, const Body& body) {
   return best;
 }
 
-// dst = src with ordinary vector stores, n a multiple of cpu::kLanes. Not
+// dst = src with ordinary 16-byte vector stores, n a multiple of 4. Not
 // memcpy: glibc's large-copy path uses non-temporal stores, a different
 // ceiling (about 1.5x higher on these machines, shared/notes/toolchain.md)
-// than the ordinary stores the kernels write their gradients with.
+// than the ordinary stores the kernels write their gradients with. The
+// loads and stores hide behind an empty asm so that the compiler cannot turn
+// the loop back into memcpy.
 void CopyFloats(const float* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; i += cpu::kLanes) {
-    cpu::Store(dst + i, cpu::Load(src + i));
+  using Vec4 = float __attribute__((vector_size(16), aligned(4)));
+  for (int64_t i = 0; i < n; i += 4) {
+    Vec4 v = *reinterpret_cast<const Vec4*>(src + i);
+    asm("" : "+x"(v));
+    *reinterpret_cast<Vec4*>(dst + i) = v;
   }
 }
 
@@ -129,9 +135,10 @@ double MeasureCopyBandwidth(int threads) {
   return 2.0 * kBytes / seconds;
 }
 
-// cpu::Exp over an L1-resident buffer on every thread, values in the range a
-// softmax feeds it (x - max in [-20, 0]).
-double MeasureExpThroughput(int threads) {
+// The kernels' own exp, of the backend's ISA variant, over an L1-resident
+// buffer on every thread, values in the range a softmax feeds it (x - max in
+// [-20, 0]).
+double MeasureExpThroughput(int threads, const cpu::IsaKernels& kernels) {
   constexpr int64_t kN = 2048;  // 8 KiB in + 8 KiB out per thread
   constexpr int64_t kPasses = 10000;
   struct alignas(64) Buffers {
@@ -148,9 +155,7 @@ double MeasureExpThroughput(int threads) {
   const double seconds = BestParallelSeconds(threads, 30, [&](int i) {
     Buffers& buf = *buffers[i];
     for (int64_t pass = 0; pass < kPasses; ++pass) {
-      for (int64_t j = 0; j < kN; j += cpu::kLanes) {
-        cpu::Store(buf.out + j, cpu::Exp(cpu::Load(buf.in + j)));
-      }
+      kernels.exp(buf.in, buf.out, kN);
       // Keeps the compiler from merging or dropping passes.
       asm volatile("" : : "r"(buf.out) : "memory");
     }
@@ -158,11 +163,12 @@ double MeasureExpThroughput(int threads) {
   return double(threads) * kN * kPasses / seconds;
 }
 
-Ceilings MeasureCeilings(int threads) {
+Ceilings MeasureCeilings(const CpuBackend& backend) {
   Ceilings ceilings;
-  ceilings.threads = threads;
-  ceilings.copy_bytes_per_s = MeasureCopyBandwidth(threads);
-  ceilings.exps_per_s = MeasureExpThroughput(threads);
+  ceilings.threads = backend.threads();
+  ceilings.copy_bytes_per_s = MeasureCopyBandwidth(ceilings.threads);
+  ceilings.exps_per_s =
+      MeasureExpThroughput(ceilings.threads, backend.kernels());
   return ceilings;
 }
 
@@ -411,7 +417,8 @@ void BM_IndexerKl(benchmark::State& state, const Case& c) {
   // so best against best compares what the code and the machine can do.
   state.counters["copy_ratio"] =
       bytes / iterations / best / g_ceilings.copy_bytes_per_s;
-  state.counters["exp_ratio"] = items / iterations / best / g_ceilings.exps_per_s;
+  state.counters["exp_ratio"] =
+      items / iterations / best / g_ceilings.exps_per_s;
   state.counters["best_ms"] = best * 1e3;
 }
 
@@ -477,9 +484,11 @@ class SummaryReporter : public benchmark::ConsoleReporter {
         after.copy_bytes_per_s / g_ceilings.copy_bytes_per_s - 1;
     const double exp_drift = after.exps_per_s / g_ceilings.exps_per_s - 1;
     std::printf(
-        "\nklserve_bench summary: %d threads; ceilings at start: copy %.1f "
+        "\nklserve_bench summary: %s kernels, %d threads; ceilings at start: "
+        "copy %.1f "
         "GB/s (read + write), exp %.2f G/s; at end: %.1f GB/s (%+.0f%%), "
         "%.2f G/s (%+.0f%%)\n",
+        std::string(cpu::IsaName(g_backend->kernels().isa)).c_str(),
         g_ceilings.threads, g_ceilings.copy_bytes_per_s / 1e9,
         g_ceilings.exps_per_s / 1e9, after.copy_bytes_per_s / 1e9,
         100 * copy_drift, after.exps_per_s / 1e9, 100 * exp_drift);
@@ -493,8 +502,8 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                 "best ms", "GB/s", "copy_ratio", "Gelem/s", "exp_ratio");
     for (const std::string& name : order_) {
       const Row& row = rows_.at(name);
-      std::printf("%-44s %8.2f %8.2f %8.2f %10.3f %9.3f %9.3f\n",
-                  name.c_str(), row.ms_per_iter, row.best_ms,
+      std::printf("%-44s %8.2f %8.2f %8.2f %10.3f %9.3f %9.3f\n", name.c_str(),
+                  row.ms_per_iter, row.best_ms,
                   row.copy_ratio * g_ceilings.copy_bytes_per_s / 1e9,
                   row.copy_ratio, row.exp_ratio * g_ceilings.exps_per_s / 1e9,
                   row.exp_ratio);
@@ -541,6 +550,12 @@ bool HasArg(int argc, char** argv, std::string_view prefix) {
 
 int Main(int argc, char** argv) {
   const int threads = TakeThreadsFlag(argc, argv);
+  const absl::StatusOr<cpu::Isa> isa = cpu::TakeIsaFlag(argc, argv);
+  if (!isa.ok()) {
+    std::fprintf(stderr, "klserve_bench: %s\n",
+                 std::string(isa.status().message()).c_str());
+    return 2;
+  }
   // JSON or CSV on stdout must stay machine-readable: no summary then.
   const bool console = !HasArg(argc, argv, "--benchmark_format=") ||
                        HasArg(argc, argv, "--benchmark_format=console");
@@ -548,16 +563,19 @@ int Main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 
-  CpuBackend backend(threads);
+  CpuBackend backend(threads, *isa);
   g_backend = &backend;
+  const std::string isa_name(cpu::IsaName(*isa));
   if (!listing) {
-    g_ceilings = MeasureCeilings(backend.threads());
+    g_ceilings = MeasureCeilings(backend);
     std::fprintf(stderr,
-                 "ceilings on %d threads: copy %.1f GB/s (read + write, "
-                 "256 MiB buffers), exp %.2f G/s (L1-resident)\n",
-                 g_ceilings.threads, g_ceilings.copy_bytes_per_s / 1e9,
+                 "%s kernels; ceilings on %d threads: copy %.1f GB/s (read + "
+                 "write, 256 MiB buffers), exp %.2f G/s (L1-resident)\n",
+                 isa_name.c_str(), g_ceilings.threads,
+                 g_ceilings.copy_bytes_per_s / 1e9,
                  g_ceilings.exps_per_s / 1e9);
     // Recorded with the results, JSON output included.
+    benchmark::AddCustomContext("klserve_isa", isa_name);
     benchmark::AddCustomContext("klserve_threads",
                                 std::to_string(g_ceilings.threads));
     char text[32];
@@ -579,7 +597,7 @@ int Main(int argc, char** argv) {
   if (console) {
     SummaryReporter reporter(isatty(STDOUT_FILENO) != 0);
     benchmark::RunSpecifiedBenchmarks(&reporter);
-    if (!listing) reporter.PrintSummary(MeasureCeilings(g_ceilings.threads));
+    if (!listing) reporter.PrintSummary(MeasureCeilings(*g_backend));
   } else {
     benchmark::RunSpecifiedBenchmarks();
   }

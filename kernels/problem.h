@@ -144,6 +144,10 @@ class IndexerKlProblem {
   std::optional<int64_t> denominator;
 
   int64_t num_rows() const { return B * T; }
+  // Whether row r counts in the loss: row_valid true, or absent.
+  bool row_counts(int64_t r) const {
+    return row_valid == nullptr || row_valid[r] != std::byte{0};
+  }
   bool has_row_mask() const {
     return segment_ids_q != nullptr || key_padding_mask != nullptr ||
            has_attention_mask;

@@ -105,8 +105,11 @@ python_deps() {
 # build [TARGET...]: everything by default.
 build() {
   deps
-  # Tests and benchmark on explicitly, whatever an older cache says.
+  # Tests, benchmark and a portable build on explicitly, whatever an older
+  # cache says: the binaries run on any x86-64-v2 CPU and pick their kernels'
+  # ISA variant at start (kernels/cpu/isa.h).
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DKLSERVE_NATIVE=OFF \
     -DKLSERVE_BUILD_TESTS=ON -DKLSERVE_BUILD_BENCHMARKS=ON \
     -DKLSERVE_TEST_PYTHON="$VENV/bin/python"
   if [[ $# -gt 0 ]]; then
@@ -128,9 +131,9 @@ run_tests() {
 }
 
 # Not run under sanitize: promql_expressions runs Python, the promtool checks
-# are not C++, and the RSS bounds of the load and slot tests cannot hold
+# and isa_isolation (objdump of the main build) are not C++, and the RSS bounds of the load and slot tests cannot hold
 # under ASan, whose quarantine keeps freed memory.
-SANITIZE_EXCLUDE='^(promql_expressions|promtool_|integration\..*Rss)'
+SANITIZE_EXCLUDE='^(promql_expressions|promtool_|isa_isolation|integration\..*Rss)'
 ASAN_DIR="${ASAN_BUILD_DIR:-$ROOT/build-asan}"
 FUZZ_DIR="${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 FUZZ_CLANG="${FUZZ_CLANG:-clang-14}"
@@ -146,7 +149,7 @@ run_sanitize() {
   # No KLSERVE_TEST_PYTHON: the pytest-based tests are not registered.
   cmake -S "$ROOT" -B "$ASAN_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS=-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
-    -DKLSERVE_BUILD_TESTS=ON -DKLSERVE_BUILD_BENCHMARKS=OFF \
+    -DKLSERVE_NATIVE=OFF -DKLSERVE_BUILD_TESTS=ON -DKLSERVE_BUILD_BENCHMARKS=OFF \
     -DKLSERVE_CUDA=OFF -DKLSERVE_TEST_PYTHON=
   # Everything the configuration has: with benchmarks off and no
   # KLSERVE_TEST_PYTHON, that is klserve, klctl and the C++ tests.
@@ -167,7 +170,7 @@ run_sanitize() {
     return 1
   fi
   CC="$FUZZ_CLANG" CXX="$FUZZ_CLANGXX" cmake -S "$ROOT" -B "$FUZZ_DIR" -G Ninja \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKLSERVE_FUZZ=ON \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKLSERVE_FUZZ=ON -DKLSERVE_NATIVE=OFF \
     -DKLSERVE_BUILD_TESTS=OFF -DKLSERVE_BUILD_BENCHMARKS=OFF \
     -DKLSERVE_CUDA=OFF
   cmake --build "$FUZZ_DIR" --target klserve_request_fuzzer

@@ -96,8 +96,8 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
     ASSIGN_OR_RETURN(std::string token, ReadTokenFile(options.auth_token_file));
     s->auth_ = std::make_unique<TokenAuth>(std::move(token));
   }
-  ASSIGN_OR_RETURN(s->backend_,
-                   SelectBackend(options.backend, options.threads));
+  ASSIGN_OR_RETURN(s->backend_, SelectBackend(options.backend, options.threads,
+                                              options.isa));
   MetricsOptions metrics;
   metrics.listen_address = options.metrics_listen;
   metrics.version = std::string(kVersion);

@@ -19,6 +19,10 @@ ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
 ABSL_FLAG(std::string, backend, "auto",
           "auto (CUDA when usable, else CPU), cpu or cuda");
 ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 = one per core");
+ABSL_FLAG(std::string, isa, "auto",
+          "CPU kernels' instruction set: auto (the best this CPU runs), "
+          "avx512, avx2 or baseline; every one gives the same bits, and one "
+          "this CPU cannot run is refused");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
           "largest gRPC message either way; larger problems must stream");
 ABSL_FLAG(int, max_concurrent_requests, 8,
@@ -51,7 +55,8 @@ ABSL_FLAG(std::string, auth_token_file, "",
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves the indexer KL loss over gRPC.\n  klserve [--listen=HOST:PORT] "
-      "[--backend=auto|cpu|cuda] [--threads=N] ...");
+      "[--backend=auto|cpu|cuda] [--threads=N] [--isa=auto|avx512|avx2|"
+      "baseline] ...");
   absl::ParseCommandLine(argc, argv);
 
   // SIGTERM and SIGINT go to one thread that drains; every other thread,
@@ -66,6 +71,7 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.backend = absl::GetFlag(FLAGS_backend);
   options.threads = absl::GetFlag(FLAGS_threads);
+  options.isa = absl::GetFlag(FLAGS_isa);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_concurrent_requests =
       absl::GetFlag(FLAGS_max_concurrent_requests);

@@ -17,6 +17,9 @@ struct ServerOptions {
   std::string backend = "auto";
   // CPU backend threads; 0 = one per core.
   int threads = 0;
+  // The CPU kernels' ISA variant: "auto" (the best this CPU runs), "avx512",
+  // "avx2" or "baseline" (kernels/cpu/isa.h); all give the same bits.
+  std::string isa = "auto";
   // Largest message received or sent. A problem larger than this goes
   // through ComputeLossStream. gRPC caps messages below 2 GiB.
   int64_t max_message_bytes = int64_t{256} << 20;

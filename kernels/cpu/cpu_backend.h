@@ -4,16 +4,20 @@
 #include <string_view>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace klserve {
 
 // The multi-threaded CPU backend. Its thread pool is created once; rows are
-// spread across it in chunks, and each chunk reuses one scratch row set.
+// spread across it in chunks, each computed by one ISA variant's kernels
+// (kernels/cpu/isa.h) with one scratch row set, and folded in row order.
 class CpuBackend final : public Backend {
  public:
-  // num_threads <= 0 uses every core.
-  explicit CpuBackend(int num_threads = 0);
+  // num_threads <= 0 uses every core. `isa` must be one this CPU runs
+  // (ResolveIsa checks a flag's word); every variant gives the same bits.
+  explicit CpuBackend(int num_threads = 0, cpu::Isa isa = cpu::BestIsa());
 
   std::string_view name() const override { return "cpu"; }
   std::string device() const override;
@@ -23,9 +27,12 @@ class CpuBackend final : public Backend {
                            RowRange rows, const BlockOutputs& outputs,
                            LossAccumulator& accumulator) override;
 
+  // The variant it computes with (its exp sets the benchmark's ceiling).
+  const cpu::IsaKernels& kernels() const { return kernels_; }
 
  private:
   cpu::ThreadPool pool_;
+  const cpu::IsaKernels& kernels_;
 };
 
 }  // namespace klserve

@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/isa.h"
 #include "tests/integration/harness.h"
 
 namespace klserve::integration {
@@ -418,6 +419,58 @@ TEST_F(ServerTest, ConcurrentClientsGetIndependentCorrectResults) {
     });
   }
   for (std::thread& thread : threads) thread.join();
+}
+
+// A server forced onto each CPU kernels' variant this CPU runs says so and
+// answers every agreement problem with the library's bits (the library runs
+// the CPU's best variant); a variant this CPU cannot run, or an unknown
+// word, stops the server at start with a message naming --isa.
+TEST(IsaFlag, EveryVariantServesTheSameBits) {
+  for (cpu::Isa isa :
+       {cpu::Isa::kBaseline, cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+    const std::string name(cpu::IsaName(isa));
+    SCOPED_TRACE(name);
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::Start({"--isa=" + name});
+    if (!cpu::CpuRuns(isa)) {
+      ASSERT_FALSE(server.ok());
+      EXPECT_TRUE(absl::StrContains(server.status().message(),
+                                    "--isa=" + name + ": this CPU cannot run"))
+          << server.status();
+      continue;
+    }
+    ASSERT_TRUE(server.ok()) << server.status();
+    EXPECT_TRUE(absl::StrContains((*server)->Log(),
+                                  "CPU kernels: " + name + " (--isa)"))
+        << (*server)->Log();
+    std::unique_ptr<Client> client = MakeClient((*server)->target());
+    ASSERT_NE(client, nullptr);
+    absl::StatusOr<v1::GetServerInfoResponse> info = client->GetServerInfo();
+    ASSERT_TRUE(info.ok()) << Describe(info.status());
+    EXPECT_TRUE(absl::EndsWith(info->device(), name + " kernels"))
+        << info->device();
+    for (const ProblemSpec& spec : AgreementSpecs()) {
+      SCOPED_TRACE(spec.name);
+      const v1::ComputeLossRequest request = MakeRequest(spec);
+      absl::StatusOr<v1::ComputeLossResponse> expected =
+          LibraryCompute(request);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      absl::StatusOr<v1::ComputeLossResponse> unary =
+          client->ComputeLossUnary(request);
+      ASSERT_TRUE(unary.ok()) << Describe(unary.status());
+      EXPECT_TRUE(SameResponse(*expected, *unary));
+    }
+  }
+}
+
+TEST(IsaFlag, UnknownWordStopsTheServer) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({"--isa=sse9"});
+  ASSERT_FALSE(server.ok());
+  EXPECT_TRUE(absl::StrContains(
+      server.status().message(),
+      "--isa: must be auto, avx512, avx2 or baseline, got \"sse9\""))
+      << server.status();
 }
 
 }  // namespace

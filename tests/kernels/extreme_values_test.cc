@@ -243,6 +243,32 @@ TEST(ExtremeValues, SubnormalWeights) {
   }
 }
 
+TEST(ExtremeValues, SubnormalWeightsBesideNormalOnes) {
+  // Rows of 4096 slots: one normal weight, just large enough that the row
+  // is not rescaled, and small subnormals everywhere else. The fast log
+  // pass does not take subnormals, and the rows must come out as with one
+  // that does: the KL of the target 2^24 w, all normal, is the same to
+  // rounding in double (5e-13 of itself here), while a log that mistook the
+  // subnormals moves it by 4e-7 of itself (and the entropy of p past the
+  // reference's tolerance).
+  CaseSpec spec = Spec(false, 0, Flavor::kExact, DType::kFloat32);
+  spec.T = 3;
+  spec.S = 4096;
+  spec.causal = false;
+  spec.zero_weight_fraction = 0;
+  Case c = MakeRandomCase(spec, 66);
+  int64_t n = 0;
+  ForEachValidSlot(c, [&](int64_t, int64_t, int64_t j, int64_t i) {
+    c.attention_weights->values[i] =
+        j == 7 ? 1e-30 : 1e-40 * (1 + static_cast<double>(n++ % 5));
+  });
+  CheckAgainstReference(c);
+  Case scaled = c;
+  for (double& w : scaled.attention_weights->values) w = std::ldexp(w, 24);
+  const double want = LibraryLoss(scaled);
+  EXPECT_NEAR(LibraryLoss(c), want, 1e-10 * want);
+}
+
 TEST(ExtremeValues, SixteenBitWeightsAtTheirLimits) {
   // bf16 near its max, fp16 near its max, fp16 subnormals.
   uint64_t seed = 68;

@@ -251,7 +251,7 @@ TEST(RowBlocks, InOrderBlocksReproduceTheWholeProblemBitForBit) {
 }
 
 TEST(RowBlocks, ThreadCountDoesNotChangeTheBits) {
-  CpuBackend one(1), two(2), four(4);
+  CpuBackend one(1, TestIsa()), two(2, TestIsa()), four(4, TestIsa());
   uint64_t seed = 50;
   for (CaseSpec spec : BlockSpecs()) {
     spec.T = 150;  // several chunks per thread

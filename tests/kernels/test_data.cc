@@ -259,8 +259,18 @@ klref::RefProblem ToReference(const Case& c) {
 // ---------------------------------------------------------------------------
 // Running the library.
 
+namespace {
+cpu::Isa& TestIsaSetting() {
+  static cpu::Isa isa = cpu::BestIsa();
+  return isa;
+}
+}  // namespace
+
+cpu::Isa TestIsa() { return TestIsaSetting(); }
+void SetTestIsa(cpu::Isa isa) { TestIsaSetting() = isa; }
+
 Backend& SharedBackend() {
-  static CpuBackend* const backend = new CpuBackend(2);
+  static CpuBackend* const backend = new CpuBackend(2, TestIsa());
   return *backend;
 }
 

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/dtype.h"
 #include "kernels/loss.h"
 #include "kernels/problem.h"
@@ -116,7 +117,13 @@ LibOutput RunLibrary(const Case& c, Backend* backend = nullptr);
 // The loss alone, or NaN on an error.
 double LibraryLoss(const Case& c, Backend* backend = nullptr);
 
-// A CPU backend with two threads, shared by the tests.
+// The CPU kernels' variant the suite runs under: the --isa flag of the
+// kernel tests' main (isa_test_main.cc), the CPU's best without one.
+cpu::Isa TestIsa();
+void SetTestIsa(cpu::Isa isa);
+
+// A CPU backend with two threads and TestIsa()'s kernels, shared by the
+// tests.
 Backend& SharedBackend();
 
 // Decodes `count` elements of `dtype` (FP32, BF16, FP16) with the reference's

@@ -1,15 +1,16 @@
-#include "kernels/cpu/row_loss.h"
+#include "kernels/cpu/variant/row_loss.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 
-#include "kernels/cpu/row_convert.h"
-#include "kernels/cpu/row_passes.h"
-#include "kernels/cpu/row_target.h"
+#include "kernels/cpu/variant/log_double.h"
+#include "kernels/cpu/variant/row_convert.h"
+#include "kernels/cpu/variant/row_passes.h"
+#include "kernels/cpu/variant/row_target.h"
 #include "kernels/value_errors.h"
 
-namespace klserve::cpu {
+namespace klserve::cpu::KLSERVE_ISA {
 namespace {
 
 bool IsValid(const RowValidity& v, int64_t s) {
@@ -151,8 +152,8 @@ absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
   } else {
     l = ExpRow<kMasked>(I, v.limit, v.bytes, m, 1.0f, scratch.e(), NoExtra());
   }
-  const double log_z = std::log(target.z);
-  const double log_l = std::log(l);
+  const double log_z = LogDouble(target.z);
+  const double log_l = LogDouble(l);
   const double sum_w_log_w =
       std::numbers::ln2 * terms.sum_w_exponent + terms.sum_w_mantissa_log;
   const float inv_l = static_cast<float>(1.0 / l);
@@ -206,4 +207,4 @@ absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& problem,
                               next, scratch);
 }
 
-}  // namespace klserve::cpu
+}  // namespace klserve::cpu::KLSERVE_ISA

@@ -1,12 +1,13 @@
-#ifndef KLSERVE_KERNELS_CPU_ROW_CONVERT_H_
-#define KLSERVE_KERNELS_CPU_ROW_CONVERT_H_
+#ifndef KLSERVE_KERNELS_CPU_VARIANT_ROW_CONVERT_H_
+#define KLSERVE_KERNELS_CPU_VARIANT_ROW_CONVERT_H_
 
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/variant/isa_namespace.h"
 #include "kernels/dtype.h"
 
-namespace klserve::cpu {
+namespace klserve::cpu::KLSERVE_ISA {
 
 // n elements of `dtype` (FP32, BF16 or FP16) at `data` as floats: the bytes
 // themselves when they are aligned FP32, otherwise converted into `scratch`.
@@ -22,6 +23,6 @@ inline bool IsDirectFloat(DType dtype, const void* p) {
          reinterpret_cast<uintptr_t>(p) % alignof(float) == 0;
 }
 
-}  // namespace klserve::cpu
+}  // namespace klserve::cpu::KLSERVE_ISA
 
-#endif  // KLSERVE_KERNELS_CPU_ROW_CONVERT_H_
+#endif  // KLSERVE_KERNELS_CPU_VARIANT_ROW_CONVERT_H_

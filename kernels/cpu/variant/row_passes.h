@@ -1,5 +1,5 @@
-#ifndef KLSERVE_KERNELS_CPU_ROW_PASSES_H_
-#define KLSERVE_KERNELS_CPU_ROW_PASSES_H_
+#ifndef KLSERVE_KERNELS_CPU_VARIANT_ROW_PASSES_H_
+#define KLSERVE_KERNELS_CPU_VARIANT_ROW_PASSES_H_
 
 // The vector passes over one row that the CPU backend composes. A row has n
 // slots; slots at or past `limit` are invalid (the causal cut), and when
@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/variant/isa_namespace.h"
+#include "kernels/cpu/variant/vec_math.h"
+#include "kernels/value_errors.h"
 
-namespace klserve::cpu {
+namespace klserve::cpu::KLSERVE_ISA {
 
 inline int64_t LanesAt(int64_t i, int64_t n) {
   return n - i < kLanes ? n - i : kLanes;
@@ -81,12 +83,12 @@ struct LogitsCheck {
   void Add(VecF v, VecI in) {
     good &= v < Splat(kInf);
     const VecF valid_v = Select(in, v, Splat(-kInf));
-    max = max > valid_v ? max : valid_v;
+    max = Max(max, valid_v);
   }
   // Every lane valid.
   void Add(VecF v) {
     good &= v < Splat(kInf);
-    max = max > v ? max : v;
+    max = Max(max, v);
   }
   ScanResult Result() const { return {Any(~good), ReduceMax(max), 0}; }
 };
@@ -117,19 +119,22 @@ struct TargetTerms {
   double sum_w_exponent = 0;
   double sum_w_mantissa_log = 0;
   double sum_w_scores = 0;
-  bool mass_on_minus_inf = false;  // some w > 0 has I = -inf
+  bool mass_on_minus_inf = false;  // some valid w > 0 has I = -inf
 };
 
+// kSubnormalWeights: whether w may hold subnormals; the log is cheaper
+// without them.
+template <bool kSubnormalWeights>
 struct TargetTermsSums {
   VecD sw{}, swe{}, swm{}, swi{};
-  VecI inf_mass{};
 
-  void Add(VecF w, VecF I) {
+  // Returns the lanes where w > 0 meets I = -inf, and, without
+  // kSubnormalWeights, those where w is subnormal (its parts are then wrong).
+  VecI Add(VecF w, VecF I) {
     const VecI minus_inf = I == Splat(-kInf);
-    inf_mass |= (w > Splat(0.0f)) & minus_inf;
     // w = 0 lanes: the log parts are finite, so w * part is 0; I may be -inf
     // there and must not meet 0 * -inf.
-    const LogParts parts = LogSplit(w);
+    const LogParts parts = kSubnormalWeights ? LogSplit(w) : LogSplitNormal(w);
     const VecF finite_i = Select(minus_inf, Splat(0.0f), I);
     const VecD w_lo = WidenLow(w), w_hi = WidenHigh(w);
     sw += w_lo + w_hi;
@@ -137,10 +142,12 @@ struct TargetTermsSums {
     swm += w_lo * WidenLow(parts.mantissa_log) +
            w_hi * WidenHigh(parts.mantissa_log);
     swi += w_lo * WidenLow(finite_i) + w_hi * WidenHigh(finite_i);
+    const VecI positive = w > Splat(0.0f);
+    if constexpr (kSubnormalWeights) return positive & minus_inf;
+    return positive & (minus_inf | (w < Splat(kFloatMin)));
   }
   TargetTerms Result() const {
-    return {ReduceSum(sw), ReduceSum(swe), ReduceSum(swm), ReduceSum(swi),
-            Any(inf_mass)};
+    return {ReduceSum(sw), ReduceSum(swe), ReduceSum(swm), ReduceSum(swi)};
   }
 };
 
@@ -156,37 +163,76 @@ struct RowScan {
   TargetTerms terms;
 };
 
+// The rare findings of a row (a bad value, target mass on a -inf score, a
+// subnormal weight), exactly, by a scalar pass: ScanRow gathers them in one
+// mask only, which keeps its loop within the AVX2 variant's 16 registers.
+// Returns whether a valid weight is subnormal.
 template <bool kMasked, bool kRawWeights>
+bool FindRareValues(const float* w, const float* I, int64_t n, int64_t limit,
+                    const uint8_t* valid, RowScan& scan) {
+  if constexpr (kRawWeights) {
+    scan.target.any_bad = FirstBadValue(w, n, /*weights=*/true) >= 0;
+  }
+  scan.scores.any_bad = FirstBadValue(I, n, /*weights=*/false) >= 0;
+  bool subnormal = false;
+  for (int64_t s = 0; s < limit; ++s) {
+    if (kMasked && valid[s] == 0) continue;
+    scan.terms.mass_on_minus_inf |= w[s] > 0 && I[s] == -kInf;
+    subnormal |= w[s] > 0 && w[s] < kFloatMin;
+  }
+  return subnormal;
+}
+
+template <bool kMasked, bool kRawWeights, bool kSubnormalWeights = false>
 RowScan ScanRow(const float* w, const float* I, int64_t n, int64_t limit,
                 const uint8_t* valid, float* masked_copy, Prefetcher& next) {
-  LogitsCheck scores;
-  TargetTermsSums terms;
-  VecI bad_w{};
-  VecD sum_w{};
+  VecF max = Splat(-kInf);
+  // Lanes that saw a NaN or +inf score, a bad weight, mass on -inf, or a
+  // subnormal weight.
+  VecI rare{};
+  TargetTermsSums<kSubnormalWeights> terms;
   for (int64_t i = 0; i < n; i += kLanes) {
     next.Step();
     const int64_t count = LanesAt(i, n);
-    const VecI in = i < limit ? ValidLanes<kMasked>(valid, i, limit) : VecI{};
     const VecF iv = LoadAt(I, i, count, 0.0f);
-    scores.Add(iv, in);
-    VecF wv;
+    rare |= ~(iv < Splat(kInf));  // fails for NaN and +inf alike
+    VecF raw;
     if constexpr (kRawWeights) {
-      const VecF raw = LoadAt(w, i, count, 0.0f);
-      bad_w |= ~(raw >= Splat(0.0f)) | (raw == Splat(kInf));
-      if (i >= limit) continue;
-      wv = Select(in, raw, Splat(0.0f));
-      sum_w += WideSum(wv);
-      if (masked_copy != nullptr) {
-        StoreAt(masked_copy, i, LanesAt(i, limit), wv);
-      }
-    } else {
-      if (i >= limit) continue;
-      // w is defined below the limit only; the lanes past it read as 0.
-      wv = LoadAt(w, i, LanesAt(i, limit), 0.0f);
+      raw = LoadAt(w, i, count, 0.0f);
+      rare |= ~(raw >= Splat(0.0f)) | (raw == Splat(kInf));
     }
-    terms.Add(wv, iv);
+    if (i >= limit) continue;
+    VecF wv;
+    if (!kMasked && i + kLanes <= limit) {  // every lane valid
+      max = Max(max, iv);
+      wv = kRawWeights ? raw : Load(w + i);
+    } else {
+      const VecI in = ValidLanes<kMasked>(valid, i, limit);
+      max = Max(max, Select(in, iv, Splat(-kInf)));
+      // Without kRawWeights, w is defined below the limit only; the lanes
+      // past it read as 0.
+      wv = kRawWeights ? Select(in, raw, Splat(0.0f))
+                       : LoadAt(w, i, LanesAt(i, limit), 0.0f);
+    }
+    if (kRawWeights && masked_copy != nullptr) {
+      StoreAt(masked_copy, i, LanesAt(i, limit), wv);
+    }
+    rare |= terms.Add(wv, iv);
   }
-  return {{Any(bad_w), 0, ReduceSum(sum_w)}, scores.Result(), terms.Result()};
+  RowScan scan;
+  scan.scores.max = ReduceMax(max);
+  scan.terms = terms.Result();
+  scan.target.sum = scan.terms.sum_w;
+  if (Any(rare) &&
+      FindRareValues<kMasked, kRawWeights>(w, I, n, limit, valid, scan) &&
+      !kSubnormalWeights && !scan.target.any_bad && !scan.scores.any_bad) {
+    // Again with the log that takes subnormals: the same bits on every
+    // other lane.
+    Prefetcher none;
+    return ScanRow<kMasked, kRawWeights, true>(w, I, n, limit, valid,
+                                               masked_copy, none);
+  }
+  return scan;
 }
 
 // e[s] = exp(mul * (x[s] - shift)) on valid slots and 0 on invalid ones, for
@@ -379,6 +425,6 @@ inline void MaxTextGradRow(const float* e, const float* w, float inv_l,
   }
 }
 
-}  // namespace klserve::cpu
+}  // namespace klserve::cpu::KLSERVE_ISA
 
-#endif  // KLSERVE_KERNELS_CPU_ROW_PASSES_H_
+#endif  // KLSERVE_KERNELS_CPU_VARIANT_ROW_PASSES_H_

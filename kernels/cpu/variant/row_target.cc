@@ -1,12 +1,12 @@
-#include "kernels/cpu/row_target.h"
+#include "kernels/cpu/variant/row_target.h"
 
 #include <cmath>
 #include <utility>
 
-#include "kernels/cpu/row_convert.h"
+#include "kernels/cpu/variant/row_convert.h"
 #include "kernels/value_errors.h"
 
-namespace klserve::cpu {
+namespace klserve::cpu::KLSERVE_ISA {
 namespace {
 
 template <bool kMasked>
@@ -116,4 +116,4 @@ RowTarget AggregatedTarget(const IndexerKlProblem& p, const RowValidity& v,
   return target;
 }
 
-}  // namespace klserve::cpu
+}  // namespace klserve::cpu::KLSERVE_ISA

@@ -1,16 +1,17 @@
-#ifndef KLSERVE_KERNELS_CPU_ROW_LOSS_H_
-#define KLSERVE_KERNELS_CPU_ROW_LOSS_H_
+#ifndef KLSERVE_KERNELS_CPU_VARIANT_ROW_LOSS_H_
+#define KLSERVE_KERNELS_CPU_VARIANT_ROW_LOSS_H_
 
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "kernels/cpu/row_passes.h"
 #include "kernels/cpu/row_scratch.h"
-#include "kernels/cpu/row_validity.h"
+#include "kernels/cpu/variant/isa_namespace.h"
+#include "kernels/cpu/variant/row_passes.h"
+#include "kernels/cpu/variant/row_validity.h"
 #include "kernels/loss_accumulator.h"
 #include "kernels/problem.h"
 
-namespace klserve::cpu {
+namespace klserve::cpu::KLSERVE_ISA {
 
 // Row r's KL, diagnostics and gradient, given its validity: reads and
 // checks the target (NaN or +inf anywhere, negative weights, a head with no
@@ -25,6 +26,6 @@ absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& problem,
                                          float grad_scale, float* grad,
                                          Prefetcher& next, RowScratch& scratch);
 
-}  // namespace klserve::cpu
+}  // namespace klserve::cpu::KLSERVE_ISA
 
-#endif  // KLSERVE_KERNELS_CPU_ROW_LOSS_H_
+#endif  // KLSERVE_KERNELS_CPU_VARIANT_ROW_LOSS_H_

@@ -1,13 +1,14 @@
-#ifndef KLSERVE_KERNELS_CPU_ROW_VALIDITY_H_
-#define KLSERVE_KERNELS_CPU_ROW_VALIDITY_H_
+#ifndef KLSERVE_KERNELS_CPU_VARIANT_ROW_VALIDITY_H_
+#define KLSERVE_KERNELS_CPU_VARIANT_ROW_VALIDITY_H_
 
 #include <cstdint>
 
 #include "absl/status/status.h"
 #include "kernels/cpu/row_scratch.h"
+#include "kernels/cpu/variant/isa_namespace.h"
 #include "kernels/problem.h"
 
-namespace klserve::cpu {
+namespace klserve::cpu::KLSERVE_ISA {
 
 // Which slots of one row may be used: those below `limit` whose byte in
 // `bytes` is nonzero, or all below `limit` when `bytes` is null.
@@ -24,6 +25,6 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& problem,
                                              const RowData& data, int64_t r,
                                              RowScratch& scratch);
 
-}  // namespace klserve::cpu
+}  // namespace klserve::cpu::KLSERVE_ISA
 
-#endif  // KLSERVE_KERNELS_CPU_ROW_VALIDITY_H_
+#endif  // KLSERVE_KERNELS_CPU_VARIANT_ROW_VALIDITY_H_

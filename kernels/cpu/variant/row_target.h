@@ -1,15 +1,16 @@
-#ifndef KLSERVE_KERNELS_CPU_ROW_TARGET_H_
-#define KLSERVE_KERNELS_CPU_ROW_TARGET_H_
+#ifndef KLSERVE_KERNELS_CPU_VARIANT_ROW_TARGET_H_
+#define KLSERVE_KERNELS_CPU_VARIANT_ROW_TARGET_H_
 
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "kernels/cpu/row_passes.h"
 #include "kernels/cpu/row_scratch.h"
-#include "kernels/cpu/row_validity.h"
+#include "kernels/cpu/variant/isa_namespace.h"
+#include "kernels/cpu/variant/row_passes.h"
+#include "kernels/cpu/variant/row_validity.h"
 #include "kernels/problem.h"
 
-namespace klserve::cpu {
+namespace klserve::cpu::KLSERVE_ISA {
 
 // The target of one row as weights w (zero on invalid slots, defined on
 // [0, validity.limit)) and a normaliser Z, p = w / Z. Per-head logits give
@@ -39,6 +40,6 @@ RowTarget AggregatedTarget(const IndexerKlProblem& problem,
                            double weight_sum, RowScratch& scratch,
                            bool& rescaled);
 
-}  // namespace klserve::cpu
+}  // namespace klserve::cpu::KLSERVE_ISA
 
-#endif  // KLSERVE_KERNELS_CPU_ROW_TARGET_H_
+#endif  // KLSERVE_KERNELS_CPU_VARIANT_ROW_TARGET_H_

@@ -1,0 +1,40 @@
+#ifndef KLSERVE_KERNELS_CPU_ISA_KERNELS_H_
+#define KLSERVE_KERNELS_CPU_ISA_KERNELS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/loss_accumulator.h"
+#include "kernels/problem.h"
+
+// The dispatch table: the entry points of the CPU backend's hot code, one
+// table per ISA variant. The sources behind them (kernels/cpu/variant/) are
+// compiled once per variant, each into its own namespace
+// klserve::cpu::<variant>, so that no function compiled for one ISA can be
+// linked in place of another's; everything else in the program is compiled
+// for the baseline only.
+
+namespace klserve::cpu {
+
+struct IsaKernels {
+  Isa isa;
+  // Rows `rows` of `problem`: validity, loss and gradient of each, in row
+  // order, with row r's result in results[r - rows.begin]. Stops at the
+  // first row that fails, returns its error and sets `failed_row` to it.
+  absl::Status (*compute_rows)(const IndexerKlProblem& problem,
+                               const RowData& data, RowRange rows,
+                               const BlockOutputs& outputs, RowResult* results,
+                               int64_t& failed_row);
+  // out[i] = exp(in[i]) by the kernels' own exp, n a multiple of 16: the
+  // benchmark's compute ceiling.
+  void (*exp)(const float* in, float* out, int64_t n);
+};
+
+// The table of `isa`, which the caller has checked the CPU runs (CpuRuns).
+const IsaKernels& KernelsFor(Isa isa);
+
+}  // namespace klserve::cpu
+
+#endif  // KLSERVE_KERNELS_CPU_ISA_KERNELS_H_

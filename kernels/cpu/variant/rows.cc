@@ -1,0 +1,91 @@
+// The entry point of each ISA variant: the rows of one chunk, and the
+// variant's dispatch table.
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/row_scratch.h"
+#include "kernels/cpu/variant/row_convert.h"
+#include "kernels/cpu/variant/row_loss.h"
+#include "kernels/cpu/variant/row_passes.h"
+#include "kernels/cpu/variant/row_validity.h"
+
+namespace klserve::cpu::KLSERVE_ISA {
+namespace {
+
+std::byte* GradRow(const BlockOutputs& out, int64_t r, int64_t T) {
+  const int64_t b0 = out.grad_origin_row / T, t0 = out.grad_origin_row % T;
+  const int64_t offset =
+      (r / T - b0) * out.grad_batch_stride + (r % T - t0) * out.grad_row_stride;
+  return out.grad + offset * DTypeSize(out.grad_dtype);
+}
+
+// Row r + 1's target and scores, to be fetched while row r computes.
+Prefetcher NextRow(const IndexerKlProblem& p, const RowData& data, int64_t r) {
+  return Prefetcher(data.target.Row(r + 1, p.T), data.scores.Row(r + 1, p.T),
+                    p.K * std::max(DTypeSize(data.target.dtype),
+                                   DTypeSize(data.scores.dtype)));
+}
+
+absl::StatusOr<RowResult> ComputeRow(const IndexerKlProblem& p,
+                                     const RowData& data, int64_t r,
+                                     const BlockOutputs& out, Prefetcher& next,
+                                     RowScratch& scratch) {
+  absl::StatusOr<RowValidity> validity = BuildRowValidity(p, data, r, scratch);
+  if (!validity.ok()) return validity.status();
+
+  std::byte* grad_out = out.grad != nullptr ? GradRow(out, r, p.T) : nullptr;
+  const bool counts = p.row_counts(r);
+  float* grad = nullptr;
+  if (grad_out != nullptr && counts) {
+    grad = IsDirectFloat(out.grad_dtype, grad_out)
+               ? reinterpret_cast<float*>(grad_out)
+               : scratch.grad();
+  }
+  absl::StatusOr<RowResult> result =
+      ComputeRowLoss(p, data, r, *validity, static_cast<float>(out.grad_scale),
+                     grad, next, scratch);
+  if (!result.ok()) return result;
+  if (grad_out != nullptr) {
+    if (!counts) {
+      // row_valid false: no gradient under any reduction (all-zero bits in
+      // every float dtype).
+      std::memset(grad_out, 0, p.K * DTypeSize(out.grad_dtype));
+    } else if (grad != reinterpret_cast<float*>(grad_out)) {
+      StoreFloatRow(grad, p.K, out.grad_dtype, grad_out);
+    }
+  }
+  return result;
+}
+
+absl::Status ComputeRows(const IndexerKlProblem& p, const RowData& data,
+                         RowRange rows, const BlockOutputs& out,
+                         RowResult* results, int64_t& failed_row) {
+  RowScratch& scratch = RowScratch::ForThisThread(p);
+  absl::Status status;
+  for (int64_t r = rows.begin; r < rows.end; ++r) {
+    Prefetcher next = r + 1 < rows.end ? NextRow(p, data, r) : Prefetcher();
+    absl::StatusOr<RowResult> result =
+        ComputeRow(p, data, r, out, next, scratch);
+    if (!result.ok()) {
+      failed_row = r;
+      status = result.status();
+      break;
+    }
+    results[r - rows.begin] = *result;
+  }
+  FinishStreamingStores();
+  return status;
+}
+
+void ExpArray(const float* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; i += kLanes) Store(out + i, Exp(Load(in + i)));
+}
+
+}  // namespace
+
+extern const IsaKernels kIsaKernels;
+const IsaKernels kIsaKernels = {Isa::KLSERVE_ISA_ENUM, &ComputeRows, &ExpArray};
+
+}  // namespace klserve::cpu::KLSERVE_ISA

@@ -1,0 +1,295 @@
+#ifndef KLSERVE_KERNELS_CPU_VARIANT_VEC_MATH_H_
+#define KLSERVE_KERNELS_CPU_VARIANT_VEC_MATH_H_
+
+// SIMD primitives for the CPU backend, on 64-byte vectors of 16 floats
+// (kernels/cpu/variant/wide.h). exp and log are our own polynomial
+// approximations (about 1 ulp on the ranges used here); libm's scalar expf is
+// ~15x slower on these machines, and libmvec would tie results to the glibc
+// version.
+//
+// Every variant computes on the same vectors in the same order, so all give
+// the same bits. The few operations that name an instruction (Fma,
+// StoreStream, the widening) are written per ISA; each gives the same bits
+// as the others.
+//
+// Loads and stores take unaligned pointers. A row's last, partial vector goes
+// through LoadPart/StorePart so that every element uses the same formula.
+
+#include <immintrin.h>
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "kernels/cpu/variant/isa_namespace.h"
+#include "kernels/cpu/variant/wide.h"
+
+namespace klserve::cpu::KLSERVE_ISA {
+
+using VecF = Wide<RegF>;
+using VecI = Wide<RegI>;  // also the lane masks of VecF compares
+using VecD = Wide<RegD>;  // 8 doubles
+using VecL = Wide<RegL>;
+
+inline constexpr int kLanes = VecF::kSize;
+static_assert(kLanes == 16 && VecD::kSize == kLanes / 2);
+
+inline constexpr float kInf = std::numeric_limits<float>::infinity();
+
+inline VecF Splat(float v) {
+  return EachPart([&](size_t) { return RegF{} + v; });
+}
+inline VecI SplatI(int32_t v) {
+  return EachPart([&](size_t) { return RegI{} + v; });
+}
+
+using RegFu = float __attribute__((vector_size(kRegisterBytes), aligned(4)));
+
+inline VecF Load(const float* p) {
+  return EachPart([&](size_t i) -> RegF {
+    return *reinterpret_cast<const RegFu*>(p + i * VecF::kPartLanes);
+  });
+}
+inline void Store(float* p, VecF v) {
+  ForEachPart([&](size_t i) {
+    *reinterpret_cast<RegFu*>(p + i * VecF::kPartLanes) = v.part[i];
+  });
+}
+
+// A store that bypasses the cache, for output the row will not read again
+// (no read-for-ownership of the destination line). `p` must be aligned to
+// sizeof(VecF); FinishStreamingStores orders them before later stores.
+inline void StoreStream(float* p, VecF v) {
+  ForEachPart([&](size_t i) {
+    float* at = p + i * VecF::kPartLanes;
+#if defined(__AVX512F__)
+    _mm512_stream_ps(at, v.part[i]);
+#elif defined(__AVX__)
+    _mm256_stream_ps(at, v.part[i]);
+#else
+    _mm_stream_ps(at, v.part[i]);
+#endif
+  });
+}
+inline void FinishStreamingStores() { _mm_sfence(); }
+
+// Lanes [count, kLanes) read as `fill`.
+inline VecF LoadPart(const float* p, int64_t count, float fill) {
+  VecF v = Splat(fill);
+  std::memcpy(&v, p, count * sizeof(float));
+  return v;
+}
+inline void StorePart(float* p, VecF v, int64_t count) {
+  std::memcpy(p, &v, count * sizeof(float));
+}
+
+// Validity bytes (nonzero = valid) as lane masks: -1 valid, 0 not.
+inline VecI LoadValid(const uint8_t* p) {
+  using Bytes =
+      uint8_t __attribute__((vector_size(VecI::kPartLanes), aligned(1)));
+  return EachPart([&](size_t i) -> RegI {
+    const Bytes b = *reinterpret_cast<const Bytes*>(p + i * VecI::kPartLanes);
+    return __builtin_convertvector(b, RegI) != 0;
+  });
+}
+inline VecI LoadValidPart(const uint8_t* p, int64_t count) {
+  uint8_t bytes[kLanes] = {};
+  std::memcpy(bytes, p, count);
+  return LoadValid(bytes);
+}
+
+// -1 in lanes whose index i + lane is below `limit`.
+inline VecI LanesBelow(int64_t i, int64_t limit) {
+  VecI iota;
+  for (int l = 0; l < kLanes; ++l) iota.Set(l, l);
+  const int64_t room = limit - i;
+  const int32_t r = room > kLanes ? kLanes : (room < 0 ? 0 : int32_t(room));
+  return iota < r;
+}
+
+inline VecF Max(VecF a, VecF b) { return Select(a > b, a, b); }
+inline VecF Min(VecF a, VecF b) { return Select(a < b, a, b); }
+
+// Lanes [offset, offset + 8) of v in double. Each double register takes one
+// half of a float register; the intrinsics name the one instruction per half
+// (GCC's generic shuffle and conversion went through memory).
+template <int kOffset>
+inline VecD Widen(VecF v) {
+  return EachPart([&](auto j) -> RegD {
+    constexpr int kFirst = kOffset + decltype(j)::value * VecD::kPartLanes;
+    const RegF& r = v.part[kFirst / VecF::kPartLanes];
+    constexpr bool kHigh = kFirst % VecF::kPartLanes != 0;
+#if defined(__AVX512DQ__)
+    return _mm512_maskz_cvtps_pd(0xff, _mm512_extractf32x8_ps(r, kHigh));
+#elif defined(__AVX__)
+    return _mm256_cvtps_pd(kHigh ? _mm256_extractf128_ps(r, 1)
+                                 : _mm256_castps256_ps128(r));
+#else
+    return _mm_cvtps_pd(kHigh ? _mm_movehl_ps(r, r) : r);
+#endif
+  });
+}
+inline VecD WidenLow(VecF v) { return Widen<0>(v); }
+inline VecD WidenHigh(VecF v) { return Widen<kLanes / 2>(v); }
+
+#if !defined(__FMA__)
+// The baseline has no FMA instruction, so it rounds a * b + c once the way
+// vfmadd does, in double: a float product is exact in double; the sum is
+// rounded to odd (to nearest, then to the odd neighbour if that was
+// inexact); and a sum rounded to odd with at least 2 * 24 + 2 bits rounds to
+// float exactly as the exact sum would (Boldo and Melquiond). Two doubles at
+// a time, SSE2's width.
+using Float2 = float __attribute__((vector_size(8)));
+inline Float2 FmaOfTwo(Float2 a, Float2 b, Float2 c) {
+  const RegD p =
+      __builtin_convertvector(a, RegD) * __builtin_convertvector(b, RegD);
+  const RegD cd = __builtin_convertvector(c, RegD);
+  const RegD s = p + cd;
+  // s + err == p + cd exactly (Knuth's two-sum); err is 0 when s is exact.
+  const RegD p_part = s - cd;
+  const RegD c_part = s - p_part;
+  const RegD err = (p - p_part) + (cd - c_part);
+  const RegL bits = std::bit_cast<RegL>(s);
+  // Not for inf or NaN sums (err is NaN there). A finite s is never 0 with
+  // err != 0: a nonzero exact sum is at least 2^-298, far above double's
+  // subnormals.
+  constexpr double kDoubleInf = std::numeric_limits<double>::infinity();
+  const RegL inexact_even =
+      (err != 0) & ((bits & 1) == 0) & (s < kDoubleInf) & (s > -kDoubleInf);
+  // The odd neighbour on err's side: one step up in magnitude when err has
+  // s's sign, one down otherwise.
+  const RegL step = (((err > 0) == (s > 0)) & 2) - 1;
+  return __builtin_convertvector(
+      std::bit_cast<RegD>(bits + (inexact_even & step)), Float2);
+}
+inline RegF FmaRegister(RegF a, RegF b, RegF c) {
+  const Float2 low = FmaOfTwo(__builtin_shufflevector(a, a, 0, 1),
+                              __builtin_shufflevector(b, b, 0, 1),
+                              __builtin_shufflevector(c, c, 0, 1));
+  const Float2 high = FmaOfTwo(__builtin_shufflevector(a, a, 2, 3),
+                               __builtin_shufflevector(b, b, 2, 3),
+                               __builtin_shufflevector(c, c, 2, 3));
+  return __builtin_shufflevector(low, high, 0, 1, 2, 3);
+}
+#endif
+
+// a * b + c, rounded once. The project builds with -ffp-contract=off, so this
+// is the only place a multiply and an add fuse, and every copy of an
+// expression rounds alike, whatever the variant.
+inline VecF Fma(VecF a, VecF b, VecF c) {
+  return EachPart([&](size_t p) -> RegF {
+#if defined(__AVX512F__)
+    return _mm512_fmadd_ps(a.part[p], b.part[p], c.part[p]);
+#elif defined(__FMA__)
+    return _mm256_fmadd_ps(a.part[p], b.part[p], c.part[p]);
+#else
+    return FmaRegister(a.part[p], b.part[p], c.part[p]);
+#endif
+  });
+}
+
+inline bool Any(VecI mask) {
+  int32_t acc = 0;
+  for (int l = 0; l < kLanes; ++l) acc |= mask[l];
+  return acc != 0;
+}
+
+inline float ReduceMax(VecF v) {
+  float m = v[0];
+  for (int l = 1; l < kLanes; ++l) m = v[l] > m ? v[l] : m;
+  return m;
+}
+
+inline double ReduceSum(VecD v) {
+  double s = 0;
+  for (int l = 0; l < kLanes / 2; ++l) s += v[l];
+  return s;
+}
+
+// Sum of the lanes of v, in double.
+inline VecD WideSum(VecF v) { return WidenLow(v) + WidenHigh(v); }
+// Lane products of a and b, exact in double, then summed pairwise.
+inline VecD WideDot(VecF a, VecF b) {
+  return WidenLow(a) * WidenLow(b) + WidenHigh(a) * WidenHigh(b);
+}
+
+// exp(x). Inputs below ln(FLT_MIN) give 0 (no denormals), -inf gives 0.
+// x = n ln2 + r with |r| <= ln2/2; exp(r) by its degree-7 Taylor polynomial
+// (truncation error below 1e-8 relative), 2^n through the exponent bits.
+inline VecF Exp(VecF x) {
+  const VecF xc = Min(x, Splat(88.0f));
+  const VecF shifter = Splat(12582912.0f);  // 1.5 * 2^23 rounds to integer
+  const VecF t = Fma(xc, Splat(1.44269504088896341f), shifter);
+  const VecF n = t - shifter;
+  const VecI ni = std::bit_cast<VecI>(t) - 0x4b400000;
+  VecF r = Fma(n, Splat(-0.693359375f), xc);
+  r = Fma(n, Splat(2.12194440e-4f), r);
+  VecF p = Splat(1.0f / 5040);
+  p = Fma(p, r, Splat(1.0f / 720));
+  p = Fma(p, r, Splat(1.0f / 120));
+  p = Fma(p, r, Splat(1.0f / 24));
+  p = Fma(p, r, Splat(1.0f / 6));
+  p = Fma(p, r, Splat(0.5f));
+  p = Fma(p, r, Splat(1.0f));
+  p = Fma(p, r, Splat(1.0f));
+  const VecI bits = (ni + 127) << 23;
+  const VecF scale = std::bit_cast<VecF>(bits);
+  return Select(x < Splat(-87.33654f), Splat(0.0f), p * scale);
+}
+
+// log(x) split as exponent * ln2 + mantissa_log, with mantissa_log in
+// [-0.35, 0.35]. Keeping the parts apart lets callers accumulate
+// sum(w log w) without rounding the large part.
+struct LogParts {
+  VecF exponent;
+  VecF mantissa_log;
+};
+
+inline constexpr float kFloatMin = 1.17549435e-38f;  // the smallest normal
+
+// For normal x > 0, and x = 0 (which gives finite parts, for callers that
+// multiply them by x): x = 2^e * m with m in [sqrt(1/2), sqrt(2)), read off
+// the bits (less sqrt(1/2)'s bits, the exponent field is e), so
+// log x = e ln2 + log(1 + f), f = m - 1.
+inline LogParts LogSplitNormal(VecF x) {
+  const VecI bits = std::bit_cast<VecI>(x);
+  const VecI e = (bits - 0x3f3504f3) >> 23;
+  const VecF f = std::bit_cast<VecF>(bits - (e << 23)) - Splat(1.0f);
+  // log(1+f) = f - f^2/2 + f^3 P(f), f in [-0.293, 0.414); P fitted by least
+  // squares in float64 (max error 2.7e-9 on the interval).
+  VecF p = Splat(0.07149679213762283f);
+  p = Fma(p, f, Splat(-0.11571265757083893f));
+  p = Fma(p, f, Splat(0.11661573499441147f));
+  p = Fma(p, f, Splat(-0.12411043792963028f));
+  p = Fma(p, f, Splat(0.14249928295612335f));
+  p = Fma(p, f, Splat(-0.1666848063468933f));
+  p = Fma(p, f, Splat(0.20000708103179932f));
+  p = Fma(p, f, Splat(-0.24999989569187164f));
+  p = Fma(p, f, Splat(0.3333333134651184f));
+  const VecF f2 = f * f;
+  return {Convert<RegF>(e), Fma(f2, Fma(f, p, Splat(-0.5f)), f)};
+}
+
+// Any x >= 0, subnormals included: those are scaled by 2^23 first. For a
+// normal x the same bits as LogSplitNormal.
+inline LogParts LogSplit(VecF x) {
+  const VecI subnormal = x < Splat(kFloatMin);
+  LogParts parts = LogSplitNormal(Select(subnormal, x * Splat(8388608.0f), x));
+  parts.exponent =
+      parts.exponent - Select(subnormal, Splat(23.0f), Splat(0.0f));
+  return parts;
+}
+
+// log(x) for x >= 0 in float; log(0) = -inf.
+inline VecF Log(VecF x) {
+  const LogParts parts = LogSplit(x);
+  const VecF y = parts.exponent * Splat(0.693359375f) +
+                 (parts.mantissa_log + parts.exponent * Splat(-2.12194440e-4f));
+  return Select(x == Splat(0.0f), Splat(-kInf), y);
+}
+
+}  // namespace klserve::cpu::KLSERVE_ISA
+
+#endif  // KLSERVE_KERNELS_CPU_VARIANT_VEC_MATH_H_

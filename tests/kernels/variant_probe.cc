@@ -1,0 +1,26 @@
+// Compiled once per ISA variant (tests/kernels/CMakeLists.txt); each copy
+// fills the VariantProbe of its variant.
+
+#include "tests/kernels/variant_probe.h"
+
+#include "kernels/cpu/variant/row_convert.h"
+#include "kernels/cpu/variant/vec_math.h"
+
+namespace klserve::cpu::KLSERVE_ISA {
+namespace {
+
+float MulAdd(float a, float b, float c) { return a * b + c; }
+
+void FmaLanes(const float* a, const float* b, const float* c, float* out) {
+  Store(out, Fma(Load(a), Load(b), Load(c)));
+}
+void ExpLanes(const float* x, float* out) { Store(out, Exp(Load(x))); }
+void LogLanes(const float* x, float* out) { Store(out, Log(Load(x))); }
+
+}  // namespace
+
+extern const testdata::VariantProbe kVariantProbe;
+const testdata::VariantProbe kVariantProbe = {
+    &MulAdd, &FmaLanes, &ExpLanes, &LogLanes, &FloatRow, &StoreFloatRow};
+
+}  // namespace klserve::cpu::KLSERVE_ISA
