@@ -24,6 +24,7 @@ class RowScratch {
   float* e() { return row(4); }            // exponentials of the row
   float* previous_e() { return row(5); }   // the previous head's
   float* grad() { return row(6); }         // gradient before conversion
+  float* maxtext_g() { return row(7); }    // MAXTEXT's -p / (q + eps)
   uint8_t* valid() { return valid_.get(); }
   std::pair<float, int32_t>* ranked() { return ranked_.get(); }  // recall
 
@@ -35,7 +36,7 @@ class RowScratch {
  private:
   void Reserve(const IndexerKlProblem& problem);
 
-  static constexpr int kRows = 7;
+  static constexpr int kRows = 8;
   float* row(int i) { return rows_.get() + i * row_stride_; }
 
   int64_t slots_ = 0;

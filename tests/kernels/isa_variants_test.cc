@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <numbers>
 #include <random>
 #include <string>
 #include <vector>
@@ -79,7 +80,9 @@ TEST(IsaVariants, BackendNamesItsVariant) {
 
 // Random floats over the whole range (signs, exponents, subnormals), plus
 // the cases where rounding once differs from rounding twice: products that
-// nearly cancel c, and ties.
+// nearly cancel c, products on a float midpoint with a c far below them
+// (rounded to double first, the sum would sit on the midpoint and round to
+// even), and results among the subnormals.
 struct FmaInputs {
   std::vector<float> a, b, c;
 };
@@ -101,7 +104,7 @@ FmaInputs MakeFmaInputs(int64_t n) {
   };
   for (int64_t i = 0; i < n; ++i) {
     float a, b, c;
-    switch (i % 4) {
+    switch (i % 6) {
       case 0:  // anything
         a = any_float(), b = any_float(), c = any_float();
         break;
@@ -116,10 +119,24 @@ FmaInputs MakeFmaInputs(int64_t n) {
         a = near_one(), b = near_one();
         c = -(a * b);
         break;
-      default:  // the product's low half exactly at a tie of c's ulp
+      case 3:  // the product's low half exactly at a tie of c's ulp
         a = near_one(), b = near_one();
         c = std::ldexp(near_one(), int(rng() % 8) - 4);
         break;
+      case 4: {  // (1 + 2^-12 k)^2 on a midpoint, c just off it
+        const float k = static_cast<float>(1 + rng() % 64);
+        a = b = std::ldexp(1.0f + k * 0x1p-12f, int(rng() % 20) - 10);
+        c = std::ldexp(rng() % 2 ? 1.0f : -1.0f,
+                       std::ilogb(a * b) - 40 - int(rng() % 60));
+        break;
+      }
+      default: {  // products among the subnormals
+        a = std::ldexp(near_one(), -70 - int(rng() % 10));
+        b = std::ldexp(near_one(), -60 - int(rng() % 10));
+        c = std::ldexp(rng() % 2 ? near_one() : -near_one(),
+                       -126 - int(rng() % 20));
+        break;
+      }
     }
     in.a.push_back(a);
     in.b.push_back(b);
@@ -166,36 +183,45 @@ TEST(IsaVariants, ExpAndLogGiveTheSameBits) {
   std::vector<float> x;
   for (float v = -104.0f; v < 90.0f; v += 0.0137f) x.push_back(v);
   for (uint32_t bits = 0; bits < 0x7f800000u; bits += 0x3f01u) {
-    x.push_back(std::bit_cast<float>(bits));
+    x.push_back(std::bit_cast<float>(bits));  // subnormals and 0 included
   }
   x.push_back(std::numeric_limits<float>::infinity());
   x.push_back(-std::numeric_limits<float>::infinity());
   x.resize((x.size() + 15) / 16 * 16, 1.0f);
-  const auto run = [&](void (*f)(const float*, float*)) {
-    std::vector<float> out(x.size());
-    for (size_t i = 0; i < x.size(); i += 16) f(&x[i], &out[i]);
+  struct Out {
+    std::vector<float> exp, exponent, mantissa_log;
+  };
+  const auto run = [&](const VariantProbe& probe) {
+    Out out{std::vector<float>(x.size()), std::vector<float>(x.size()),
+            std::vector<float>(x.size())};
+    for (size_t i = 0; i < x.size(); i += 16) {
+      probe.exp(&x[i], &out.exp[i]);
+      probe.log_split(&x[i], &out.exponent[i], &out.mantissa_log[i]);
+    }
     return out;
   };
   const std::vector<Isa> isas = RunnableIsas();
-  const std::vector<float> exp0 = run(ProbeFor(isas[0]).exp);
-  const std::vector<float> log0 = run(ProbeFor(isas[0]).log);
+  const Out first = run(ProbeFor(isas[0]));
   for (size_t i = 0; i < x.size(); ++i) {
     const double e = std::exp(double{x[i]});
     if (e > 1e-37 && x[i] <= 88.0f) {  // Exp caps its input at 88
-      ASSERT_NEAR(exp0[i], e, 4e-7 * e) << x[i];
+      ASSERT_NEAR(first.exp[i], e, 4e-7 * e) << x[i];
     }
     if (x[i] > 0 && std::isfinite(x[i])) {
       const double l = std::log(double{x[i]});
-      ASSERT_NEAR(log0[i], l, 2e-7 * std::max(1.0, std::abs(l))) << x[i];
+      const double split =
+          first.exponent[i] * std::numbers::ln2 + double{first.mantissa_log[i]};
+      ASSERT_NEAR(split, l, 4e-8 * std::max(1.0, std::abs(l))) << x[i];
     }
   }
   for (size_t k = 1; k < isas.size(); ++k) {
     SCOPED_TRACE(std::string(cpu::IsaName(isas[k])));
-    const std::vector<float> e = run(ProbeFor(isas[k]).exp);
-    const std::vector<float> l = run(ProbeFor(isas[k]).log);
+    const Out other = run(ProbeFor(isas[k]));
     for (size_t i = 0; i < x.size(); ++i) {
-      ASSERT_EQ(Bits(e[i]), Bits(exp0[i])) << x[i];
-      ASSERT_EQ(Bits(l[i]), Bits(log0[i])) << x[i];
+      ASSERT_EQ(Bits(other.exp[i]), Bits(first.exp[i])) << x[i];
+      ASSERT_EQ(Bits(other.exponent[i]), Bits(first.exponent[i])) << x[i];
+      ASSERT_EQ(Bits(other.mantissa_log[i]), Bits(first.mantissa_log[i]))
+          << x[i];
     }
   }
 }

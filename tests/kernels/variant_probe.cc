@@ -15,12 +15,16 @@ void FmaLanes(const float* a, const float* b, const float* c, float* out) {
   Store(out, Fma(Load(a), Load(b), Load(c)));
 }
 void ExpLanes(const float* x, float* out) { Store(out, Exp(Load(x))); }
-void LogLanes(const float* x, float* out) { Store(out, Log(Load(x))); }
+void LogSplitLanes(const float* x, float* exponent, float* mantissa_log) {
+  const LogParts parts = LogSplit(Load(x));
+  Store(exponent, parts.exponent);
+  Store(mantissa_log, parts.mantissa_log);
+}
 
 }  // namespace
 
 extern const testdata::VariantProbe kVariantProbe;
 const testdata::VariantProbe kVariantProbe = {
-    &MulAdd, &FmaLanes, &ExpLanes, &LogLanes, &FloatRow, &StoreFloatRow};
+    &MulAdd, &FmaLanes, &ExpLanes, &LogSplitLanes, &FloatRow, &StoreFloatRow};
 
 }  // namespace klserve::cpu::KLSERVE_ISA

@@ -16,10 +16,10 @@ struct VariantProbe {
   // a * b + c as written, compiled with the variant's flags (FMA where it
   // has it): the build must not fuse it.
   float (*mul_add)(float a, float b, float c);
-  // The kernels' Fma, Exp and Log on 16 lanes.
+  // The kernels' Fma, Exp and LogSplit on 16 lanes.
   void (*fma)(const float* a, const float* b, const float* c, float* out);
   void (*exp)(const float* x, float* out);
-  void (*log)(const float* x, float* out);
+  void (*log_split)(const float* x, float* exponent, float* mantissa_log);
   // The kernels' row conversions (kernels/cpu/variant/row_convert.h).
   const float* (*float_row)(DType dtype, const std::byte* data, int64_t n,
                             float* scratch);

@@ -168,7 +168,8 @@ absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
                  (terms.sum_w_scores - m * terms.sum_w) + terms.sum_w * log_l) /
                 target.z;
   } else {
-    maxtext = MaxTextTermsRow(scratch.e(), target.w, inv_l, inv_z, v.limit);
+    maxtext = MaxTextTermsRow(scratch.e(), target.w, inv_l, inv_z, v.limit,
+                              scratch.maxtext_g());
     result.kl = maxtext.kl;
   }
   if (p.options.want_diagnostics) {
@@ -183,7 +184,7 @@ absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
       ExactGradRow(scratch.e(), target.w, inv_l, inv_z, grad_scale, v.limit,
                    grad);
     } else {
-      MaxTextGradRow(scratch.e(), target.w, inv_l, inv_z,
+      MaxTextGradRow(scratch.e(), scratch.maxtext_g(), inv_l,
                      static_cast<float>(maxtext.sum_qg), grad_scale, v.limit,
                      grad);
     }

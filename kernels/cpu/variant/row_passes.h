@@ -391,37 +391,45 @@ inline void ExactGradRow(const float* e, const float* w, float inv_l,
 inline constexpr float kMaxTextEpsilon = 1e-8f;
 
 // MaxText's KL with its epsilon, and sum(q * g) with g = -p / (q + eps),
-// where p = w / Z and q = e / L.
+// where p = w / Z and q = e / L; g goes to `g_out`, for the gradient pass.
+// The logs' arguments are at least eps, so they take the normal-only split.
 struct MaxTextTerms {
   double kl = 0;
   double sum_qg = 0;
 };
 
+inline VecF LogAtLeastEps(VecF x) {
+  const LogParts parts = LogSplitNormal(x);
+  return parts.exponent * Splat(0.693359375f) +
+         (parts.mantissa_log + parts.exponent * Splat(-2.12194440e-4f));
+}
+
 inline MaxTextTerms MaxTextTermsRow(const float* e, const float* w, float inv_l,
-                                    float inv_z, int64_t limit) {
+                                    float inv_z, int64_t limit, float* g_out) {
   VecD kl{}, qg{};
   const VecF eps = Splat(kMaxTextEpsilon);
   for (int64_t i = 0; i < limit; i += kLanes) {
     const int64_t count = LanesAt(i, limit);
     const VecF q = LoadAt(e, i, count, 0.0f) * Splat(inv_l);
     const VecF p = LoadAt(w, i, count, 0.0f) * Splat(inv_z);
-    kl += WideSum(p * (Log(p + eps) - Log(q + eps)));
-    qg += WideSum(q * (-p / (q + eps)));
+    kl += WideSum(p * (LogAtLeastEps(p + eps) - LogAtLeastEps(q + eps)));
+    const VecF g = -p / (q + eps);
+    StoreAt(g_out, i, count, g);
+    qg += WideSum(q * g);
   }
   return {ReduceSum(kl), ReduceSum(qg)};
 }
 
-// MAXTEXT gradient on slots s < limit: scale * q * (g - sum_qg).
-inline void MaxTextGradRow(const float* e, const float* w, float inv_l,
-                           float inv_z, float sum_qg, float scale,
-                           int64_t limit, float* g) {
-  const VecF eps = Splat(kMaxTextEpsilon);
+// MAXTEXT gradient on slots s < limit: scale * q * (g - sum_qg), with g as
+// MaxTextTermsRow left it.
+inline void MaxTextGradRow(const float* e, const float* g, float inv_l,
+                           float sum_qg, float scale, int64_t limit,
+                           float* grad) {
   for (int64_t i = 0; i < limit; i += kLanes) {
     const int64_t count = LanesAt(i, limit);
     const VecF q = LoadAt(e, i, count, 0.0f) * Splat(inv_l);
-    const VecF p = LoadAt(w, i, count, 0.0f) * Splat(inv_z);
-    const VecF gs = -p / (q + eps);
-    StoreAt(g, i, count, Splat(scale) * q * (gs - Splat(sum_qg)));
+    StoreAt(grad, i, count,
+            Splat(scale) * q * (LoadAt(g, i, count, 0.0f) - Splat(sum_qg)));
   }
 }
 

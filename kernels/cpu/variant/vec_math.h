@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -136,42 +137,39 @@ inline VecD WidenHigh(VecF v) { return Widen<kLanes / 2>(v); }
 
 #if !defined(__FMA__)
 // The baseline has no FMA instruction, so it rounds a * b + c once the way
-// vfmadd does, in double: a float product is exact in double; the sum is
-// rounded to odd (to nearest, then to the odd neighbour if that was
-// inexact); and a sum rounded to odd with at least 2 * 24 + 2 bits rounds to
-// float exactly as the exact sum would (Boldo and Melquiond). Two doubles at
-// a time, SSE2's width.
-using Float2 = float __attribute__((vector_size(8)));
-inline Float2 FmaOfTwo(Float2 a, Float2 b, Float2 c) {
-  const RegD p =
-      __builtin_convertvector(a, RegD) * __builtin_convertvector(b, RegD);
-  const RegD cd = __builtin_convertvector(c, RegD);
-  const RegD s = p + cd;
-  // s + err == p + cd exactly (Knuth's two-sum); err is 0 when s is exact.
-  const RegD p_part = s - cd;
-  const RegD c_part = s - p_part;
-  const RegD err = (p - p_part) + (cd - c_part);
-  const RegL bits = std::bit_cast<RegL>(s);
-  // Not for inf or NaN sums (err is NaN there). A finite s is never 0 with
-  // err != 0: a nonzero exact sum is at least 2^-298, far above double's
-  // subnormals.
-  constexpr double kDoubleInf = std::numeric_limits<double>::infinity();
-  const RegL inexact_even =
-      (err != 0) & ((bits & 1) == 0) & (s < kDoubleInf) & (s > -kDoubleInf);
-  // The odd neighbour on err's side: one step up in magnitude when err has
-  // s's sign, one down otherwise.
-  const RegL step = (((err > 0) == (s > 0)) & 2) - 1;
-  return __builtin_convertvector(
-      std::bit_cast<RegD>(bits + (inexact_even & step)), Float2);
-}
+// vfmadd does, from doubles: a float product is exact in double, so
+// s = a * b + c in double is the exact value rounded once, and rounding s to
+// float gives the correctly rounded result unless s landed exactly on a
+// float midpoint (the exact value may lie to either side of it; whatever
+// lands elsewhere rounds to float as the exact value does). Lanes on a
+// midpoint are rare and go to std::fma, which rounds once as well. Among
+// float's subnormals no exact value can round to a midpoint it is not: it
+// would need bits 52 places below the result's top, and a product of two
+// floats has 48.
 inline RegF FmaRegister(RegF a, RegF b, RegF c) {
-  const Float2 low = FmaOfTwo(__builtin_shufflevector(a, a, 0, 1),
-                              __builtin_shufflevector(b, b, 0, 1),
-                              __builtin_shufflevector(c, c, 0, 1));
-  const Float2 high = FmaOfTwo(__builtin_shufflevector(a, a, 2, 3),
-                               __builtin_shufflevector(b, b, 2, 3),
-                               __builtin_shufflevector(c, c, 2, 3));
-  return __builtin_shufflevector(low, high, 0, 1, 2, 3);
+  const auto half = [&](auto first) {
+    constexpr int kFirst = decltype(first)::value;
+    const RegD p = _mm_cvtps_pd(kFirst ? _mm_movehl_ps(a, a) : a) *
+                   _mm_cvtps_pd(kFirst ? _mm_movehl_ps(b, b) : b);
+    return p + _mm_cvtps_pd(kFirst ? _mm_movehl_ps(c, c) : c);
+  };
+  const RegD low = half(std::integral_constant<int, 0>{});
+  const RegD high = half(std::integral_constant<int, 2>{});
+  RegF out = _mm_movelh_ps(_mm_cvtpd_ps(low), _mm_cvtpd_ps(high));
+  // A float midpoint has the 29 bits below float's mantissa at 1000...0.
+  const auto awkward = [](RegD s) {
+    return (std::bit_cast<RegL>(s) & 0x1fffffff) == 0x10000000;
+  };
+  const RegL low_awkward = awkward(low), high_awkward = awkward(high);
+  if ((low_awkward[0] | low_awkward[1] | high_awkward[0] | high_awkward[1]) !=
+      0) {
+    for (int l = 0; l < 4; ++l) {
+      if ((l < 2 ? low_awkward[l] : high_awkward[l - 2]) != 0) {
+        out[l] = std::fma(a[l], b[l], c[l]);
+      }
+    }
+  }
+  return out;
 }
 #endif
 
@@ -280,14 +278,6 @@ inline LogParts LogSplit(VecF x) {
   parts.exponent =
       parts.exponent - Select(subnormal, Splat(23.0f), Splat(0.0f));
   return parts;
-}
-
-// log(x) for x >= 0 in float; log(0) = -inf.
-inline VecF Log(VecF x) {
-  const LogParts parts = LogSplit(x);
-  const VecF y = parts.exponent * Splat(0.693359375f) +
-                 (parts.mantissa_log + parts.exponent * Splat(-2.12194440e-4f));
-  return Select(x == Splat(0.0f), Splat(-kInf), y);
 }
 
 }  // namespace klserve::cpu::KLSERVE_ISA
