@@ -31,6 +31,7 @@ namespace klserve::cpu::KLSERVE_ISA {
 
 using VecF = Wide<RegF>;
 using VecI = Wide<RegI>;  // also the lane masks of VecF compares
+using VecU = Wide<RegU>;
 using VecD = Wide<RegD>;  // 8 doubles
 using VecL = Wide<RegL>;
 
@@ -252,9 +253,12 @@ inline constexpr float kFloatMin = 1.17549435e-38f;  // the smallest normal
 // the bits (less sqrt(1/2)'s bits, the exponent field is e), so
 // log x = e ln2 + log(1 + f), f = m - 1.
 inline LogParts LogSplitNormal(VecF x) {
-  const VecI bits = std::bit_cast<VecI>(x);
-  const VecI e = (bits - 0x3f3504f3) >> 23;
-  const VecF f = std::bit_cast<VecF>(bits - (e << 23)) - Splat(1.0f);
+  // Unsigned, so that the bits of a negative x (a bad weight, reported by
+  // the caller) wrap rather than overflow; the shift of e is arithmetic.
+  const VecU bits = std::bit_cast<VecU>(x);
+  const VecI e = std::bit_cast<VecI>(bits - 0x3f3504f3u) >> 23;
+  const VecF f =
+      std::bit_cast<VecF>(bits - (std::bit_cast<VecU>(e) << 23)) - Splat(1.0f);
   // log(1+f) = f - f^2/2 + f^3 P(f), f in [-0.293, 0.414); P fitted by least
   // squares in float64 (max error 2.7e-9 on the interval).
   VecF p = Splat(0.07149679213762283f);
