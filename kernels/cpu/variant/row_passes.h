@@ -223,14 +223,17 @@ RowScan ScanRow(const float* w, const float* I, int64_t n, int64_t limit,
   scan.scores.max = ReduceMax(max);
   scan.terms = terms.Result();
   scan.target.sum = scan.terms.sum_w;
-  if (Any(rare) &&
-      FindRareValues<kMasked, kRawWeights>(w, I, n, limit, valid, scan) &&
-      !kSubnormalWeights && !scan.target.any_bad && !scan.scores.any_bad) {
-    // Again with the log that takes subnormals: the same bits on every
-    // other lane.
-    Prefetcher none;
-    return ScanRow<kMasked, kRawWeights, true>(w, I, n, limit, valid,
-                                               masked_copy, none);
+  if (!Any(rare)) return scan;
+  const bool subnormal =
+      FindRareValues<kMasked, kRawWeights>(w, I, n, limit, valid, scan);
+  if constexpr (!kSubnormalWeights) {
+    if (subnormal && !scan.target.any_bad && !scan.scores.any_bad) {
+      // Again with the log that takes subnormals: the same bits on every
+      // other lane.
+      Prefetcher none;
+      return ScanRow<kMasked, kRawWeights, true>(w, I, n, limit, valid,
+                                                 masked_copy, none);
+    }
   }
   return scan;
 }
