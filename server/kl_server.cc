@@ -129,6 +129,9 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   }
   grpc::ServerBuilder builder;
+  // gRPC binds with SO_REUSEPORT by default: a second klserve on the same
+  // --listen would start and take half the calls. Off, it cannot bind.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.listen, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -565,6 +566,24 @@ TEST_F(ServerTest, OpenHealthWatchDoesNotHoldTheDrain) {
   }
   EXPECT_TRUE(heard_not_serving);
   static_cast<void>(watch->Finish());  // any status: the server is gone
+}
+
+// gRPC binds with SO_REUSEPORT by default, so a second server on the same
+// --listen would start and take a share of the calls; klserve refuses to
+// start instead, and the first keeps serving.
+TEST_F(ServerTest, SecondServerOnTheSamePortRefusesToStart) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  absl::StatusOr<std::unique_ptr<ServerProcess>> second =
+      ServerProcess::Start({"--listen=" + server().target()});
+  ASSERT_FALSE(second.ok()) << "a second klserve serves on "
+                            << server().target();
+  EXPECT_TRUE(absl::StrContains(
+      second.status().message(),
+      "--listen: cannot serve on " + server().target()))
+      << second.status();
+  absl::StatusOr<bool> serving = client().Health();
+  ASSERT_TRUE(serving.ok()) << Describe(serving.status());
+  EXPECT_TRUE(*serving);
 }
 
 TEST_F(ServerTest, SigintOnAnIdleServerExitsZero) {
