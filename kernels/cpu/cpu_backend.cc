@@ -1,7 +1,6 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"

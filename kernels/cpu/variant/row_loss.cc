@@ -1,7 +1,6 @@
 #include "kernels/cpu/variant/row_loss.h"
 
 #include <algorithm>
-#include <cmath>
 #include <numbers>
 
 #include "kernels/cpu/variant/log_double.h"
