@@ -17,7 +17,13 @@ constexpr int64_t kMaxKeys = (int64_t{1} << 31) - 1;
 constexpr int64_t kMaxQOffset = int64_t{1} << 62;
 
 std::string ShapeString(absl::Span<const int64_t> shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  // A message quotes a few dimensions, not a whole hostile shape.
+  constexpr size_t kMaxQuoted = 8;
+  if (shape.size() <= kMaxQuoted) {
+    return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  }
+  return absl::StrCat("[", absl::StrJoin(shape.first(kMaxQuoted), ", "),
+                      ", ...] (", shape.size(), " dimensions)");
 }
 
 absl::Status Invalid(absl::string_view field, absl::string_view rule,
@@ -110,9 +116,15 @@ absl::Status CheckOptions(const IndexerKlOptions& options) {
     return Invalid("softmax_scale", "must be finite and positive",
                    absl::StrCat(options.softmax_scale));
   }
-  if (!std::isfinite(options.scaling_factor)) {
-    return Invalid("scaling_factor", "must be finite",
-                   absl::StrCat(options.scaling_factor));
+  // Every gradient entry is at most |c| / N in magnitude (N >= 1): with
+  // |c| no larger than the largest FP16, it is finite in every grad dtype.
+  constexpr double kMaxScalingFactor = 65504;
+  if (!(std::abs(options.scaling_factor) <= kMaxScalingFactor)) {
+    return Invalid(
+        "scaling_factor",
+        absl::StrCat("must be finite with |c| <= ", kMaxScalingFactor,
+                     " (the gradient must be finite in FP16)"),
+        absl::StrCat(options.scaling_factor));
   }
   if (options.recall_k < 0) {
     return Invalid("recall_k", "must be >= 0", absl::StrCat(options.recall_k));

@@ -56,7 +56,8 @@ struct IndexerKlOptions {
   float softmax_scale = 1.0f;
   Flavor flavor = Flavor::kExact;
   Reduction reduction = Reduction::kMean;
-  // c: the loss and the gradient are multiplied by it. Finite.
+  // c: the loss and the gradient are multiplied by it. |c| <= 65504, the
+  // largest FP16, so that the gradient is finite in every grad dtype.
   double scaling_factor = 1.0;
   bool want_grad = true;
   DType grad_dtype = DType::kFloat32;  // FP32, BF16 or FP16

@@ -10,10 +10,9 @@ absl::Status Admission::Enter() {
     return absl::UnavailableError("server: draining, not taking new requests");
   }
   if (in_flight_ >= max_in_flight_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "server: ", in_flight_,
-        " requests in flight, the limit (--max_concurrent_requests); retry "
-        "later"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("server: ", in_flight_, " ", what_, ", the limit (--",
+                     flag_, "); retry later"));
   }
   ++in_flight_;
   metrics_->InFlight(+1);

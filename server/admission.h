@@ -1,20 +1,29 @@
 #ifndef KLSERVE_SERVER_ADMISSION_H_
 #define KLSERVE_SERVER_ADMISSION_H_
 
+#include <string>
+
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/metrics.h"
 
 namespace klserve::server {
 
-// Counts the requests in flight. Refuses a new one past the limit
-// (RESOURCE_EXHAUSTED) or once draining has begun (UNAVAILABLE, which
-// clients retry, on another replica if they have one).
+// Counts calls of one kind in flight (unary requests, or open streams).
+// Refuses a new one past the limit (RESOURCE_EXHAUSTED) or once draining has
+// begun (UNAVAILABLE, which clients retry, on another replica if they have
+// one).
 class Admission {
  public:
-  // `metrics` (not owned) gets the in-flight count.
-  Admission(int max_in_flight, Metrics* metrics)
-      : max_in_flight_(max_in_flight), metrics_(metrics) {}
+  // `what` names the calls in the refusal ("requests in flight"), `flag` the
+  // limit's flag. `metrics` (not owned) gets the in-flight count.
+  Admission(int max_in_flight, absl::string_view what, absl::string_view flag,
+            Metrics* metrics)
+      : max_in_flight_(max_in_flight),
+        what_(what),
+        flag_(flag),
+        metrics_(metrics) {}
 
   // OK takes a slot, to be given back with Leave.
   absl::Status Enter();
@@ -24,6 +33,8 @@ class Admission {
 
  private:
   const int max_in_flight_;
+  const std::string what_;
+  const std::string flag_;
   Metrics* const metrics_;
   absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -6,6 +6,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/grpc_status.h"
+#include "server/method_names.h"
 
 namespace klserve::server {
 
@@ -50,9 +52,7 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return result == 0;
 }
 
-absl::Status TokenAuth::Check(
-    const grpc::CallbackServerContext& context) const {
-  const auto& metadata = context.client_metadata();
+absl::Status TokenAuth::Check(const InputMetadata& metadata) const {
   const auto found = metadata.find("authorization");
   if (found == metadata.end()) {
     return absl::UnauthenticatedError(
@@ -71,6 +71,28 @@ absl::Status TokenAuth::Check(
         "wrong token in the \"authorization: Bearer\" metadata");
   }
   return absl::OkStatus();
+}
+
+grpc::Status TokenAuth::Process(const InputMetadata& metadata,
+                                grpc::AuthContext*, OutputMetadata*,
+                                OutputMetadata*) {
+  const auto path = metadata.find(":path");
+  const absl::string_view method =
+      path == metadata.end()
+          ? absl::string_view()
+          : absl::string_view(path->second.data(), path->second.size());
+  if (absl::StartsWith(method, "/grpc.health.v1.Health/")) {
+    return grpc::Status::OK;
+  }
+  const absl::Status status = Check(metadata);
+  if (status.ok()) return grpc::Status::OK;
+  if (absl::StartsWith(method, kIndexerKlPrefix) &&
+      IsIndexerKlMethod(method.substr(kIndexerKlPrefix.size()))) {
+    metrics_->RecordRequest(method.substr(kIndexerKlPrefix.size()),
+                            absl::StatusCodeToString(status.code()), 0, 0, 0,
+                            0);
+  }
+  return ToGrpcStatus(status);
 }
 
 }  // namespace klserve::server

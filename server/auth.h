@@ -1,18 +1,23 @@
 #ifndef KLSERVE_SERVER_AUTH_H_
 #define KLSERVE_SERVER_AUTH_H_
 
-// Bearer-token authentication of the IndexerKl RPCs (--auth_token_file).
+// Bearer-token authentication (--auth_token_file).
 //
-// Every IndexerKl handler asks TokenAuth::Check first; grpc.health.v1.Health
-// is served by gRPC itself and never checked, so Kubernetes probes need no
-// token. See docs/security.md.
+// The token is checked by gRPC's auth filter on a call's headers, before any
+// of its message is read and before a handler or an admission slot is
+// involved: an unauthenticated peer can make the server hold a call only for
+// the moment its headers are parsed. Every method needs the token except
+// grpc.health.v1.Health (Kubernetes probes carry no secrets); server
+// reflection needs it too. See docs/security.md.
 
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "grpcpp/server_context.h"
+#include "grpcpp/security/auth_metadata_processor.h"
+#include "server/metrics.h"
 
 namespace klserve::server {
 
@@ -26,17 +31,29 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 // lengths (every byte is compared; no early exit on the first difference).
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
-class TokenAuth {
+// The token check, as gRPC's AuthMetadataProcessor: set on the listening
+// port's credentials (ServerCredentials::SetAuthMetadataProcessor).
+class TokenAuth final : public grpc::AuthMetadataProcessor {
  public:
-  explicit TokenAuth(std::string token) : token_(std::move(token)) {}
+  // `metrics` (not owned, outliving this) counts each refused IndexerKl call
+  // under its method with code UNAUTHENTICATED.
+  TokenAuth(std::string token, Metrics* metrics)
+      : token_(std::move(token)), metrics_(metrics) {}
 
-  // OK when the call's metadata carries `authorization: Bearer <token>`;
+  // OK when `metadata` carries `authorization: Bearer <token>`;
   // UNAUTHENTICATED saying what is missing or wrong otherwise (never the
   // token, or how much of it matched).
-  absl::Status Check(const grpc::CallbackServerContext& context) const;
+  absl::Status Check(const InputMetadata& metadata) const;
+
+  // Runs on the transport's thread: the check is a few comparisons.
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext*,
+                       OutputMetadata* consumed,
+                       OutputMetadata* response) override;
 
  private:
-  std::string token_;
+  const std::string token_;
+  Metrics* const metrics_;
 };
 
 }  // namespace klserve::server

@@ -3,37 +3,36 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+#include "server/limits.h"
+#include "server/wire_messages.h"
 
 namespace klserve::server {
 
 EchoReactor* EchoReactor::Start(const ServiceContext& context,
-                                grpc::CallbackServerContext*) {
-  auto* reactor = new EchoReactor(context);
+                                grpc::CallbackServerContext* call) {
+  auto* reactor = new EchoReactor(context, call);
   reactor->Begin();
   return reactor;
 }
 
-void EchoReactor::OnReadDone(bool ok) {
-  absl::MutexLock lock(&mu_);
-  reading_ = false;
-  if (finishing_) return;
-  if (!ok) {
-    reads_done_ = true;
-  } else {
-    bytes_in_ += static_cast<int64_t>(incoming_.ByteSizeLong());
-    const int64_t bytes = incoming_.reply_bytes();
-    if (bytes < 0 || bytes > context_.options->max_message_bytes) {
-      Fail(absl::InvalidArgumentError(
-          absl::StrCat("reply_bytes: must be in [0, ",
-                       context_.options->max_message_bytes, "], got ", bytes)));
-      return;
-    }
-    auto reply = std::make_unique<v1::EchoResponse>();
-    reply->mutable_payload()->resize(bytes);
-    writes_.push_back(std::move(reply));
-    incoming_.Clear();
+absl::Status EchoReactor::OnMessage() {
+  const int64_t bytes = incoming_.reply_bytes();
+  incoming_.Clear();
+  if (bytes < 0 || bytes > context_.options->max_message_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reply_bytes: must be in [0, ",
+                     context_.options->max_message_bytes, "], got ", bytes));
   }
-  Advance();
+  v1::EchoResponse reply;
+  reply.mutable_payload()->resize(bytes);
+  RETURN_IF_ERROR(CheckMessageBytes(
+      "reply_bytes", static_cast<int64_t>(reply.ByteSizeLong()),
+      "ask for a smaller reply", *context_.options));
+  ASSIGN_OR_RETURN(std::unique_ptr<grpc::ByteBuffer> encoded,
+                   EncodeMessage(reply));
+  Queue(std::move(encoded));
+  return absl::OkStatus();
 }
 
 void EchoReactor::Advance() {

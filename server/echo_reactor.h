@@ -8,27 +8,26 @@
 
 namespace klserve::server {
 
-// One Echo call: answers each message with one of the size it asks for, with
-// the same read-ahead, write queue and memory bound as ComputeLossStream but
-// no computation, so that klctl bench can set the loss stream's throughput
-// against the transport's alone. Deletes itself when gRPC is done with it.
-class EchoReactor final
-    : public StreamReactorBase<v1::EchoRequest, v1::EchoResponse> {
+// One Echo call (served only with --enable_echo): answers each message with
+// one of the size it asks for, with the same read-ahead, write queue, memory
+// bound and timeouts as ComputeLossStream but no computation, so that klctl
+// bench can set the loss stream's throughput against the transport's alone.
+// Deletes itself when gRPC is done with it.
+class EchoReactor final : public StreamReactorBase<v1::EchoRequest> {
  public:
   static EchoReactor* Start(const ServiceContext& context,
                             grpc::CallbackServerContext* call);
 
-  void OnReadDone(bool ok) override;
-  void OnDone() override { delete this; }
-
  private:
   static constexpr int kMaxInFlight = 3;
 
-  explicit EchoReactor(const ServiceContext& context)
-      : StreamReactorBase(context, "Echo") {}
+  EchoReactor(const ServiceContext& context, grpc::CallbackServerContext* call)
+      : StreamReactorBase(context, call, "Echo") {}
 
+  absl::Status OnMessage() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnWritten() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { Advance(); }
-  void Advance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Advance() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnCallDone() override { delete this; }
 };
 
 }  // namespace klserve::server

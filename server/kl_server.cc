@@ -1,6 +1,7 @@
 #include "server/kl_server.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -11,9 +12,11 @@
 #include "absl/time/time.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "kernels/status_macros.h"
 #include "server/backend_selection.h"
+#include "server/method_names.h"
 #include "server/version.h"
 
 namespace klserve::server {
@@ -31,9 +34,10 @@ absl::StatusOr<std::string> ReadPemFile(absl::string_view flag,
   return buffer.str();
 }
 
-// The gRPC port's credentials: plaintext, TLS, or mutual TLS.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
-    const ServerOptions& options) {
+// The transport: plaintext, TLS, or mutual TLS. `with_token`: credentials
+// that take the token check.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TransportCredentials(
+    const ServerOptions& options, bool with_token) {
   const bool cert = !options.tls_cert_file.empty();
   const bool key = !options.tls_key_file.empty();
   if (cert != key) {
@@ -45,7 +49,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
       return absl::InvalidArgumentError(
           "--tls_client_ca: needs --tls_cert and --tls_key");
     }
-    return grpc::InsecureServerCredentials();
+    // gRPC 1.51's plaintext credentials take no AuthMetadataProcessor (it
+    // aborts); the xDS credentials do, and with no xDS configuration they
+    // serve their fallback, plaintext here. They are the only way to check
+    // a token on a call's headers before its message is read.
+    return with_token
+               ? grpc::XdsServerCredentials(grpc::InsecureServerCredentials())
+               : grpc::InsecureServerCredentials();
   }
   grpc::SslServerCredentialsOptions ssl(
       GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
@@ -64,15 +74,38 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
-}  // namespace
+// The gRPC port's credentials: plaintext, TLS, or mutual TLS, with the
+// token check when `auth` is set.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
+    const ServerOptions& options, std::shared_ptr<TokenAuth> auth) {
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   TransportCredentials(options, auth != nullptr));
+  if (auth != nullptr) credentials->SetAuthMetadataProcessor(std::move(auth));
+  return credentials;
+}
 
-absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
-    const ServerOptions& options) {
-  if (options.max_concurrent_requests < 1) {
+// Every option's own rule; the cross-checks (TLS files) come with their use.
+absl::Status ValidateOptions(const ServerOptions& options) {
+  const auto at_least = [](absl::string_view flag, int64_t value,
+                           int64_t least) -> absl::Status {
+    if (value >= least) return absl::OkStatus();
     return absl::InvalidArgumentError(
-        absl::StrCat("--max_concurrent_requests: must be >= 1, got ",
-                     options.max_concurrent_requests));
-  }
+        absl::StrCat("--", flag, ": must be >= ", least, ", got ", value));
+  };
+  const auto positive = [](absl::string_view flag,
+                           absl::Duration value) -> absl::Status {
+    if (value > absl::ZeroDuration() && value < absl::InfiniteDuration()) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": must be a positive, finite duration, got ",
+                     absl::FormatDuration(value)));
+  };
+  RETURN_IF_ERROR(
+      at_least("max_concurrent_requests", options.max_concurrent_requests, 1));
+  RETURN_IF_ERROR(at_least("max_open_streams", options.max_open_streams, 1));
+  RETURN_IF_ERROR(at_least("max_streams_per_connection",
+                           options.max_streams_per_connection, 1));
   // gRPC counts message sizes in int.
   constexpr int64_t kGrpcMaxMessage = (int64_t{1} << 31) - 1;
   if (options.max_message_bytes < 1 ||
@@ -81,21 +114,39 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
         absl::StrCat("--max_message_bytes: must be in [1, ", kGrpcMaxMessage,
                      "], got ", options.max_message_bytes));
   }
-  if (options.max_tensor_bytes < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_tensor_bytes: must be >= 1, got ", options.max_tensor_bytes));
-  }
-  if (options.max_runs < 1) {
+  RETURN_IF_ERROR(at_least("max_tensor_bytes", options.max_tensor_bytes, 1));
+  // Below a few MiB gRPC could not hold one connection's buffers.
+  RETURN_IF_ERROR(at_least("transport_memory_bytes",
+                           options.transport_memory_bytes, int64_t{16} << 20));
+  RETURN_IF_ERROR(at_least("max_runs", options.max_runs, 1));
+  RETURN_IF_ERROR(positive("stream_idle_timeout", options.stream_idle_timeout));
+  RETURN_IF_ERROR(positive("max_stream_duration", options.max_stream_duration));
+  RETURN_IF_ERROR(positive("max_connection_age", options.max_connection_age));
+  // gRPC takes the connection age and its grace in int milliseconds.
+  constexpr absl::Duration kGrpcMaxMillis = absl::Milliseconds(INT32_MAX);
+  if (options.max_connection_age > kGrpcMaxMillis ||
+      options.max_stream_duration > kGrpcMaxMillis) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--max_runs: must be >= 1, got ", options.max_runs));
+        absl::StrCat("--max_connection_age, --max_stream_duration: at most ",
+                     absl::FormatDuration(kGrpcMaxMillis)));
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                   ListenCredentials(options));
+  return absl::OkStatus();
+}
+
+// How often the watchdog looks: a small part of the shortest timeout, so a
+// stream ends within an eighth of its timeout of when it should.
+absl::Duration WatchdogPeriod(const ServerOptions& options) {
+  return std::clamp(
+      std::min(options.stream_idle_timeout, options.max_stream_duration) / 8,
+      absl::Milliseconds(10), absl::Seconds(1));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
+    const ServerOptions& options) {
+  RETURN_IF_ERROR(ValidateOptions(options));
   std::unique_ptr<KlServer> s(new KlServer(options));
-  if (!options.auth_token_file.empty()) {
-    ASSIGN_OR_RETURN(std::string token, ReadTokenFile(options.auth_token_file));
-    s->auth_ = std::make_unique<TokenAuth>(std::move(token));
-  }
   ASSIGN_OR_RETURN(s->backend_, SelectBackend(options.backend, options.threads,
                                               options.isa));
   MetricsOptions metrics;
@@ -104,34 +155,56 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   metrics.backend = std::string(s->backend_->name());
   metrics.device = s->backend_->device();
   ASSIGN_OR_RETURN(s->metrics_, Metrics::Create(metrics));
-  for (const char* method : {"ComputeLoss", "ComputeLossStream",
-                             "GetServerInfo", "FinishStep", "Echo"}) {
+  for (absl::string_view method : kIndexerKlMethods) {
     s->metrics_->RegisterMethod(method);
   }
+  if (!options.auth_token_file.empty()) {
+    ASSIGN_OR_RETURN(std::string token, ReadTokenFile(options.auth_token_file));
+    s->auth_ = std::make_shared<TokenAuth>(std::move(token), s->metrics_.get());
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   ListenCredentials(options, s->auth_));
   LossReporterOptions reporting;
   reporting.steps.max_runs = options.max_runs;
   reporting.steps.idle_timeout = options.step_idle_timeout;
   reporting.tensorboard_dir = options.tensorboard_dir;
   s->reporter_ =
       std::make_unique<LossReporter>(s->metrics_.get(), std::move(reporting));
-  s->admission_ = std::make_unique<Admission>(options.max_concurrent_requests,
-                                              s->metrics_.get());
+  s->requests_ = std::make_unique<Admission>(
+      options.max_concurrent_requests, "requests in flight",
+      "max_concurrent_requests", s->metrics_.get());
+  s->streams_ =
+      std::make_unique<Admission>(options.max_open_streams, "streams open",
+                                  "max_open_streams", s->metrics_.get());
   s->executor_ =
       std::make_unique<ComputeExecutor>(options.max_concurrent_requests);
-  s->service_ = std::make_unique<LossService>(ServiceContext{
-      s->backend_.get(), s->executor_.get(), s->admission_.get(),
-      s->metrics_.get(), s->reporter_.get(), &s->options_, s->auth_.get()});
+  s->watchdog_ = std::make_unique<StreamWatchdog>(WatchdogPeriod(options));
+  s->service_ = std::make_unique<LossService>(
+      ServiceContext{s->backend_.get(), s->executor_.get(), s->requests_.get(),
+                     s->streams_.get(), s->watchdog_.get(), s->metrics_.get(),
+                     s->reporter_.get(), &s->options_});
 
   grpc::EnableDefaultHealthCheckService(true);
-  // Reflection would describe the API to anyone: not with a token set. (The
-  // plugin is process-wide once added; klserve runs one server.)
-  if (s->auth_ == nullptr) {
-    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  }
+  // With a token set, reflection needs it like every method but health.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // gRPC binds with SO_REUSEPORT by default: a second klserve on the same
   // --listen would start and take half the calls. Off, it cannot bind.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             options.max_streams_per_connection);
+  builder.AddChannelArgument(
+      GRPC_ARG_MAX_CONNECTION_AGE_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
+  // A call still open when its connection is closed was open for at least
+  // this long after the GOAWAY: a stream within --max_stream_duration has
+  // had the time it was promised.
+  builder.AddChannelArgument(
+      GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.max_stream_duration)));
+  grpc::ResourceQuota quota("klserve");
+  quota.Resize(static_cast<size_t>(options.transport_memory_bytes));
+  builder.SetResourceQuota(quota);
   builder.AddListeningPort(options.listen, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
@@ -140,7 +213,7 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
   interceptors.push_back(
-      s->open_calls_.CountingFactory("/klserve.v1.IndexerKl/"));
+      s->open_calls_.CountingFactory(std::string(kIndexerKlPrefix)));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
@@ -169,7 +242,8 @@ KlServer::~KlServer() {
 void KlServer::Drain() {
   const absl::Time deadline = absl::Now() + options_.drain_timeout;
   server_->GetHealthCheckService()->SetServingStatus(false);
-  admission_->StartDraining();
+  requests_->StartDraining();
+  streams_->StartDraining();
   // Admitted calls are open calls: this waits for the work in flight, then
   // for the answers and refusals still on their way out.
   if (!open_calls_.WaitNone(deadline)) {

@@ -14,11 +14,13 @@
 #include "server/metrics.h"
 #include "server/open_calls.h"
 #include "server/server_options.h"
+#include "server/stream_watchdog.h"
 
 namespace klserve::server {
 
 // The running service: backend, compute threads, the gRPC server with the
-// IndexerKl service, grpc.health.v1 and reflection.
+// IndexerKl service, grpc.health.v1 and reflection. docs/security.md has the
+// resource model its options bound.
 class KlServer {
  public:
   // Picks the backend, binds `options.listen` and starts serving. Errors:
@@ -48,12 +50,15 @@ class KlServer {
   const ServerOptions options_;
   // Destroyed in reverse: the executor finishes its last tasks while the
   // admission and the backend they use still exist.
-  std::unique_ptr<TokenAuth> auth_;  // null when no token is required
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Metrics> metrics_;
+  // Shared with the credentials; null when no token is required.
+  std::shared_ptr<TokenAuth> auth_;
   std::unique_ptr<LossReporter> reporter_;
-  std::unique_ptr<Admission> admission_;
+  std::unique_ptr<Admission> requests_;
+  std::unique_ptr<Admission> streams_;
   std::unique_ptr<ComputeExecutor> executor_;
+  std::unique_ptr<StreamWatchdog> watchdog_;
   std::unique_ptr<LossService> service_;
   OpenCalls open_calls_;  // fed by the server's interceptor
   std::unique_ptr<grpc::Server> server_;

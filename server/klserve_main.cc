@@ -26,7 +26,26 @@ ABSL_FLAG(std::string, isa, "auto",
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
           "largest gRPC message either way; larger problems must stream");
 ABSL_FLAG(int, max_concurrent_requests, 8,
-          "requests in flight at once; more get RESOURCE_EXHAUSTED");
+          "unary ComputeLoss requests computing or queued at once (also the "
+          "compute threads); more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_open_streams, 16,
+          "ComputeLossStream and Echo calls open at once, apart from "
+          "--max_concurrent_requests; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::Seconds(30),
+          "end a stream (DEADLINE_EXCEEDED) whose client sends nothing the "
+          "server waits for, or takes no answer, for this long");
+ABSL_FLAG(absl::Duration, max_stream_duration, absl::Minutes(30),
+          "the longest a stream may stay open");
+ABSL_FLAG(int, max_streams_per_connection, 32,
+          "HTTP/2 streams (calls) one connection may have open at once");
+ABSL_FLAG(int64_t, transport_memory_bytes, int64_t{4} << 30,
+          "memory gRPC may hold for all connections (a grpc::ResourceQuota)");
+ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(10),
+          "ask a connection to reconnect after this long; it is closed "
+          "--max_stream_duration later");
+ABSL_FLAG(bool, enable_echo, false,
+          "serve the Echo RPC (klctl bench --mode=echo); off, it gets "
+          "UNIMPLEMENTED");
 ABSL_FLAG(int64_t, max_tensor_bytes, int64_t{1} << 30,
           "largest tensor a request may carry or ask for (stream blocks count "
           "one at a time)");
@@ -49,7 +68,7 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: require client certificates signed by it (mutual "
           "TLS; needs --tls_cert and --tls_key)");
 ABSL_FLAG(std::string, auth_token_file, "",
-          "file holding a bearer token every IndexerKl RPC must send as "
+          "file holding a bearer token every RPC must send as "
           "'authorization: Bearer <token>' (health is exempt)");
 
 int main(int argc, char** argv) {
@@ -75,6 +94,14 @@ int main(int argc, char** argv) {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_concurrent_requests =
       absl::GetFlag(FLAGS_max_concurrent_requests);
+  options.max_open_streams = absl::GetFlag(FLAGS_max_open_streams);
+  options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  options.max_stream_duration = absl::GetFlag(FLAGS_max_stream_duration);
+  options.max_streams_per_connection =
+      absl::GetFlag(FLAGS_max_streams_per_connection);
+  options.transport_memory_bytes = absl::GetFlag(FLAGS_transport_memory_bytes);
+  options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  options.enable_echo = absl::GetFlag(FLAGS_enable_echo);
   options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);

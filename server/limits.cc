@@ -52,4 +52,14 @@ absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,
   return absl::OkStatus();
 }
 
+absl::Status CheckMessageBytes(absl::string_view field, int64_t encoded_bytes,
+                               absl::string_view remedy,
+                               const ServerOptions& options) {
+  if (encoded_bytes <= options.max_message_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      field, ": the response would encode to ", encoded_bytes,
+      " bytes, over the message limit of ", options.max_message_bytes,
+      " (--max_message_bytes); ", remedy));
+}
+
 }  // namespace klserve::server

@@ -24,6 +24,13 @@ absl::Status CheckInputBytes(const IndexerKlInputs& inputs,
 absl::Status CheckOutputBytes(const IndexerKlProblem& problem, int64_t rows,
                               bool one_message, const ServerOptions& options);
 
+// RESOURCE_EXHAUSTED naming `field` when a message that encodes to
+// `encoded_bytes` (gRPC's count: the protobuf encoding, framing included) is
+// over --max_message_bytes; `remedy` says what the caller can do instead.
+absl::Status CheckMessageBytes(absl::string_view field, int64_t encoded_bytes,
+                               absl::string_view remedy,
+                               const ServerOptions& options);
+
 }  // namespace klserve::server
 
 #endif  // KLSERVE_SERVER_LIMITS_H_

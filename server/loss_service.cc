@@ -8,15 +8,27 @@
 #include "server/loss_stream_reactor.h"
 #include "server/tensor_codec.h"
 #include "server/version.h"
+#include "server/wire_messages.h"
 
 namespace klserve::server {
 namespace {
 
-// The whole unary computation, on an executor thread; `rows` gets the rows
-// computed.
-absl::Status ComputeUnary(const ServiceContext& ctx,
-                          const v1::ComputeLossRequest& request,
-                          v1::ComputeLossResponse& response, int64_t& rows) {
+// The field a too-large response is blamed on: its largest part.
+const char* LargestOutput(const IndexerKlOptions& options) {
+  if (options.want_grad) return "grad";
+  return options.want_row_kl ? "row_kl" : "request_id";
+}
+
+// The whole unary computation, on an executor thread: `bytes` in, `out`
+// encoded; `rows` gets the rows computed.
+absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
+                          grpc::ByteBuffer& out, int64_t& rows) {
+  v1::ComputeLossRequest request;
+  RETURN_IF_ERROR(ParseMessage(bytes, "ComputeLoss request", request));
+  // The parsed request is all that is read from here on: its bytes go now
+  // instead of when the call ends, so a large request is held once, not
+  // twice.
+  bytes.Clear();
   RETURN_IF_ERROR(LossReporter::CheckTags(request.tags()));
   ASSIGN_OR_RETURN(const IndexerKlOptions options,
                    OptionsFrom(request.options()));
@@ -26,6 +38,8 @@ absl::Status ComputeUnary(const ServiceContext& ctx,
                    IndexerKlProblem::Create(inputs, options));
   RETURN_IF_ERROR(CheckOutputBytes(problem, problem.num_rows(),
                                    /*one_message=*/true, *ctx.options));
+  v1::ComputeLossResponse response;
+  response.set_request_id(request.request_id());
   LossOutputs outputs;
   if (options.want_grad) {
     outputs.grad =
@@ -39,11 +53,20 @@ absl::Status ComputeUnary(const ServiceContext& ctx,
                                            response.mutable_row_kl());
     outputs.row_kl_size = problem.num_rows();
   }
+  // Decided before computing, so that a response gRPC would refuse to send
+  // is never computed or counted.
+  WidestResultTo(response.mutable_result());
+  RETURN_IF_ERROR(CheckMessageBytes(
+      LargestOutput(options), static_cast<int64_t>(response.ByteSizeLong()),
+      "send the problem with ComputeLossStream", *ctx.options));
+  response.clear_result();
   ASSIGN_OR_RETURN(const IndexerKlResult result,
                    ComputeIndexerKl(*ctx.backend, problem, outputs));
-  rows = problem.num_rows();
-  response.set_request_id(request.request_id());
   ResultTo(result, response.mutable_result());
+  ASSIGN_OR_RETURN(std::unique_ptr<grpc::ByteBuffer> encoded,
+                   EncodeMessage(response));
+  out.Swap(encoded.get());
+  rows = problem.num_rows();
   // Tags were checked above: this cannot fail.
   ctx.reporter->Add(request.tags(), result, options.scaling_factor)
       .IgnoreError();
@@ -62,8 +85,8 @@ void FinishUnary(const ServiceContext& ctx, grpc::ServerUnaryReactor* reactor,
 }
 
 // A stream refused before it started: finishes at once with `status`.
-template <typename Request, typename Response>
-class RefusedStream final : public grpc::ServerBidiReactor<Request, Response> {
+class RefusedStream final
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit RefusedStream(const grpc::Status& status) { this->Finish(status); }
   void OnDone() override { delete this; }
@@ -71,116 +94,109 @@ class RefusedStream final : public grpc::ServerBidiReactor<Request, Response> {
 
 }  // namespace
 
-// The one authentication check of every IndexerKl RPC (health is gRPC's own
-// service and never gets here). A refused call is counted in the request
-// metrics under its method with code UNAUTHENTICATED.
-absl::Status LossService::Authenticate(grpc::CallbackServerContext* context,
-                                       absl::string_view method) const {
-  if (context_.auth == nullptr) return absl::OkStatus();
-  absl::Status status = context_.auth->Check(*context);
-  if (!status.ok()) {
-    context_.metrics->RecordRequest(
-        method, absl::StatusCodeToString(status.code()), 0, 0, 0, 0);
-  }
-  return status;
-}
-
 grpc::ServerUnaryReactor* LossService::ComputeLoss(
-    grpc::CallbackServerContext* context, const v1::ComputeLossRequest* request,
-    v1::ComputeLossResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status auth = Authenticate(context, "ComputeLoss"); !auth.ok()) {
-    reactor->Finish(ToGrpcStatus(auth));
-    return reactor;
-  }
   const absl::Time start = absl::Now();
-  if (absl::Status admitted = context_.admission->Enter(); !admitted.ok()) {
-    FinishUnary(context_, reactor, "ComputeLoss", start, admitted, 0, 0, 0);
+  const auto bytes_in = static_cast<int64_t>(request->Length());
+  if (absl::Status admitted = context_.requests->Enter(); !admitted.ok()) {
+    FinishUnary(context_, reactor, "ComputeLoss", start, admitted, bytes_in, 0,
+                0);
     return reactor;
   }
   // The request and response belong to gRPC until Finish, so the task may
-  // use them in place.
-  context_.executor->Submit([ctx = context_, context, request, response,
-                             reactor, start] {
+  // use them in place; the request's bytes are the call's to drop once
+  // parsed, which is why they are taken as mutable.
+  auto* request_bytes = const_cast<grpc::ByteBuffer*>(request);
+  context_.executor->Submit([ctx = context_, context, request_bytes, response,
+                             reactor, start, bytes_in] {
     absl::Status status;
     int64_t rows = 0;
     if (context->IsCancelled()) {
       status = absl::CancelledError("cancelled before computing");
     } else {
-      status = ComputeUnary(ctx, *request, *response, rows);
+      status = ComputeUnary(ctx, *request_bytes, *response, rows);
     }
-    ctx.admission->Leave();
-    FinishUnary(
-        ctx, reactor, "ComputeLoss", start, status,
-        static_cast<int64_t>(request->ByteSizeLong()),
-        status.ok() ? static_cast<int64_t>(response->ByteSizeLong()) : 0, rows);
+    ctx.requests->Leave();
+    FinishUnary(ctx, reactor, "ComputeLoss", start, status, bytes_in,
+                status.ok() ? static_cast<int64_t>(response->Length()) : 0,
+                rows);
   });
   return reactor;
 }
 
-grpc::ServerBidiReactor<v1::ComputeLossStreamRequest,
-                        v1::ComputeLossStreamResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 LossService::ComputeLossStream(grpc::CallbackServerContext* context) {
-  if (absl::Status auth = Authenticate(context, "ComputeLossStream");
-      !auth.ok()) {
-    return new RefusedStream<v1::ComputeLossStreamRequest,
-                             v1::ComputeLossStreamResponse>(ToGrpcStatus(auth));
-  }
   return LossStreamReactor::Start(context_, context);
 }
 
 grpc::ServerUnaryReactor* LossService::GetServerInfo(
-    grpc::CallbackServerContext* context, const v1::GetServerInfoRequest*,
-    v1::GetServerInfoResponse* response) {
-  if (absl::Status auth = Authenticate(context, "GetServerInfo"); !auth.ok()) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(auth));
-    return reactor;
-  }
-  const ServerOptions& options = *context_.options;
-  response->set_version(std::string(kVersion));
-  response->set_backend(std::string(context_.backend->name()));
-  response->set_device(context_.backend->device());
-  response->set_threads(context_.backend->threads());
-  response->set_max_message_bytes(options.max_message_bytes);
-  response->set_max_tensor_bytes(options.max_tensor_bytes);
-  response->set_max_concurrent_requests(options.max_concurrent_requests);
-  for (const char* dtype : {"FP32", "BF16", "FP16"}) {
-    response->add_input_dtypes(dtype);
-    response->add_grad_dtypes(dtype);
-  }
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  const absl::Time start = absl::Now();
+  const absl::Status status = [&]() -> absl::Status {
+    v1::GetServerInfoRequest parsed;
+    RETURN_IF_ERROR(ParseMessage(*request, "GetServerInfo request", parsed));
+    const ServerOptions& options = *context_.options;
+    v1::GetServerInfoResponse info;
+    info.set_version(std::string(kVersion));
+    info.set_backend(std::string(context_.backend->name()));
+    info.set_device(context_.backend->device());
+    info.set_threads(context_.backend->threads());
+    info.set_max_message_bytes(options.max_message_bytes);
+    info.set_max_tensor_bytes(options.max_tensor_bytes);
+    info.set_max_concurrent_requests(options.max_concurrent_requests);
+    info.set_max_open_streams(options.max_open_streams);
+    for (const char* dtype : {"FP32", "BF16", "FP16"}) {
+      info.add_input_dtypes(dtype);
+      info.add_grad_dtypes(dtype);
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<grpc::ByteBuffer> encoded,
+                     EncodeMessage(info));
+    response->Swap(encoded.get());
+    return absl::OkStatus();
+  }();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  FinishUnary(context_, reactor, "GetServerInfo", absl::Now(), absl::OkStatus(),
-              0, 0, 0);
+  FinishUnary(context_, reactor, "GetServerInfo", start, status,
+              static_cast<int64_t>(request->Length()),
+              static_cast<int64_t>(response->Length()), 0);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* LossService::FinishStep(
-    grpc::CallbackServerContext* context, const v1::FinishStepRequest* request,
-    v1::FinishStepResponse* response) {
-  if (absl::Status auth = Authenticate(context, "FinishStep"); !auth.ok()) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(auth));
-    return reactor;
-  }
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<server::FinishedStep> step =
-      context_.reporter->FinishStep(request->run(), request->step());
-  if (step.ok()) {
-    response->set_indexer_loss(step->loss);
-    response->set_indexer_loss_unscaled(step->unscaled_loss);
-    response->set_requests(step->samples);
-  }
+  const absl::Status status = [&]() -> absl::Status {
+    v1::FinishStepRequest parsed;
+    RETURN_IF_ERROR(ParseMessage(*request, "FinishStep request", parsed));
+    ASSIGN_OR_RETURN(const FinishedStep step, context_.reporter->FinishStep(
+                                                  parsed.run(), parsed.step()));
+    v1::FinishStepResponse finished;
+    finished.set_indexer_loss(step.loss);
+    finished.set_indexer_loss_unscaled(step.unscaled_loss);
+    finished.set_requests(step.samples);
+    ASSIGN_OR_RETURN(std::unique_ptr<grpc::ByteBuffer> encoded,
+                     EncodeMessage(finished));
+    response->Swap(encoded.get());
+    return absl::OkStatus();
+  }();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  FinishUnary(context_, reactor, "FinishStep", start, step.status(), 0, 0, 0);
+  FinishUnary(context_, reactor, "FinishStep", start, status,
+              static_cast<int64_t>(request->Length()),
+              static_cast<int64_t>(response->Length()), 0);
   return reactor;
 }
 
-grpc::ServerBidiReactor<v1::EchoRequest, v1::EchoResponse>* LossService::Echo(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* LossService::Echo(
     grpc::CallbackServerContext* context) {
-  if (absl::Status auth = Authenticate(context, "Echo"); !auth.ok()) {
-    return new RefusedStream<v1::EchoRequest, v1::EchoResponse>(
-        ToGrpcStatus(auth));
+  if (!context_.options->enable_echo) {
+    const absl::Status off = absl::UnimplementedError(
+        "Echo: off on this server (start klserve with --enable_echo)");
+    context_.metrics->RecordRequest(
+        "Echo", absl::StatusCodeToString(off.code()), 0, 0, 0, 0);
+    return new RefusedStream(ToGrpcStatus(off));
   }
   return EchoReactor::Start(context_, context);
 }

@@ -1,48 +1,49 @@
 #ifndef KLSERVE_SERVER_LOSS_SERVICE_H_
 #define KLSERVE_SERVER_LOSS_SERVICE_H_
 
-#include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 #include "klserve/v1/klserve.grpc.pb.h"
 #include "server/service_context.h"
 
 namespace klserve::server {
 
-// The IndexerKl service on gRPC's callback API. Handlers only admit the
-// request and hand it on: computation runs on the ComputeExecutor, and the
-// streaming RPCs are driven by their own reactors.
-class LossService final : public v1::IndexerKl::CallbackService {
+// Every IndexerKl method on gRPC's callback API, registered raw: requests
+// arrive as bytes and responses leave as bytes (server/wire_messages.h says
+// why).
+using RawIndexerKlService = v1::IndexerKl::WithRawCallbackMethod_ComputeLoss<
+    v1::IndexerKl::WithRawCallbackMethod_ComputeLossStream<
+        v1::IndexerKl::WithRawCallbackMethod_GetServerInfo<
+            v1::IndexerKl::WithRawCallbackMethod_FinishStep<
+                v1::IndexerKl::WithRawCallbackMethod_Echo<
+                    v1::IndexerKl::Service>>>>>;
+
+// The IndexerKl service. Handlers only admit the request and hand it on:
+// computation runs on the ComputeExecutor, and the streaming RPCs are driven
+// by their own reactors. The token, when one is required, has been checked
+// by gRPC before any handler runs (server/auth.h).
+class LossService final : public RawIndexerKlService {
  public:
   explicit LossService(const ServiceContext& context) : context_(context) {}
 
-  grpc::ServerUnaryReactor* ComputeLoss(
-      grpc::CallbackServerContext* context,
-      const v1::ComputeLossRequest* request,
-      v1::ComputeLossResponse* response) override;
+  grpc::ServerUnaryReactor* ComputeLoss(grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
 
-  grpc::ServerBidiReactor<v1::ComputeLossStreamRequest,
-                          v1::ComputeLossStreamResponse>*
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
   ComputeLossStream(grpc::CallbackServerContext* context) override;
 
-  grpc::ServerUnaryReactor* GetServerInfo(
-      grpc::CallbackServerContext* context,
-      const v1::GetServerInfoRequest* request,
-      v1::GetServerInfoResponse* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
 
-  grpc::ServerUnaryReactor* FinishStep(
-      grpc::CallbackServerContext* context,
-      const v1::FinishStepRequest* request,
-      v1::FinishStepResponse* response) override;
+  grpc::ServerUnaryReactor* FinishStep(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
 
-  grpc::ServerBidiReactor<v1::EchoRequest, v1::EchoResponse>* Echo(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Echo(
       grpc::CallbackServerContext* context) override;
 
  private:
-  // OK, or UNAUTHENTICATED when a token is required and the call lacks it.
-  absl::Status Authenticate(grpc::CallbackServerContext* context,
-                            absl::string_view method) const;
-
   ServiceContext context_;
 };
 

@@ -1,5 +1,6 @@
 #include "server/loss_stream_reactor.h"
 
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,12 +10,13 @@
 #include "server/grpc_status.h"
 #include "server/limits.h"
 #include "server/tensor_codec.h"
+#include "server/wire_messages.h"
 
 namespace klserve::server {
 
 LossStreamReactor* LossStreamReactor::Start(const ServiceContext& context,
-                                            grpc::CallbackServerContext*) {
-  auto* reactor = new LossStreamReactor(context);
+                                            grpc::CallbackServerContext* call) {
+  auto* reactor = new LossStreamReactor(context, call);
   reactor->Begin();
   return reactor;
 }
@@ -25,13 +27,23 @@ absl::Status LossStreamReactor::TakeHeader() {
         "header: the first message of ComputeLossStream must be a "
         "StreamHeader");
   }
-  bytes_in_ += static_cast<int64_t>(incoming_.ByteSizeLong());
   header_ = std::move(*incoming_.mutable_header());
   incoming_.Clear();
   RETURN_IF_ERROR(LossReporter::CheckTags(header_.tags()));
   ASSIGN_OR_RETURN(const IndexerKlOptions options,
                    OptionsFrom(header_.options()));
   ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(header_));
+  // The header carries the small tensors whole.
+  RETURN_IF_ERROR(CheckInputBytes(inputs, *context_.options));
+  {
+    // The last message echoes request_id: it must fit too.
+    Response last;
+    last.mutable_result()->set_request_id(header_.request_id());
+    WidestResultTo(last.mutable_result()->mutable_result());
+    RETURN_IF_ERROR(CheckMessageBytes(
+        "request_id", static_cast<int64_t>(last.ByteSizeLong()),
+        "send a shorter request_id", *context_.options));
+  }
   ASSIGN_OR_RETURN(
       IndexerKlProblem problem,
       IndexerKlProblem::Create(inputs, options,
@@ -64,6 +76,24 @@ absl::Status LossStreamReactor::TakeBlock() {
         absl::StrCat("num_rows: must be in [1, ", remaining,
                      "] (rows not yet sent), got ", block.num_rows()));
   }
+  // A block carries only the tensors the header named, each in the field
+  // the header named it in: bytes elsewhere would be ignored (or, for the
+  // target, read in place of the named field) and give a wrong answer.
+  for (const auto& [field, named, bytes] :
+       {std::tuple{"attention_logits", header_.has_attention_logits(),
+                   block.attention_logits().size()},
+        std::tuple{"attention_weights", header_.has_attention_weights(),
+                   block.attention_weights().size()},
+        std::tuple{"topk_indices", header_.has_topk_indices(),
+                   block.topk_indices().size()},
+        std::tuple{"attention_mask", header_.has_attention_mask(),
+                   block.attention_mask().size()}}) {
+    if (!named && bytes > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": the StreamHeader has no ", field,
+          ", so a block may not carry it (got ", bytes, " bytes)"));
+    }
+  }
   const ServerOptions& options = *context_.options;
   for (const auto& [field, bytes] :
        {std::pair{"attention_logits", block.attention_logits().size()},
@@ -78,24 +108,9 @@ absl::Status LossStreamReactor::TakeBlock() {
                                    /*one_message=*/true, options));
   rows_received_ += block.num_rows();
   rows_ = rows_received_;
-  bytes_in_ += static_cast<int64_t>(incoming_.ByteSizeLong());
   blocks_.push_back(std::make_unique<Request>(std::move(incoming_)));
   incoming_.Clear();
   return absl::OkStatus();
-}
-
-void LossStreamReactor::OnReadDone(bool ok) {
-  absl::MutexLock lock(&mu_);
-  reading_ = false;
-  if (finishing_) return;
-  if (!ok) {  // the client has sent everything
-    reads_done_ = true;
-  } else if (absl::Status status = problem_ ? TakeBlock() : TakeHeader();
-             !status.ok()) {
-    Fail(status);
-    return;
-  }
-  Advance();
 }
 
 void LossStreamReactor::ComputeBlock(std::unique_ptr<Request> request) {
@@ -104,7 +119,7 @@ void LossStreamReactor::ComputeBlock(std::unique_ptr<Request> request) {
     absl::MutexLock lock(&mu_);
     skip = finishing_;  // cancelled, past the deadline or failed
   }
-  auto response = std::make_unique<Response>();
+  std::unique_ptr<grpc::ByteBuffer> encoded;
   absl::Status status;
   if (!skip) {
     status = [&]() -> absl::Status {
@@ -114,7 +129,8 @@ void LossStreamReactor::ComputeBlock(std::unique_ptr<Request> request) {
       ASSIGN_OR_RETURN(const RowData data,
                        BlockRowData(*problem_, rows, BlockBytesOf(block)));
       const IndexerKlProblem& p = *problem_;
-      v1::GradBlock* out = response->mutable_grad_block();
+      Response response;
+      v1::GradBlock* out = response.mutable_grad_block();
       out->set_row_begin(rows.begin);
       out->set_num_rows(rows.size());
       BlockOutputs outputs;
@@ -132,19 +148,24 @@ void LossStreamReactor::ComputeBlock(std::unique_ptr<Request> request) {
         outputs.row_kl =
             AllocateFloat64Tensor({rows.size()}, out->mutable_row_kl());
       }
-      return context_.backend->ComputeRows(p, data, rows, outputs,
-                                           accumulator_);
+      RETURN_IF_ERROR(CheckMessageBytes(
+          "num_rows", static_cast<int64_t>(response.ByteSizeLong()),
+          "send smaller blocks", *context_.options));
+      RETURN_IF_ERROR(
+          context_.backend->ComputeRows(p, data, rows, outputs, accumulator_));
+      ASSIGN_OR_RETURN(encoded, EncodeMessage(response));
+      return absl::OkStatus();
     }();
   }
   request.reset();  // the block's memory goes before the next is taken
   bool finished;
   {
     absl::MutexLock lock(&mu_);
-    computing_ = false;
+    ComputeDone();
     if (!status.ok()) {
       Fail(status);
     } else if (!skip) {
-      writes_.push_back(std::move(response));
+      Queue(std::move(encoded));
       Advance();
     }
     finished = Finished();
@@ -185,17 +206,23 @@ void LossStreamReactor::SendResult() {
         ") of the B*T=", problem_->num_rows(), " rows")));
     return;
   }
-  auto final = std::make_unique<Response>();
-  v1::ComputeLossResponse* result = final->mutable_result();
+  Response last;
+  v1::ComputeLossResponse* result = last.mutable_result();
   result->set_request_id(header_.request_id());
   const IndexerKlResult loss =
       FinishLoss(*problem_, accumulator_, *problem_->denominator);
   ResultTo(loss, result->mutable_result());
+  absl::StatusOr<std::unique_ptr<grpc::ByteBuffer>> encoded =
+      EncodeMessage(last);
+  if (!encoded.ok()) {
+    Fail(encoded.status());
+    return;
+  }
   // Tags were checked with the header: this cannot fail.
   context_.reporter->Add(header_.tags(), loss, problem_->options.scaling_factor)
       .IgnoreError();
   result_sent_ = true;
-  writes_.push_back(std::move(final));
+  Queue(*std::move(encoded));
   WriteNext();
 }
 
@@ -207,7 +234,7 @@ void LossStreamReactor::OnWritten() {
   Advance();
 }
 
-void LossStreamReactor::OnDone() {
+void LossStreamReactor::OnCallDone() {
   bool finished;
   {
     absl::MutexLock lock(&mu_);

@@ -32,24 +32,26 @@ namespace klserve::server {
 // guarded by mu_. The reactor deletes itself once gRPC is done with it
 // (OnDone) and no computation of it is running.
 class LossStreamReactor final
-    : public StreamReactorBase<v1::ComputeLossStreamRequest,
-                               v1::ComputeLossStreamResponse> {
+    : public StreamReactorBase<v1::ComputeLossStreamRequest> {
  public:
-  // Admits the call (or finishes it at once when refused) and starts reading.
+  // Takes a stream slot (or finishes the call at once when refused) and
+  // starts reading.
   static LossStreamReactor* Start(const ServiceContext& context,
                                   grpc::CallbackServerContext* call);
-
-  void OnReadDone(bool ok) override;
-  void OnDone() override;
 
  private:
   using Request = v1::ComputeLossStreamRequest;
   using Response = v1::ComputeLossStreamResponse;
   static constexpr int kMaxBlocksInFlight = 3;
 
-  explicit LossStreamReactor(const ServiceContext& context)
-      : StreamReactorBase(context, "ComputeLossStream") {}
+  LossStreamReactor(const ServiceContext& context,
+                    grpc::CallbackServerContext* call)
+      : StreamReactorBase(context, call, "ComputeLossStream") {}
 
+  absl::Status OnMessage() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return problem_ ? TakeBlock() : TakeHeader();
+  }
+  void OnCallDone() override;
   absl::Status TakeHeader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status TakeBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Computes one block on the executor and queues its GradBlock.
@@ -57,7 +59,7 @@ class LossStreamReactor final
 
   void OnWritten() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next step, whichever is possible: compute, write, read, finish.
-  void Advance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Advance() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Once every block is in, computed and written: the result, last.
   void SendResult() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when the reactor may now be deleted.
@@ -74,7 +76,6 @@ class LossStreamReactor final
 
   int64_t rows_received_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::unique_ptr<Request>> blocks_ ABSL_GUARDED_BY(mu_);
-  bool computing_ ABSL_GUARDED_BY(mu_) = false;
   bool result_sent_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };

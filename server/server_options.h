@@ -23,9 +23,36 @@ struct ServerOptions {
   // Largest message received or sent. A problem larger than this goes
   // through ComputeLossStream. gRPC caps messages below 2 GiB.
   int64_t max_message_bytes = int64_t{256} << 20;
-  // Requests (unary or streams) in flight at once; more get
+  // Unary ComputeLoss requests computing or queued at once; more get
   // RESOURCE_EXHAUSTED. Also the number of compute threads.
   int max_concurrent_requests = 8;
+  // ComputeLossStream and Echo calls open at once; more get
+  // RESOURCE_EXHAUSTED. Counted apart from the unary requests: a stream
+  // spends most of its life waiting on its client, and must not hold a
+  // compute slot while it does. Each holds at most 3 messages.
+  int max_open_streams = 16;
+  // A stream whose client sends nothing the server waits for, or takes no
+  // answer the server is sending, for this long is ended
+  // (DEADLINE_EXCEEDED), and its slot freed.
+  absl::Duration stream_idle_timeout = absl::Seconds(30);
+  // The longest a stream may stay open, whatever it does.
+  absl::Duration max_stream_duration = absl::Minutes(30);
+  // HTTP/2 streams (calls) one connection may have open at once
+  // (SETTINGS_MAX_CONCURRENT_STREAMS); more are refused by gRPC.
+  int max_streams_per_connection = 32;
+  // Memory gRPC may hold for all connections together: buffers of messages
+  // being received or sent and per-call state (a grpc::ResourceQuota). Near
+  // it, gRPC shrinks its read windows and then refuses new calls.
+  int64_t transport_memory_bytes = int64_t{4} << 30;
+  // A connection is asked to reconnect (HTTP/2 GOAWAY) after this long
+  // (+-10%), and closed max_stream_duration later with whatever is still
+  // open on it: the bound on how long a call gRPC is still receiving (a
+  // unary request sent in part) can be held.
+  absl::Duration max_connection_age = absl::Minutes(10);
+  // Serves the Echo RPC (a transport benchmark for klctl bench); off, Echo
+  // gets UNIMPLEMENTED. A tiny Echo request asks for a reply of up to
+  // max_message_bytes, so it stays off where callers are not trusted.
+  bool enable_echo = false;
   // Largest single tensor a request may carry or ask for (a stream's blocks
   // count one at a time).
   int64_t max_tensor_bytes = int64_t{1} << 30;
@@ -52,9 +79,10 @@ struct ServerOptions {
   std::string tls_client_ca_file;
   // A file holding a bearer token (trailing newlines stripped; empty is an
   // error). When set, every IndexerKl RPC must carry the metadata
-  // "authorization: Bearer <token>" or gets UNAUTHENTICATED;
-  // grpc.health.v1.Health stays open (Kubernetes probes), and server
-  // reflection is not served. Read once at start.
+  // "authorization: Bearer <token>" or gets UNAUTHENTICATED, checked on
+  // the call's headers before its message is read; grpc.health.v1.Health
+  // stays open (Kubernetes probes) and server reflection needs the token
+  // too. Read once at start.
   std::string auth_token_file;
 };
 

@@ -3,11 +3,11 @@
 
 #include "kernels/backend.h"
 #include "server/admission.h"
-#include "server/auth.h"
 #include "server/compute_executor.h"
 #include "server/loss_reporter.h"
 #include "server/metrics.h"
 #include "server/server_options.h"
+#include "server/stream_watchdog.h"
 
 namespace klserve::server {
 
@@ -15,12 +15,12 @@ namespace klserve::server {
 struct ServiceContext {
   Backend* backend;
   ComputeExecutor* executor;
-  Admission* admission;
+  Admission* requests;  // unary ComputeLoss calls computing or queued
+  Admission* streams;   // ComputeLossStream and Echo calls open
+  StreamWatchdog* watchdog;
   Metrics* metrics;
   LossReporter* reporter;
   const ServerOptions* options;
-  // Checks each IndexerKl call's bearer token; null when no token is set.
-  const TokenAuth* auth = nullptr;
 };
 
 }  // namespace klserve::server

@@ -15,21 +15,56 @@
 #include "grpcpp/grpcpp.h"
 #include "server/grpc_status.h"
 #include "server/service_context.h"
+#include "server/stream_watchdog.h"
+#include "server/wire_messages.h"
 
 namespace klserve::server {
 
-// What the bidirectional RPCs share: an admission slot held for the call's
-// life, one read and one write in flight at most, a queue of responses, and
-// one way to end the call on error (Finish waits for the write in flight).
-// Derived reactors react to reads and decide what to write; they call Begin
-// from their factory. All state is guarded by mu_; gRPC may call the
-// reactions on any of its threads.
-template <typename Request, typename Response>
-class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
+// What the bidirectional RPCs share: a slot of the open streams
+// (--max_open_streams) held for the call's life, one read and one write in
+// flight at most, a queue of responses, the watchdog's timeouts, and one way
+// to end the call on error (Finish waits for the write in flight).
+//
+// The messages travel as bytes (the service's methods are registered raw) and
+// are parsed here, so that bytes that are not a `Request` end the call with
+// INVALID_ARGUMENT instead of passing for the client closing its side.
+//
+// Derived reactors take each parsed message (OnMessage), decide what to
+// write (Queue) and move on (Advance); they call Begin from their factory
+// and OnCallDone replaces OnDone. All state is guarded by mu_; gRPC may call
+// the reactions on any of its threads.
+template <typename Request>
+class StreamReactorBase
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+      public StreamWatchdog::Watched {
  public:
+  void OnReadDone(bool ok) final {
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+    if (finishing_) return;
+    last_progress_ = absl::Now();
+    if (!ok) {  // the client has sent everything
+      reads_done_ = true;
+    } else {
+      ++messages_in_;
+      bytes_in_ += static_cast<int64_t>(incoming_bytes_.Length());
+      absl::Status status = ParseMessage(
+          incoming_bytes_, absl::StrCat(rpc_, " message ", messages_in_),
+          incoming_);
+      incoming_bytes_.Clear();
+      if (status.ok()) status = OnMessage();
+      if (!status.ok()) {
+        Fail(status);
+        return;
+      }
+    }
+    Advance();
+  }
+
   void OnWriteDone(bool ok) final {
     absl::MutexLock lock(&mu_);
     writing_.reset();
+    last_progress_ = absl::Now();
     if (deferred_finish_) {
       this->Finish(*deferred_finish_);
       deferred_finish_.reset();
@@ -45,13 +80,58 @@ class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
 
   void OnCancel() final {
     absl::MutexLock lock(&mu_);
-    Fail(absl::CancelledError(
-        absl::StrCat(rpc_, ": cancelled by the client or its deadline")));
+    Fail(expired_.value_or(absl::CancelledError(
+        absl::StrCat(rpc_, ": cancelled by the client or its deadline"))));
+  }
+
+  void OnDone() final {
+    context_.watchdog->Remove(this);
+    OnCallDone();
+  }
+
+  // Ends the call when its client has left it idle (no message read and no
+  // answer taken) for --stream_idle_timeout, or it has lasted
+  // --max_stream_duration. A stream waiting for its own computation is not
+  // idle.
+  void Check(absl::Time now) final {
+    bool cancel = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finishing_ || expired_) return;
+      const ServerOptions& options = *context_.options;
+      std::optional<absl::Status> expired;
+      if (now - start_ > options.max_stream_duration) {
+        expired = absl::DeadlineExceededError(
+            absl::StrCat(rpc_, ": open for more than ",
+                         absl::FormatDuration(options.max_stream_duration),
+                         " (--max_stream_duration)"));
+      } else if (!computing_ &&
+                 now - last_progress_ > options.stream_idle_timeout) {
+        expired = absl::DeadlineExceededError(
+            absl::StrCat(rpc_, ": idle for more than ",
+                         absl::FormatDuration(options.stream_idle_timeout),
+                         writing_ != nullptr ? " (the client reads no answer)"
+                                             : " (the client sends nothing)",
+                         "; --stream_idle_timeout"));
+      }
+      if (!expired) return;
+      if (writing_ == nullptr) {
+        Fail(*expired);
+      } else {
+        // A write the client never takes would hold Finish back for ever:
+        // cancel the call, and OnCancel ends it with this status.
+        expired_ = std::move(expired);
+        cancel = true;
+      }
+    }
+    // Safe: the call is not done (OnDone waits in Remove for this Check).
+    if (cancel) call_->TryCancel();
   }
 
  protected:
-  StreamReactorBase(const ServiceContext& context, const char* rpc)
-      : context_(context), rpc_(rpc) {}
+  StreamReactorBase(const ServiceContext& context,
+                    grpc::CallbackServerContext* call, const char* rpc)
+      : context_(context), call_(call), rpc_(rpc) {}
   ~StreamReactorBase() override {
     LeaveAdmission();
     context_.metrics->RecordRequest(rpc_, absl::StatusCodeToString(code_),
@@ -59,29 +139,42 @@ class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
                                     bytes_in_, bytes_out_, rows_);
   }
 
-  // Takes an admission slot and starts reading, or ends the call with the
+  // Takes a stream slot and starts reading, or ends the call with the
   // refusal (RESOURCE_EXHAUSTED, or UNAVAILABLE while draining).
   void Begin() {
-    const absl::Status admitted = context_.admission->Enter();
+    const absl::Status admitted = context_.streams->Enter();
     admitted_ = admitted.ok();
+    context_.watchdog->Add(this);
     absl::MutexLock lock(&mu_);
     if (!admitted.ok()) {
       Fail(admitted);
     } else {
       reading_ = true;
-      this->StartRead(&incoming_);
+      this->StartRead(&incoming_bytes_);
     }
   }
 
+  // The message just read, parsed into incoming_; an error ends the call.
+  virtual absl::Status OnMessage() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // The next step, whichever is possible.
+  virtual void Advance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   // After a write completed and the call goes on.
   virtual void OnWritten() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // gRPC is done with the call (OnDone, after the watchdog let it go).
+  virtual void OnCallDone() = 0;
+
+  // Queues an encoded response; WriteNext sends it.
+  void Queue(std::unique_ptr<grpc::ByteBuffer> response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    writes_.push_back(std::move(response));
+  }
 
   // Starts writing the next queued response unless one is in flight.
   void WriteNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ != nullptr || writes_.empty()) return;
     writing_ = std::move(writes_.front());
     writes_.pop_front();
-    bytes_out_ += static_cast<int64_t>(writing_->ByteSizeLong());
+    bytes_out_ += static_cast<int64_t>(writing_->Length());
     this->StartWrite(writing_.get());
   }
 
@@ -90,7 +183,13 @@ class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
   void ReadNext(int held, int limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (reading_ || reads_done_ || held >= limit) return;
     reading_ = true;
-    this->StartRead(&incoming_);
+    this->StartRead(&incoming_bytes_);
+  }
+
+  // The computation for this stream has ended: the idle clock restarts.
+  void ComputeDone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    computing_ = false;
+    last_progress_ = absl::Now();
   }
 
   int WritesHeld() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -122,18 +221,20 @@ class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
   // The slot goes back when the call is finished, before gRPC has sent the
   // status, so that a client's next call never finds it still taken.
   void LeaveAdmission() {
-    if (admitted_.exchange(false)) context_.admission->Leave();
+    if (admitted_.exchange(false)) context_.streams->Leave();
   }
 
   const ServiceContext context_;
+  grpc::CallbackServerContext* const call_;
   const char* const rpc_;  // the RPC's name, for messages
   std::atomic<bool> admitted_ = false;
   absl::Mutex mu_;
-  Request incoming_ ABSL_GUARDED_BY(mu_);  // the read in flight
+  Request incoming_ ABSL_GUARDED_BY(mu_);  // the message just read
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;  // the client half-closed
-  std::deque<std::unique_ptr<Response>> writes_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<Response> writing_ ABSL_GUARDED_BY(mu_);
+  // The server is computing for this stream, which is then not idle (set
+  // by the derived reactor, cleared with ComputeDone).
+  bool computing_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   // For the request metrics, recorded when the reactor goes.
   const absl::Time start_ = absl::Now();
@@ -143,6 +244,13 @@ class StreamReactorBase : public grpc::ServerBidiReactor<Request, Response> {
   absl::StatusCode code_ = absl::StatusCode::kUnknown;
 
  private:
+  grpc::ByteBuffer incoming_bytes_ ABSL_GUARDED_BY(mu_);  // the read in flight
+  int64_t messages_in_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::unique_ptr<grpc::ByteBuffer>> writes_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<grpc::ByteBuffer> writing_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_progress_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  // Set when the watchdog cancels the call, for OnCancel to report.
+  std::optional<absl::Status> expired_ ABSL_GUARDED_BY(mu_);
   std::optional<grpc::Status> deferred_finish_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,11 +1,13 @@
 #include "server/tensor_codec.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
+#include "server/grpc_status.h"
 
 namespace klserve::server {
 namespace {
@@ -60,8 +62,8 @@ absl::StatusOr<DType> ParseDType(absl::string_view field,
     if (name == DTypeName(dtype)) return dtype;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      field, ": must be one of FP32, BF16, FP16, INT32, BOOL, got \"", name,
-      "\""));
+      field, ": must be one of FP32, BF16, FP16, INT32, BOOL, got ",
+      QuoteForMessage(name)));
 }
 
 absl::StatusOr<TensorView> ViewOf(absl::string_view field,
@@ -189,6 +191,20 @@ void ResultTo(const IndexerKlResult& result, v1::LossResult* out) {
       d->set_topk_recall(*result.diagnostics->topk_recall);
     }
   }
+}
+
+void WidestResultTo(v1::LossResult* out) {
+  // Doubles encode to a fixed 8 bytes; an int64 varint is longest (10
+  // bytes) for a negative value.
+  constexpr int64_t kWidestInt = std::numeric_limits<int64_t>::min();
+  IndexerKlResult widest;
+  widest.loss = widest.unscaled_loss = 1;
+  widest.denominator = widest.rows_counted = widest.rows_fully_masked =
+      widest.rows_zero_target = kWidestInt;
+  widest.diagnostics.emplace();
+  widest.diagnostics->mean_entropy_p = widest.diagnostics->mean_entropy_q = 1;
+  widest.diagnostics->topk_recall = 1;
+  ResultTo(widest, out);
 }
 
 namespace {

@@ -44,6 +44,12 @@ RowBlockBytes BlockBytesOf(const v1::RowBlock& block);
 
 void ResultTo(const IndexerKlResult& result, v1::LossResult* out);
 
+// Sets `out` to a result each of whose fields takes the most bytes it can,
+// diagnostics included: a message holding it encodes to at least as many
+// bytes as it will once ResultTo has set the real one. For checking a
+// response against the message limit before computing it.
+void WidestResultTo(v1::LossResult* out);
+
 // Sets `out` to a tensor of `dtype` and `shape` and returns its bytes, to be
 // filled by the caller.
 std::byte* AllocateTensor(DType dtype, std::initializer_list<int64_t> shape,

@@ -1,7 +1,7 @@
 // Faults:
 // - a client process SIGKILLed while its stream is in flight: the server
-//   stays healthy, the stream's admission slot comes back (with
-//   --max_concurrent_requests=1 a new request is admitted within seconds)
+//   stays healthy, the stream's slot comes back (with --max_open_streams=1
+//   a new stream is admitted within seconds)
 //   and results stay correct;
 // - SIGTERM under a tagged load with --tensorboard_dir: requests in flight
 //   complete with the library's numbers or are refused with UNAVAILABLE,
@@ -99,7 +99,7 @@ TEST(ClientKilledTest, KilledMidStreamFreesItsSlotAndResultsStayCorrect) {
     ASSERT_GT(children.back().pid, 0);
   }
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start({"--max_concurrent_requests=1"});
+      ServerProcess::Start({"--max_open_streams=1"});
   ASSERT_TRUE(server.ok()) << server.status();
   ProblemSpec s;
   s.name = "after-kill";
@@ -119,7 +119,7 @@ TEST(ClientKilledTest, KilledMidStreamFreesItsSlotAndResultsStayCorrect) {
         << "the child's stream never got going";
     // The one slot is held: a new request is refused meanwhile.
     absl::StatusOr<v1::ComputeLossResponse> refused =
-        client->ComputeLossUnary(small);
+        client->ComputeLossStreaming(small);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
         << Describe(refused.status());
 
@@ -134,7 +134,7 @@ TEST(ClientKilledTest, KilledMidStreamFreesItsSlotAndResultsStayCorrect) {
     const absl::Time give_up = absl::Now() + absl::Seconds(5);
     absl::StatusOr<v1::ComputeLossResponse> after;
     do {
-      after = client->ComputeLossUnary(small);
+      after = client->ComputeLossStreaming(small);
       if (after.status().code() != absl::StatusCode::kResourceExhausted) break;
       absl::SleepFor(absl::Milliseconds(20));
     } while (absl::Now() < give_up);

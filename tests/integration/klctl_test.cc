@@ -112,7 +112,8 @@ double ParseDouble(const std::string& text) {
 class KlctlTest : public ServerTest {
  protected:
   void SetUp() override {
-    ASSERT_NO_FATAL_FAILURE(StartServer());
+    // klctl bench --mode=echo|both needs Echo.
+    ASSERT_NO_FATAL_FAILURE(StartServer({"--enable_echo"}));
     char dir[] = "/tmp/klserve_klctl_XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;

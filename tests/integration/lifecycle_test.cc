@@ -1,7 +1,8 @@
 // Requests that end early free what they hold, and SIGTERM drains:
 // - cancelled streams, expired deadlines (streams and unary calls) give
-//   their admission slot back (with --max_concurrent_requests=2, two new
-//   requests are then admitted at once and computed correctly) and their
+//   their slot back (with --max_concurrent_requests=2 and
+//   --max_open_streams=2, two new requests are then admitted at once and
+//   computed correctly) and their
 //   memory (the server's RSS stops growing over repeated cancel cycles);
 // - on SIGTERM health turns NOT_SERVING, new requests are refused, the
 //   request in flight completes with the right numbers, and the process
@@ -133,7 +134,8 @@ absl::StatusOr<v1::ComputeLossResponse> CompleteHeld(
 class SlotTest : public ServerTest {
  protected:
   void SetUp() override {
-    ASSERT_NO_FATAL_FAILURE(StartServer({"--max_concurrent_requests=2"}));
+    ASSERT_NO_FATAL_FAILURE(
+        StartServer({"--max_concurrent_requests=2", "--max_open_streams=2"}));
     stub_ = MakeStub(server().target());
     request_ = WideProblem(64, 1);
     absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(request_);
@@ -379,7 +381,7 @@ TEST_F(SlotTest, RssDoesNotGrowOverCancelCycles) {
 }
 
 // Two clients, each sending its requests one after another, never have more
-// than two in flight, so with --max_concurrent_requests=2 none may be
+// than two in flight, so with two slots of each kind none may be
 // refused: once a client has its answer, its slot must be free.
 // (A stream once gave its slot back only when its reactor was deleted,
 // after the client had its final status, and about 15 of 600 back-to-back
@@ -575,11 +577,11 @@ TEST_F(ServerTest, SecondServerOnTheSamePortRefusesToStart) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   absl::StatusOr<std::unique_ptr<ServerProcess>> second =
       ServerProcess::Start({"--listen=" + server().target()});
-  ASSERT_FALSE(second.ok()) << "a second klserve serves on "
-                            << server().target();
-  EXPECT_TRUE(absl::StrContains(
-      second.status().message(),
-      "--listen: cannot serve on " + server().target()))
+  ASSERT_FALSE(second.ok())
+      << "a second klserve serves on " << server().target();
+  EXPECT_TRUE(
+      absl::StrContains(second.status().message(),
+                        "--listen: cannot serve on " + server().target()))
       << second.status();
   absl::StatusOr<bool> serving = client().Health();
   ASSERT_TRUE(serving.ok()) << Describe(serving.status());

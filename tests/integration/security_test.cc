@@ -226,7 +226,8 @@ TEST_F(SecurityTest, MutualTlsClientGetsTheLibraryLoss) {
 TEST_F(SecurityTest, TokenRequiredForEveryIndexerKlRpc) {
   // The probe sends no token: health is exempt.
   ASSERT_NO_FATAL_FAILURE(
-      Start({"--auth_token_file=" + Path("token")}, ClientOptions()));
+      Start({"--auth_token_file=" + Path("token"), "--enable_echo"},
+            ClientOptions()));
 
   const absl::Status missing = InfoWith(ClientOptions());
   EXPECT_EQ(missing.code(), absl::StatusCode::kUnauthenticated)

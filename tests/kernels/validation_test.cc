@@ -435,7 +435,8 @@ TEST(Validate, RejectsBadSoftmaxScale) {
 }
 
 TEST(Validate, RejectsBadScalingFactor) {
-  for (double factor : {kNaN, kInf, -kInf}) {
+  // Past 65504, c / N times a gradient entry of 1 overflows FP16.
+  for (double factor : {kNaN, kInf, -kInf, 1e308, -1e308, 65504.5, -65505.0}) {
     for (BaseKind k : kBases) {
       Case c = FullBase(k.per_head, k.sparse);
       c.options.scaling_factor = factor;

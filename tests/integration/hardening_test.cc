@@ -1,0 +1,693 @@
+// Attacks on the server, as a hostile or broken client makes them, each
+// against the real binary on loopback (issue 12's findings): idle and
+// over-long streams, Echo amplification, unauthenticated traffic on a token
+// server (raw HTTP/2: header-only calls, uploads cut short, rapid resets,
+// too many streams on a connection), reflection, responses within a few
+// bytes of the message limit, stream blocks carrying tensors in the wrong
+// field, huge values quoted in errors, unparsable bytes, header tensors over
+// the tensor limit, and a scaling factor that would overflow the gradient.
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/stream_codec.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/impl/codegen/client_unary_call.h"
+#include "grpcpp/impl/codegen/sync_stream.h"
+#include "tests/integration/harness.h"
+#include "tests/integration/raw_http2.h"
+
+namespace klserve::integration {
+namespace {
+
+constexpr char kToken[] = "hardening-token";
+constexpr char kComputeLoss[] = "/klserve.v1.IndexerKl/ComputeLoss";
+constexpr char kComputeLossStream[] = "/klserve.v1.IndexerKl/ComputeLossStream";
+
+::testing::AssertionResult HasCode(const grpc::Status& status,
+                                   grpc::StatusCode code,
+                                   absl::string_view contains = "") {
+  if (status.error_code() == code &&
+      absl::StrContains(status.error_message(), contains)) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << "want code " << code << " with \"" << contains << "\", got "
+         << Describe(status);
+}
+
+::testing::AssertionResult HasCode(const absl::Status& status,
+                                   absl::StatusCode code,
+                                   absl::string_view contains = "") {
+  if (status.code() == code && absl::StrContains(status.message(), contains)) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << "want " << absl::StatusCodeToString(code) << " with \"" << contains
+         << "\", got " << Describe(status);
+}
+
+v1::ComputeLossRequest Small(int64_t T = 3, int64_t S = 5) {
+  ProblemSpec s;
+  s.name = "small";
+  s.B = 1, s.T = T, s.S = S, s.H = 0;
+  s.options.set_want_row_kl(true);
+  return MakeRequest(s);
+}
+
+std::shared_ptr<grpc::Channel> ChannelTo(const std::string& target) {
+  return grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+}
+
+grpc::ByteBuffer BytesOf(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::string StringOf(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!buffer.Dump(&slices).ok()) return out;
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+// A unary call of `method` with `bytes` as its message, whatever they are.
+grpc::Status RawUnary(grpc::Channel& channel, const std::string& method,
+                      const std::string& bytes, const std::string& token = "") {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  grpc::ByteBuffer response;
+  return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      &channel,
+      grpc::internal::RpcMethod(method.c_str(),
+                                grpc::internal::RpcMethod::NORMAL_RPC),
+      &context, BytesOf(bytes), &response);
+}
+
+// A bidi call of `method` sending `messages` as they are, then closing; the
+// final status and what came back.
+struct RawStreamOutcome {
+  grpc::Status status;
+  std::vector<std::string> responses;
+};
+RawStreamOutcome RawBidi(grpc::Channel& channel, const std::string& method,
+                         const std::vector<std::string>& messages,
+                         const std::string& token = "") {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
+      stream(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer,
+                                                       grpc::ByteBuffer>::
+                 Create(&channel,
+                        grpc::internal::RpcMethod(
+                            method.c_str(),
+                            grpc::internal::RpcMethod::BIDI_STREAMING),
+                        &context));
+  std::thread writer([&] {
+    for (const std::string& m : messages) {
+      if (!stream->Write(BytesOf(m))) break;
+    }
+    stream->WritesDone();
+  });
+  RawStreamOutcome outcome;
+  grpc::ByteBuffer response;
+  while (stream->Read(&response))
+    outcome.responses.push_back(StringOf(response));
+  writer.join();
+  outcome.status = stream->Finish();
+  return outcome;
+}
+
+// GET /metrics from 127.0.0.1:`port` (HTTP/1.0: the server closes).
+std::string ScrapeMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
+    if (write(fd, get.data(), get.size()) == static_cast<ssize_t>(get.size())) {
+      char buffer[65536];
+      ssize_t n;
+      while ((n = read(fd, buffer, sizeof(buffer))) > 0) out.append(buffer, n);
+    }
+  }
+  close(fd);
+  return out;
+}
+
+// The value of the series `name{labels}` (labels as the exposition writes
+// them), or -1 when absent.
+double SeriesValue(const std::string& scrape, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(scrape, '\n')) {
+    if (absl::StartsWith(line, series + " ")) {
+      double value = -1;
+      if (absl::SimpleAtod(line.substr(series.size() + 1), &value)) {
+        return value;
+      }
+    }
+  }
+  return -1;
+}
+
+v1::ComputeLossStreamRequest HeaderOf(const RequestSlicer& slicer) {
+  v1::ComputeLossStreamRequest m;
+  *m.mutable_header() = slicer.MakeHeader();
+  return m;
+}
+
+v1::ComputeLossStreamRequest BlockOf(const RequestSlicer& slicer, int64_t begin,
+                                     int64_t rows) {
+  v1::ComputeLossStreamRequest m;
+  slicer.FillBlock(begin, rows, m.mutable_block());
+  return m;
+}
+
+int64_t RssGrowthKiB(ServerProcess& server, int64_t before) {
+  absl::StatusOr<int64_t> now = server.RssKiB();
+  return now.ok() ? *now - before : -1;
+}
+
+// ---------------------------------------------------------------------------
+// Item 2: idle streams. They hold stream slots, never the unary requests'
+// compute slots, and the idle timeout frees their slots.
+
+class IdleStreamTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(
+        StartServer({"--max_open_streams=2", "--max_concurrent_requests=1",
+                     "--stream_idle_timeout=1s"}));
+    stub_ = MakeStub(server().target());
+  }
+  std::unique_ptr<v1::IndexerKl::Stub> stub_;
+};
+
+TEST_F(IdleStreamTest, IdleStreamsNeitherLockOutOthersNorStayOpen) {
+  const v1::ComputeLossRequest request = Small();
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << slicer.status();
+  absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(request);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+
+  // One stream sends nothing, the other its header only.
+  RawStream silent = OpenStream(*stub_);
+  RawStream header_only = OpenStream(*stub_);
+  ASSERT_TRUE(header_only.stream->Write(HeaderOf(*slicer)));
+  const absl::Time opened = absl::Now();
+
+  // Unary calls are not held up by them at all.
+  absl::StatusOr<v1::ComputeLossResponse> unary =
+      client().ComputeLossUnary(request);
+  ASSERT_TRUE(unary.ok()) << Describe(unary.status());
+  EXPECT_TRUE(SameResponse(*expected, *unary));
+
+  // A third stream waits at most the idle timeout (+ the watchdog's tick and
+  // a slow machine's slack) for a slot.
+  absl::StatusOr<v1::ComputeLossResponse> streamed;
+  do {
+    streamed = client().ComputeLossStreaming(request);
+    if (streamed.status().code() != absl::StatusCode::kResourceExhausted) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() - opened < absl::Seconds(4));
+  ASSERT_TRUE(streamed.ok()) << Describe(streamed.status());
+  EXPECT_TRUE(SameResponse(*expected, *streamed));
+  EXPECT_LT(absl::Now() - opened, absl::Seconds(4));
+
+  for (RawStream* idle : {&silent, &header_only}) {
+    EXPECT_TRUE(HasCode(idle->stream->Finish(),
+                        grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "--stream_idle_timeout"));
+  }
+}
+
+TEST(StreamDurationTest, AStreamThatTricklesIsEndedAtItsMaximumDuration) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      {"--max_stream_duration=2s", "--stream_idle_timeout=1500ms"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const v1::ComputeLossRequest request = Small(64, 8);
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << slicer.status();
+  std::unique_ptr<v1::IndexerKl::Stub> stub = MakeStub((*server)->target());
+  RawStream raw = OpenStream(*stub);
+  const absl::Time start = absl::Now();
+  std::thread reader([&] {
+    v1::ComputeLossStreamResponse response;
+    while (raw.stream->Read(&response)) {
+    }
+  });
+  // One row every 250 ms: never idle, never done within 2 s.
+  bool written = raw.stream->Write(HeaderOf(*slicer));
+  for (int64_t row = 0; written && row < 64; ++row) {
+    written = raw.stream->Write(BlockOf(*slicer, row, 1));
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  reader.join();
+  const grpc::Status status = raw.stream->Finish();
+  EXPECT_TRUE(HasCode(status, grpc::StatusCode::DEADLINE_EXCEEDED,
+                      "--max_stream_duration"));
+  EXPECT_GT(absl::Now() - start, absl::Milliseconds(1900));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+}
+
+// ---------------------------------------------------------------------------
+// Item 8: Echo.
+
+TEST(EchoTest, OffUnlessEnabled) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  EXPECT_TRUE(HasCode(client->EchoStream(1, 10, 1 << 20).status(),
+                      absl::StatusCode::kUnimplemented, "--enable_echo"));
+}
+
+TEST(EchoTest, UnreadRepliesAreBoundedAndTimedOut) {
+  constexpr int kStreams = 4;
+  constexpr int64_t kLimit = int64_t{16} << 20;
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      {"--enable_echo", absl::StrCat("--max_message_bytes=", kLimit),
+       absl::StrCat("--max_open_streams=", kStreams),
+       "--stream_idle_timeout=1s"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<int64_t> before = (*server)->RssKiB();
+  ASSERT_TRUE(before.ok());
+  std::unique_ptr<v1::IndexerKl::Stub> stub = MakeStub((*server)->target());
+
+  // Tiny requests asking for large replies, never read.
+  struct Unread {
+    std::unique_ptr<grpc::ClientContext> context;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::EchoRequest, v1::EchoResponse>>
+        stream;
+  };
+  std::vector<Unread> unread;
+  for (int i = 0; i < kStreams; ++i) {
+    Unread u;
+    u.context = std::make_unique<grpc::ClientContext>();
+    u.context->set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
+    u.stream = stub->Echo(u.context.get());
+    v1::EchoRequest ask;
+    ask.set_reply_bytes(kLimit - 16);
+    for (int j = 0; j < 12; ++j) u.stream->Write(ask);
+    unread.push_back(std::move(u));
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  // Each stream holds at most 3 replies: 4 x 3 x 16 MiB, far from what 48
+  // asked for.
+  const int64_t growth = RssGrowthKiB(**server, *before);
+  EXPECT_LT(growth, 260 * 1024) << "RSS grew by " << growth << " KiB";
+
+  // The idle timeout ends them and gives the slots back.
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  absl::Status echo;
+  do {
+    echo = client->EchoStream(2, 16, 16).status();
+    if (echo.code() != absl::StatusCode::kResourceExhausted) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < give_up);
+  EXPECT_TRUE(echo.ok()) << Describe(echo);
+  for (Unread& u : unread) {
+    u.context->TryCancel();
+    u.stream->Finish();
+  }
+  EXPECT_TRUE((*server)->Running());
+}
+
+// ---------------------------------------------------------------------------
+// Items 3 and 4: a token server and peers without the token.
+
+class TokenServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/klserve_hardening_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    token_file_ = std::string(dir) + "/token";
+    FILE* f = fopen(token_file_.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    fputs(kToken, f);
+    fclose(f);
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::Start({"--auth_token_file=" + token_file_});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    absl::StatusOr<int64_t> rss = server_->RssKiB();
+    ASSERT_TRUE(rss.ok());
+    rss_before_ = *rss;
+  }
+  void TearDown() override {
+    if (server_ == nullptr) return;
+    EXPECT_TRUE(server_->Running()) << server_->Log();
+    // And it still answers a caller with the token exactly.
+    ClientOptions security;
+    security.auth_token = kToken;
+    std::unique_ptr<Client> client =
+        MakeClient(server_->target(), 1, kCallDeadline, security);
+    const v1::ComputeLossRequest request = Small();
+    absl::StatusOr<v1::ComputeLossResponse> got =
+        client->ComputeLossUnary(request);
+    absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(request);
+    ASSERT_TRUE(got.ok()) << Describe(got.status());
+    EXPECT_TRUE(SameResponse(*expected, *got));
+  }
+
+  std::string token_file_;
+  std::unique_ptr<ServerProcess> server_;
+  int64_t rss_before_ = 0;
+};
+
+TEST_F(TokenServerTest, HeaderOnlyCallsWithoutTheTokenEndAtOnce) {
+  constexpr int kConnections = 20;
+  constexpr int kCallsPerConnection = 150;
+  int ended = 0;
+  for (int c = 0; c < kConnections; ++c) {
+    absl::StatusOr<std::unique_ptr<RawHttp2>> h2 =
+        RawHttp2::Connect(server_->port());
+    ASSERT_TRUE(h2.ok()) << h2.status();
+    for (int i = 0; i < kCallsPerConnection; ++i) {
+      ASSERT_TRUE((*h2)->OpenCall(kComputeLoss).ok());
+      // Read as we go, so the server's answers never back up.
+      if (i % 16 == 15) ASSERT_TRUE((*h2)->Pump(absl::ZeroDuration()).ok());
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while ((*h2)->ended_streams() < kCallsPerConnection &&
+           absl::Now() < deadline && !(*h2)->closed()) {
+      ASSERT_TRUE((*h2)->Pump(absl::Milliseconds(50)).ok());
+    }
+    ended += (*h2)->ended_streams();
+  }
+  // Every call ended by the server, none waiting for a message.
+  EXPECT_EQ(ended, kConnections * kCallsPerConnection);
+  const int64_t growth = RssGrowthKiB(*server_, rss_before_);
+  EXPECT_LT(growth, 64 * 1024) << "RSS grew by " << growth << " KiB";
+}
+
+TEST_F(TokenServerTest, AnUploadWithoutTheTokenIsRefusedBeforeItsMessage) {
+  std::vector<std::unique_ptr<RawHttp2>> uploads;
+  for (int i = 0; i < 12; ++i) {
+    absl::StatusOr<std::unique_ptr<RawHttp2>> h2 =
+        RawHttp2::Connect(server_->port());
+    ASSERT_TRUE(h2.ok()) << h2.status();
+    absl::StatusOr<uint32_t> stream = (*h2)->OpenCall(kComputeLoss);
+    ASSERT_TRUE(stream.ok());
+    // 60 MiB announced, 60 KB sent (within HTTP/2's first window).
+    ASSERT_TRUE((*h2)
+                    ->SendMessage(*stream, std::string(60000, 'x'), 60u << 20,
+                                  /*end_stream=*/false)
+                    .ok());
+    ASSERT_TRUE((*h2)->Pump(absl::Seconds(3), *stream).ok());
+    const RawHttp2::StreamEnd end = (*h2)->end(*stream);
+    EXPECT_TRUE(end.ended) << "upload " << i
+                           << " still open: the server waits for the message";
+    uploads.push_back(*std::move(h2));
+  }
+}
+
+TEST_F(TokenServerTest, RapidResetsLeaveTheServerServing) {
+  constexpr int kConnections = 20;
+  constexpr int kResetsPerConnection = 500;
+  for (int c = 0; c < kConnections; ++c) {
+    absl::StatusOr<std::unique_ptr<RawHttp2>> h2 =
+        RawHttp2::Connect(server_->port());
+    ASSERT_TRUE(h2.ok()) << h2.status();
+    for (int i = 0; i < kResetsPerConnection && !(*h2)->closed(); ++i) {
+      absl::StatusOr<uint32_t> stream = (*h2)->OpenCall(
+          kComputeLoss, {{"authorization", std::string("Bearer ") + kToken}});
+      if (!stream.ok() || !(*h2)->Reset(*stream).ok()) break;
+      if (i % 32 == 31) ASSERT_TRUE((*h2)->Pump(absl::ZeroDuration()).ok());
+    }
+  }
+  const int64_t growth = RssGrowthKiB(*server_, rss_before_);
+  EXPECT_LT(growth, 128 * 1024) << "RSS grew by " << growth << " KiB";
+}
+
+TEST_F(TokenServerTest, ReflectionNeedsTheToken) {
+  // ServerReflectionRequest{list_services: ""}: field 7, length 0.
+  const std::string list_services("\x3a\x00", 2);
+  constexpr char kReflection[] =
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+  std::shared_ptr<grpc::Channel> channel = ChannelTo(server_->target());
+  EXPECT_TRUE(HasCode(RawBidi(*channel, kReflection, {list_services}).status,
+                      grpc::StatusCode::UNAUTHENTICATED, "authorization"));
+  const RawStreamOutcome with_token =
+      RawBidi(*channel, kReflection, {list_services}, kToken);
+  ASSERT_TRUE(with_token.status.ok()) << Describe(with_token.status);
+  ASSERT_EQ(with_token.responses.size(), 1u);
+  EXPECT_TRUE(
+      absl::StrContains(with_token.responses[0], "klserve.v1.IndexerKl"));
+}
+
+// gRPC 1.51 announces the cap (gRPC clients keep to it) but does not refuse
+// streams a client opens past it: a raw client's 40 header-only calls stay
+// open, bounded by the transport's memory quota and the connection's age
+// instead (docs/security.md).
+TEST(StreamsPerConnectionTest, TheCapIsAnnouncedAndExcessCallsDoNoHarm) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({"--max_streams_per_connection=8"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<RawHttp2>> h2 =
+      RawHttp2::Connect((*server)->port());
+  ASSERT_TRUE(h2.ok()) << h2.status();
+  ASSERT_TRUE((*h2)->Pump(absl::Milliseconds(300)).ok());
+  EXPECT_EQ((*h2)->max_concurrent_streams(), 8u);
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE((*h2)->OpenCall(kComputeLoss).ok());
+  }
+  ASSERT_TRUE((*h2)->Pump(absl::Milliseconds(500)).ok());
+  h2->reset();
+  // The unary slots are all free again: 8 calls at once succeed.
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  const v1::ComputeLossRequest request = Small();
+  absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(request);
+  ASSERT_TRUE(expected.ok());
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  absl::StatusOr<v1::ComputeLossResponse> got;
+  do {
+    got = client->ComputeLossUnary(request);
+    if (got.status().code() != absl::StatusCode::kResourceExhausted) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  } while (absl::Now() < give_up);
+  ASSERT_TRUE(got.ok()) << Describe(got.status());
+  EXPECT_TRUE(SameResponse(*expected, *got));
+  EXPECT_TRUE((*server)->Running());
+}
+
+// ---------------------------------------------------------------------------
+// Item 5: a response within a few bytes of the message limit is refused
+// before it is computed or counted.
+
+// Dense BF16 [1, T, S] with an FP32 gradient and row_kl: the response
+// (4TS + 8T bytes of tensors) outgrows the request (4TS) by 8T, so with the
+// limit at 4TS + 8T + 2 the request fits and the response's tensors fit,
+// but not the response's encoding.
+constexpr int64_t kT = 16, kS = 256;
+constexpr int64_t kNearLimit = 4 * kT * kS + 8 * kT + 2;
+
+v1::ComputeLossRequest NearLimitRequest() {
+  ProblemSpec s;
+  s.name = "near-limit";
+  s.B = 1, s.T = kT, s.S = kS, s.H = 0;
+  s.target_dtype = s.scores_dtype = "BF16";
+  s.options.set_want_row_kl(true);
+  v1::ComputeLossRequest request = MakeRequest(s);
+  request.mutable_tags()->set_run("near-limit");
+  request.mutable_tags()->set_step(1);
+  return request;
+}
+
+TEST(MessageLimitTest, ResponsesPastTheLimitAreRefusedAndNotCounted) {
+  const int metrics_port = PickFreePort();
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      {absl::StrCat("--max_message_bytes=", kNearLimit), "--enable_echo",
+       absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  const v1::ComputeLossRequest request = NearLimitRequest();
+  ASSERT_LE(static_cast<int64_t>(request.ByteSizeLong()), kNearLimit);
+
+  EXPECT_TRUE(HasCode(client->ComputeLossUnary(request).status(),
+                      absl::StatusCode::kResourceExhausted, "grad"));
+  EXPECT_TRUE(HasCode(client->ComputeLossStreaming(request, kT).status(),
+                      absl::StatusCode::kResourceExhausted, "num_rows"));
+  EXPECT_TRUE(HasCode(client->EchoStream(1, 0, kNearLimit).status(),
+                      absl::StatusCode::kResourceExhausted, "reply_bytes"));
+  // Nothing reached the step: the run was never seen.
+  EXPECT_TRUE(HasCode(client->FinishStep("near-limit", 1).status(),
+                      absl::StatusCode::kNotFound));
+  const std::string scrape = ScrapeMetrics(metrics_port);
+  EXPECT_EQ(SeriesValue(scrape,
+                        "klserve_requests_total{code=\"RESOURCE_EXHAUSTED\","
+                        "method=\"ComputeLoss\"}"),
+            1)
+      << scrape;
+  EXPECT_EQ(
+      SeriesValue(scrape,
+                  "klserve_requests_total{code=\"OK\",method=\"ComputeLoss\"}"),
+      0);
+
+  // Smaller blocks of the same problem go through, exactly.
+  absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(request);
+  ASSERT_TRUE(expected.ok());
+  absl::StatusOr<v1::ComputeLossResponse> blocks =
+      client->ComputeLossStreaming(request, kT / 2);
+  ASSERT_TRUE(blocks.ok()) << Describe(blocks.status());
+  EXPECT_TRUE(SameResponse(*expected, *blocks));
+}
+
+// ---------------------------------------------------------------------------
+// Items 6, 12, 13, 15, 16: requests that were answered wrongly or badly.
+
+class BadInputTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    metrics_port_ = PickFreePort();
+    ASSERT_NO_FATAL_FAILURE(StartServer(
+        {"--max_tensor_bytes=4096",
+         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_)}));
+    channel_ = ChannelTo(server().target());
+    stub_ = MakeStub(server().target());
+  }
+  int metrics_port_ = 0;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::IndexerKl::Stub> stub_;
+};
+
+TEST_F(BadInputTest, BlockTargetInAFieldTheHeaderDidNotName) {
+  // Head-aggregated: the header names attention_weights.
+  const v1::ComputeLossRequest request = Small(4, 6);
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok());
+  v1::ComputeLossStreamRequest moved = BlockOf(*slicer, 0, 4);
+  moved.mutable_block()->mutable_attention_logits()->swap(
+      *moved.mutable_block()->mutable_attention_weights());
+  v1::ComputeLossStreamRequest both = BlockOf(*slicer, 0, 4);
+  *both.mutable_block()->mutable_attention_logits() =
+      both.block().attention_weights();
+  for (const auto& block : {moved, both}) {
+    const StreamOutcome outcome = RunStream(*stub_, {HeaderOf(*slicer), block});
+    EXPECT_TRUE(HasCode(outcome.status, grpc::StatusCode::INVALID_ARGUMENT,
+                        "attention_logits: the StreamHeader has no"));
+  }
+  // Per-head: the header names attention_logits.
+  ProblemSpec s;
+  s.name = "per-head";
+  s.B = 1, s.T = 2, s.S = 4, s.H = 2;
+  const v1::ComputeLossRequest per_head =
+      MakeRequest(s);  // the slicer views it
+  absl::StatusOr<RequestSlicer> heads = RequestSlicer::Create(per_head);
+  ASSERT_TRUE(heads.ok());
+  v1::ComputeLossStreamRequest extra = BlockOf(*heads, 0, 2);
+  extra.mutable_block()->set_attention_weights(std::string(32, '\0'));
+  EXPECT_TRUE(HasCode(RunStream(*stub_, {HeaderOf(*heads), extra}).status,
+                      grpc::StatusCode::INVALID_ARGUMENT,
+                      "attention_weights: the StreamHeader has no"));
+}
+
+TEST_F(BadInputTest, HugeValuesAreQuotedShortly) {
+  v1::ComputeLossRequest dtype = Small();
+  dtype.mutable_indexer_scores()->set_dtype(std::string(100000, 'F'));
+  const absl::Status bad_dtype = client().ComputeLossUnary(dtype).status();
+  EXPECT_TRUE(HasCode(bad_dtype, absl::StatusCode::kInvalidArgument,
+                      "indexer_scores.dtype"));
+  EXPECT_LT(bad_dtype.message().size(), 4096u);
+
+  v1::ComputeLossRequest shape = Small();
+  for (int i = 0; i < 1000000; ++i) {
+    shape.mutable_indexer_scores()->add_shape(1);
+  }
+  const absl::Status bad_shape = client().ComputeLossUnary(shape).status();
+  EXPECT_TRUE(
+      HasCode(bad_shape, absl::StatusCode::kInvalidArgument, "indexer_scores"));
+  EXPECT_LT(bad_shape.message().size(), 4096u);
+
+  const absl::Status run =
+      client().FinishStep(std::string(1 << 20, 'r'), 1).status();
+  EXPECT_TRUE(run.code() == absl::StatusCode::kNotFound ||
+              run.code() == absl::StatusCode::kInvalidArgument)
+      << Describe(run);
+  EXPECT_LT(run.message().size(), 4096u);
+}
+
+TEST_F(BadInputTest, UnparsableBytesAreInvalidArgumentAndCounted) {
+  const std::string garbage("\xff\xff\xff\xff\x0f", 5);
+  EXPECT_TRUE(HasCode(RawUnary(*channel_, kComputeLoss, garbage),
+                      grpc::StatusCode::INVALID_ARGUMENT, "not a parsable"));
+  const std::string scrape = ScrapeMetrics(metrics_port_);
+  EXPECT_EQ(SeriesValue(scrape,
+                        "klserve_requests_total{code=\"INVALID_ARGUMENT\","
+                        "method=\"ComputeLoss\"}"),
+            1)
+      << scrape;
+
+  const v1::ComputeLossRequest request = Small();
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok());
+  const std::string header = HeaderOf(*slicer).SerializeAsString();
+  // After every block: must not end OK as if the client had closed.
+  const RawStreamOutcome after_all =
+      RawBidi(*channel_, kComputeLossStream,
+              {header, BlockOf(*slicer, 0, 3).SerializeAsString(), garbage});
+  EXPECT_TRUE(HasCode(after_all.status, grpc::StatusCode::INVALID_ARGUMENT,
+                      "message 3"));
+  // Mid-stream: the error says what happened, not "rows missing".
+  const RawStreamOutcome mid =
+      RawBidi(*channel_, kComputeLossStream,
+              {header, BlockOf(*slicer, 0, 1).SerializeAsString(), garbage,
+               BlockOf(*slicer, 1, 2).SerializeAsString()});
+  EXPECT_TRUE(HasCode(mid.status, grpc::StatusCode::INVALID_ARGUMENT,
+                      "not a parsable"));
+}
+
+TEST_F(BadInputTest, HeaderTensorsCountAgainstTheTensorLimit) {
+  ProblemSpec s;
+  s.name = "long";
+  s.B = 1, s.T = 8192, s.S = 2, s.H = 0;
+  s.row_valid = true;
+  s.options.set_reduction(v1::REDUCTION_MEAN_VALID);
+  const v1::ComputeLossRequest request = MakeRequest(s);  // the slicer views it
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok());
+  // row_valid: 8192 bytes whole in the header, over --max_tensor_bytes=4096.
+  EXPECT_TRUE(HasCode(RunStream(*stub_, {HeaderOf(*slicer)}).status,
+                      grpc::StatusCode::RESOURCE_EXHAUSTED, "row_valid"));
+}
+
+TEST_F(BadInputTest, AScalingFactorThatWouldOverflowTheGradientIsRefused) {
+  v1::ComputeLossRequest request = Small();
+  request.mutable_options()->set_scaling_factor(1e308);
+  EXPECT_TRUE(HasCode(client().ComputeLossUnary(request).status(),
+                      absl::StatusCode::kInvalidArgument, "scaling_factor"));
+  request.mutable_options()->set_scaling_factor(65504);
+  request.mutable_options()->set_grad_dtype("FP16");
+  absl::StatusOr<v1::ComputeLossResponse> largest =
+      client().ComputeLossUnary(request);
+  ASSERT_TRUE(largest.ok()) << Describe(largest.status());
+  for (int64_t i = 0; i < 15; ++i) {
+    EXPECT_TRUE(std::isfinite(GetFloat(largest->grad(), i))) << i;
+  }
+}
+
+}  // namespace
+}  // namespace klserve::integration
