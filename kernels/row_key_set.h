@@ -18,18 +18,31 @@ class RowKeySet {
 
   // Empties the set for a row of at most `slots` keys, each in [0, S).
   void StartRow(int64_t slots, int64_t S);
-  // Adds `key` (>= 0) to the row's set; false if the row already named it.
-  bool Insert(int32_t key) {
-    const uint64_t tagged =
-        (uint64_t{stamp_} << 32) | static_cast<uint32_t>(key);
-    for (uint64_t i = Slot(key);; i = (i + 1) & mask_) {
-      const uint64_t entry = table_[i];
-      if (entry == tagged) return false;
-      if (entry >> 32 != stamp_) {  // empty, or another row's
-        table_[i] = tagged;
-        return true;
+  // The first j in [0, K) whose key_at(j) (a key >= 0, or -1 for none) an
+  // earlier j of the row named, or -1; every key before it joins the set.
+  // One loop over the row, with the table's fields in locals: a store into
+  // the table could otherwise alias them and reload them per key.
+  template <typename KeyAt>
+  int64_t FirstRepeat(int64_t K, KeyAt key_at) {
+    uint64_t* const table = table_.get();
+    const uint64_t mask = mask_, multiplier = multiplier_;
+    const int shift = shift_;
+    const uint64_t stamp = stamp_;
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t key = key_at(j);
+      if (key == -1) continue;
+      const uint64_t tagged = (stamp << 32) | static_cast<uint32_t>(key);
+      for (uint64_t i = (static_cast<uint64_t>(key) * multiplier) >> shift;;
+           i = (i + 1) & mask) {
+        const uint64_t entry = table[i];
+        if (entry == tagged) return j;
+        if (entry >> 32 != stamp) {  // empty, or another row's
+          table[i] = tagged;
+          break;
+        }
       }
     }
+    return -1;
   }
 
   int64_t bytes() const { return slots_ * int64_t{sizeof(uint64_t)}; }
@@ -37,18 +50,14 @@ class RowKeySet {
   void Release();
 
  private:
-  // Multiply-shift hashing, the top bits of key * multiplier_; or the key
-  // itself (multiplier 1, shift 0) when S fits in the table: no collisions,
-  // and no multiply on the benchmark's rows.
-  uint64_t Slot(int32_t key) const {
-    return (static_cast<uint64_t>(key) * multiplier_) >> shift_;
-  }
-
   std::unique_ptr<uint64_t[]> table_;
   int64_t slots_ = 0;   // a power of two, or 0 while unallocated
   uint64_t mask_ = 0;   // slots_ - 1
   int shift_ = 64;      // 64 - log2(slots_)
   uint32_t stamp_ = 0;  // the current row's; 0 marks a slot never written
+  // A key's first slot: multiply-shift hashing, the top bits of
+  // key * multiplier_; or the key itself (multiplier 1, shift 0) when S fits
+  // in the table, which then has no collisions.
   uint64_t multiplier_ = 1;
   // Random (and odd) per set: with a fixed one a client could send keys that
   // all land in one run of slots, making each row cost O(K^2) probes. Which

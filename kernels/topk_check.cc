@@ -37,13 +37,13 @@ absl::Status CheckTopkRow(const std::byte* indices_row, int64_t K, int64_t S,
     }
   }
   keys.StartRow(K, S);
-  for (int64_t j = 0; j < K; ++j) {
-    const int32_t key = LoadInt32(indices_row + 4 * j);
-    if (key == -1) continue;  // empty slot
-    if (!keys.Insert(key)) {
-      return ValueError("topk_indices", "a key may appear once per row",
-                        absl::StrCat("key ", key, " again"), {b, t, j});
-    }
+  const int64_t j = keys.FirstRepeat(
+      K, [&](int64_t slot) { return LoadInt32(indices_row + 4 * slot); });
+  if (j >= 0) {
+    return ValueError(
+        "topk_indices", "a key may appear once per row",
+        absl::StrCat("key ", LoadInt32(indices_row + 4 * j), " again"),
+        {b, t, j});
   }
   return absl::OkStatus();
 }
