@@ -17,7 +17,7 @@ int32_t LoadInt32(const std::byte* p) {
 }  // namespace
 
 absl::Status CheckTopkRow(const std::byte* indices_row, int64_t K, int64_t S,
-                          int64_t b, int64_t t, uint64_t mark, uint64_t* seen) {
+                          int64_t b, int64_t t, RowKeySet& keys) {
   // The range check first, over the whole row (a simple loop that
   // vectorises), so that a bad index wins over an earlier repeated key.
   bool out_of_range = false;
@@ -36,14 +36,14 @@ absl::Status CheckTopkRow(const std::byte* indices_row, int64_t K, int64_t S,
       }
     }
   }
-  for (int64_t j = 0; j < K; ++j) {
-    const int32_t key = LoadInt32(indices_row + 4 * j);
-    if (key == -1) continue;  // empty slot
-    if (seen[key] == mark) {
-      return ValueError("topk_indices", "a key may appear once per row",
-                        absl::StrCat("key ", key, " again"), {b, t, j});
-    }
-    seen[key] = mark;
+  keys.StartRow(K, S);
+  const int64_t j = keys.FirstRepeat(
+      K, [&](int64_t slot) { return LoadInt32(indices_row + 4 * slot); });
+  if (j >= 0) {
+    return ValueError(
+        "topk_indices", "a key may appear once per row",
+        absl::StrCat("key ", LoadInt32(indices_row + 4 * j), " again"),
+        {b, t, j});
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/row_key_set.h"
 
 // The sparse stage's index rules for one row, shared by the backends so that
 // they report bad indices alike.
@@ -17,12 +18,10 @@ namespace klserve {
 //   "topk_indices: an index must be -1 or in [0, S=<S>), got <X> at [b, t, j]"
 //   "topk_indices: a key may appear once per row, got key <K> again at
 //    [b, t, j]" (INVALID_ARGUMENT).
-// `seen` has S entries and remembers keys across rows by mark: the row's keys
-// are marked `mark`, so each row needs a mark no earlier row used (e.g. one
-// counter per `seen` array, incremented per row, starting from a zeroed
-// array and a first mark of 1).
+// `keys` is the caller's, reused from row to row: its memory is O(K), so
+// that a request cannot make the check allocate by naming a large S.
 absl::Status CheckTopkRow(const std::byte* indices_row, int64_t K, int64_t S,
-                          int64_t b, int64_t t, uint64_t mark, uint64_t* seen);
+                          int64_t b, int64_t t, RowKeySet& keys);
 
 }  // namespace klserve
 

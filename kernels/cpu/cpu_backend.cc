@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/cpu/row_scratch.h"
 
 namespace klserve {
 namespace {
@@ -59,16 +60,20 @@ absl::Status CpuBackend::ComputeRows(const IndexerKlProblem& p,
   FirstError error;
   const int64_t chunks =
       std::min<int64_t>(n, int64_t{pool_.num_threads()} * kChunksPerThread);
-  pool_.ParallelFor(chunks, [&](int64_t chunk) {
-    const int64_t begin = rows.begin + n * chunk / chunks;
-    const int64_t end = rows.begin + n * (chunk + 1) / chunks;
-    if (error.Beyond(begin)) return;
-    int64_t failed_row = 0;
-    absl::Status status = kernels_.compute_rows(
-        p, data, {begin, end}, out, results.data() + (begin - rows.begin),
-        failed_row);
-    if (!status.ok()) error.Offer(failed_row, std::move(status));
-  });
+  pool_.ParallelFor(
+      chunks,
+      [&](int64_t chunk) {
+        const int64_t begin = rows.begin + n * chunk / chunks;
+        const int64_t end = rows.begin + n * (chunk + 1) / chunks;
+        if (error.Beyond(begin)) return;
+        int64_t failed_row = 0;
+        absl::Status status = kernels_.compute_rows(
+            p, data, {begin, end}, out, results.data() + (begin - rows.begin),
+            failed_row);
+        if (!status.ok()) error.Offer(failed_row, std::move(status));
+      },
+      // The chunks computed their rows in each thread's RowScratch.
+      [] { cpu::RowScratch::ReleaseExcessOfThisThread(); });
   if (absl::Status status = error.status(); !status.ok()) return status;
 
   // Fold in row order: the totals then do not depend on the chunking.

@@ -1,11 +1,36 @@
 #include "kernels/cpu/row_scratch.h"
 
+#include "kernels/cpu/return_memory.h"
+
 namespace klserve::cpu {
+namespace {
+
+RowScratch& ThisThreads() {
+  thread_local RowScratch scratch;
+  return scratch;
+}
+
+}  // namespace
 
 RowScratch& RowScratch::ForThisThread(const IndexerKlProblem& problem) {
-  thread_local RowScratch scratch;
+  RowScratch& scratch = ThisThreads();
   scratch.Reserve(problem);
   return scratch;
+}
+
+void RowScratch::ReleaseExcessOfThisThread() {
+  RowScratch& scratch = ThisThreads();
+  const int64_t bytes = scratch.bytes();
+  if (bytes > kRetainedBytes) {
+    scratch.Release();
+    ReturnFreedMemory(bytes);
+  }
+}
+
+int64_t RowScratch::bytes() const {
+  const int64_t per_slot = sizeof(uint8_t) + sizeof(std::pair<float, int32_t>);
+  return kRows * row_stride_ * int64_t{sizeof(float)} + slots_ * per_slot +
+         row_keys_.bytes();
 }
 
 void RowScratch::Reserve(const IndexerKlProblem& problem) {
@@ -18,10 +43,15 @@ void RowScratch::Reserve(const IndexerKlProblem& problem) {
     valid_.reset(new uint8_t[slots_]);
     ranked_.reset(new std::pair<float, int32_t>[slots_]);
   }
-  if (problem.sparse && problem.S > keys_) {
-    keys_ = problem.S;
-    seen_.reset(new uint64_t[keys_]());  // zero: no mark is ever 0
-  }
+}
+
+void RowScratch::Release() {
+  slots_ = 0;
+  row_stride_ = 0;
+  rows_.reset();
+  valid_.reset();
+  ranked_.reset();
+  row_keys_.Release();
 }
 
 }  // namespace klserve::cpu

@@ -6,16 +6,30 @@
 #include <utility>
 
 #include "kernels/problem.h"
+#include "kernels/row_key_set.h"
 
 namespace klserve::cpu {
 
-// Buffers one thread reuses for every row it computes. They only grow, and
-// each thread keeps its own (ForThisThread), so nothing is allocated per row
-// and, once warm, nothing per request either.
+// Buffers one thread reuses for every row it computes. Each thread keeps its
+// own (ForThisThread), grown to the widest rows it has met, so nothing is
+// allocated per row and, once warm, nothing per request either. What a wide
+// request grew past kRetainedBytes is freed when the thread's part of that
+// computation ends (ReleaseExcessOfThisThread), so that one wide request does
+// not leave every compute thread holding its rows.
 class RowScratch {
  public:
+  // The scratch a thread keeps between computations: rows of up to ~25K
+  // slots (41 bytes a slot, and up to 32 more for a sparse row's key set; the
+  // benchmark's dense S = 4096 takes 167 KiB). A wider row brings at least 4
+  // bytes of input per slot, so growing its scratch again per request costs
+  // little beside reading it.
+  static constexpr int64_t kRetainedBytes = int64_t{1} << 20;
+
   // This thread's scratch, grown to fit `problem`.
   static RowScratch& ForThisThread(const IndexerKlProblem& problem);
+  // Frees this thread's scratch if it holds more than kRetainedBytes. For
+  // when the thread has computed its last rows of a request.
+  static void ReleaseExcessOfThisThread();
 
   float* target() { return row(0); }       // a converted target row
   float* next_target() { return row(1); }  // the next head's
@@ -28,13 +42,14 @@ class RowScratch {
   uint8_t* valid() { return valid_.get(); }
   std::pair<float, int32_t>* ranked() { return ranked_.get(); }  // recall
 
-  // Sparse duplicate check: a fresh mark for the next row, and the per-key
-  // marks (seen[key] == mark once the row named the key).
-  uint64_t NextRowMark() { return ++mark_; }
-  uint64_t* seen() { return seen_.get(); }
+  RowKeySet& row_keys() { return row_keys_; }  // sparse duplicate check
+
+  // What the buffers hold, in bytes.
+  int64_t bytes() const;
 
  private:
   void Reserve(const IndexerKlProblem& problem);
+  void Release();
 
   static constexpr int kRows = 8;
   float* row(int i) { return rows_.get() + i * row_stride_; }
@@ -49,8 +64,7 @@ class RowScratch {
   int64_t row_stride_ = 0;
   std::unique_ptr<uint8_t[]> valid_;
   std::unique_ptr<std::pair<float, int32_t>[]> ranked_;
-  std::unique_ptr<uint64_t[]> seen_;
-  uint64_t mark_ = 0;
+  RowKeySet row_keys_;
 };
 
 }  // namespace klserve::cpu

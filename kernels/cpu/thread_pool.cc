@@ -32,6 +32,13 @@ void ThreadPool::RunTasks(Job& job) {
     mu_.Unlock();
     job.task(index);
     mu_.Lock();
+    if (job.next == job.n) {
+      // This thread gets no more of the job's tasks. Before the count below
+      // lets ParallelFor return: the job lives on its caller's stack.
+      mu_.Unlock();
+      job.finish();
+      mu_.Lock();
+    }
     ++job.finished;
   }
 }
@@ -49,12 +56,14 @@ void ThreadPool::WorkerLoop() {
   }
 }
 
-void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> task) {
+void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> task,
+                             absl::FunctionRef<void()> finish) {
   if (n <= 1 || workers_.empty()) {
     for (int64_t i = 0; i < n; ++i) task(i);
+    if (n > 0) finish();
     return;
   }
-  Job job{task, n};
+  Job job{task, finish, n};
   absl::MutexLock lock(&mu_);
   jobs_.push_back(&job);
   RunTasks(job);

@@ -25,11 +25,16 @@ class ThreadPool {
 
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
-  void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> task);
+  // Runs task(0..n-1); then `finish` runs on each thread that ran any of
+  // them, after its last one and before ParallelFor returns: the point where
+  // that thread may drop what the tasks grew in its thread-local state.
+  void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> task,
+                   absl::FunctionRef<void()> finish);
 
  private:
   struct Job {
     absl::FunctionRef<void(int64_t)> task;
+    absl::FunctionRef<void()> finish;
     int64_t n;
     int64_t next = 0;      // next task index to hand out
     int64_t finished = 0;  // tasks completed

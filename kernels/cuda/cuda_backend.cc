@@ -19,6 +19,7 @@
 #include "kernels/cuda/row_fold.h"
 #include "kernels/cuda/row_kernel.h"
 #include "kernels/cuda/row_pipeline.h"
+#include "kernels/row_key_set.h"
 #include "kernels/status_macros.h"
 #include "kernels/topk_check.h"
 
@@ -137,11 +138,10 @@ absl::Status CudaBackend::ComputeRows(const IndexerKlProblem& p,
   RowRange device_rows = rows;
   absl::Status index_error;
   if (p.sparse) {
-    std::vector<uint64_t> seen(p.S, 0);
+    RowKeySet keys;
     for (int64_t r = rows.begin; r < rows.end; ++r) {
-      index_error =
-          CheckTopkRow(data.indices.Row(r, p.T), p.K, p.S, r / p.T, r % p.T,
-                       static_cast<uint64_t>(r - rows.begin + 1), seen.data());
+      index_error = CheckTopkRow(data.indices.Row(r, p.T), p.K, p.S, r / p.T,
+                                 r % p.T, keys);
       if (!index_error.ok()) {
         device_rows.end = r;
         break;

@@ -10,11 +10,13 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/loss.h"
 #include "kernels/problem.h"
@@ -532,6 +534,91 @@ TEST(Validate, RejectsDuplicateTopkIndexOfAMaskedKey) {
     c.topk_indices->at({0, 0, 4}) = 5;
     ExpectValueError(c, "topk_indices");
   }
+}
+
+// The index rules at the largest num_keys: they need memory of the row's
+// slots, not of S (a table of S entries took 16 GiB per thread here).
+constexpr int64_t kMaxKeys = std::numeric_limits<int32_t>::max();
+
+// A [1, 1, 4] row over S = 8 that the reference can check.
+Case FourSlots(bool per_head) {
+  CaseSpec spec;
+  spec.T = 1;
+  spec.S = 8;
+  spec.per_head = per_head;
+  spec.K = 4;
+  spec.zero_weight_fraction = 0;
+  spec.empty_slot_fraction = 0;
+  spec.garbage_at_invalid = false;
+  Case c = MakeRandomCase(spec, 9);
+  c.topk_indices->values = {5, 0, 7, -1};
+  return c;
+}
+
+// `c` over kMaxKeys keys, its row naming `keys`.
+Case OverMaxKeys(const Case& c, std::vector<double> keys) {
+  Case huge = c;
+  huge.S = kMaxKeys;
+  huge.options.num_keys = kMaxKeys;
+  huge.topk_indices->values = std::move(keys);
+  return huge;
+}
+
+TEST(Validate, TopkRowsOverTheLargestNumKeys) {
+  for (bool per_head : {true, false}) {
+    SCOPED_TRACE(per_head ? "per-head" : "aggregated");
+    const Case small = FourSlots(per_head);
+    // Without causal or masks only the keys' validity matters, so this is
+    // the small row's problem with its keys renamed.
+    const Case huge = OverMaxKeys(small, {kMaxKeys - 1, 0, 123456789, -1});
+    ExpectMatchesReference(huge, RunLibrary(huge),
+                           klref::ComputeReference(ToReference(small)));
+
+    EXPECT_EQ(
+        RunStatus(OverMaxKeys(small, {kMaxKeys - 1, 0, kMaxKeys - 1, -1})),
+        absl::InvalidArgumentError(
+            "topk_indices: a key may appear once per row, got key "
+            "2147483646 again at [0, 0, 2]"));
+    // The first out-of-range index wins over an earlier repeated key.
+    EXPECT_EQ(RunStatus(OverMaxKeys(small, {7, 7, -2, kMaxKeys})),
+              absl::InvalidArgumentError(
+                  "topk_indices: an index must be -1 or in [0, S=2147483647), "
+                  "got -2 at [0, 0, 2]"));
+    EXPECT_EQ(RunStatus(OverMaxKeys(small, {7, kMaxKeys, 7, -1})),
+              absl::InvalidArgumentError(
+                  "topk_indices: an index must be -1 or in [0, S=2147483647), "
+                  "got 2147483647 at [0, 0, 1]"));
+  }
+}
+
+TEST(Validate, TopkDuplicatesOfWideRowsOverTheLargestNumKeys) {
+  // Three rows of the same 3000 distinct keys, spread over [0, 2^31 - 1):
+  // a key may appear once in each row.
+  CaseSpec spec;
+  spec.T = 3;
+  spec.S = 3000;
+  spec.per_head = false;
+  spec.K = 3000;
+  spec.empty_slot_fraction = 0;
+  spec.garbage_at_invalid = false;
+  std::vector<double> keys;
+  std::mt19937_64 rng(10);
+  std::uniform_int_distribution<int32_t> key(0, kMaxKeys - 1);
+  std::vector<int32_t> row;
+  while (row.size() < 3000) {
+    const int32_t k = key(rng);
+    if (std::find(row.begin(), row.end(), k) == row.end()) row.push_back(k);
+  }
+  for (int t = 0; t < 3; ++t) keys.insert(keys.end(), row.begin(), row.end());
+  Case c = OverMaxKeys(MakeRandomCase(spec, 11), keys);
+  EXPECT_TRUE(RunStatus(c).ok()) << RunStatus(c);
+
+  // Row 2 names its slot 1000's key again in its last slot.
+  c.topk_indices->values[2 * 3000 + 2999] = row[1000];
+  EXPECT_EQ(RunStatus(c),
+            absl::InvalidArgumentError(absl::StrCat(
+                "topk_indices: a key may appear once per row, got key ",
+                row[1000], " again at [0, 2, 2999]")));
 }
 
 TEST(Validate, RejectsNanAnywhere) {

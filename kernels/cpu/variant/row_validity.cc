@@ -93,8 +93,8 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
   // The index rules (range, duplicates) first, shared with the other
   // backends; then the causal cut, and the other rules gathered by key.
   const std::byte* indices = data.indices.Row(r, p.T);
-  const absl::Status indices_ok = CheckTopkRow(
-      indices, p.K, p.S, r / p.T, t, scratch.NextRowMark(), scratch.seen());
+  const absl::Status indices_ok =
+      CheckTopkRow(indices, p.K, p.S, r / p.T, t, scratch.row_keys());
   if (!indices_ok.ok()) return indices_ok;
   for (int64_t j = 0; j < p.K; ++j) {
     const int32_t key = LoadInt32(indices + 4 * j);
