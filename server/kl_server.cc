@@ -89,6 +89,16 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("--max_runs: must be >= 1, got ", options.max_runs));
   }
+  if (options.max_layers_per_run < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_layers_per_run: must be >= 1, got ",
+                     options.max_layers_per_run));
+  }
+  if (options.max_tensorboard_runs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_tensorboard_runs: must be >= 1, got ",
+                     options.max_tensorboard_runs));
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                    ListenCredentials(options));
   std::unique_ptr<KlServer> s(new KlServer(options));
@@ -111,7 +121,9 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   LossReporterOptions reporting;
   reporting.steps.max_runs = options.max_runs;
   reporting.steps.idle_timeout = options.step_idle_timeout;
+  reporting.max_layers_per_run = options.max_layers_per_run;
   reporting.tensorboard_dir = options.tensorboard_dir;
+  reporting.max_tensorboard_runs = options.max_tensorboard_runs;
   s->reporter_ =
       std::make_unique<LossReporter>(s->metrics_.get(), std::move(reporting));
   s->admission_ = std::make_unique<Admission>(options.max_concurrent_requests,

@@ -17,7 +17,7 @@ namespace {
 absl::Status ComputeUnary(const ServiceContext& ctx,
                           const v1::ComputeLossRequest& request,
                           v1::ComputeLossResponse& response, int64_t& rows) {
-  RETURN_IF_ERROR(LossReporter::CheckTags(request.tags()));
+  RETURN_IF_ERROR(ctx.reporter->CheckTags(request.tags()));
   ASSIGN_OR_RETURN(const IndexerKlOptions options,
                    OptionsFrom(request.options()));
   ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(request));

@@ -28,7 +28,7 @@ absl::Status LossStreamReactor::TakeHeader() {
   bytes_in_ += static_cast<int64_t>(incoming_.ByteSizeLong());
   header_ = std::move(*incoming_.mutable_header());
   incoming_.Clear();
-  RETURN_IF_ERROR(LossReporter::CheckTags(header_.tags()));
+  RETURN_IF_ERROR(context_.reporter->CheckTags(header_.tags()));
   ASSIGN_OR_RETURN(const IndexerKlOptions options,
                    OptionsFrom(header_.options()));
   ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(header_));
