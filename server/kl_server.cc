@@ -119,6 +119,10 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(at_least("transport_memory_bytes",
                            options.transport_memory_bytes, int64_t{16} << 20));
   RETURN_IF_ERROR(at_least("max_runs", options.max_runs, 1));
+  RETURN_IF_ERROR(
+      at_least("max_layers_per_run", options.max_layers_per_run, 1));
+  RETURN_IF_ERROR(
+      at_least("max_tensorboard_runs", options.max_tensorboard_runs, 1));
   RETURN_IF_ERROR(positive("stream_idle_timeout", options.stream_idle_timeout));
   RETURN_IF_ERROR(positive("max_stream_duration", options.max_stream_duration));
   RETURN_IF_ERROR(positive("max_connection_age", options.max_connection_age));
@@ -167,7 +171,9 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   LossReporterOptions reporting;
   reporting.steps.max_runs = options.max_runs;
   reporting.steps.idle_timeout = options.step_idle_timeout;
+  reporting.max_layers_per_run = options.max_layers_per_run;
   reporting.tensorboard_dir = options.tensorboard_dir;
+  reporting.max_tensorboard_runs = options.max_tensorboard_runs;
   s->reporter_ =
       std::make_unique<LossReporter>(s->metrics_.get(), std::move(reporting));
   s->requests_ = std::make_unique<Admission>(

@@ -58,6 +58,12 @@ ABSL_FLAG(std::string, tensorboard_dir, "",
 ABSL_FLAG(int, max_runs, 64,
           "runs whose per-step loss series are kept (the run idle longest is "
           "dropped first)");
+ABSL_FLAG(int, max_layers_per_run, 128,
+          "tags.layer must be in [0, N): bounds the per-layer loss series of "
+          "each run; other layers are refused with INVALID_ARGUMENT");
+ABSL_FLAG(int, max_tensorboard_runs, 1024,
+          "runs given a TensorBoard directory while the server runs; later "
+          "new runs get Prometheus metrics but no event file");
 ABSL_FLAG(absl::Duration, step_idle_timeout, absl::Minutes(5),
           "a step with no request for this long is finished and published");
 
@@ -107,6 +113,8 @@ int main(int argc, char** argv) {
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
   options.max_runs = absl::GetFlag(FLAGS_max_runs);
+  options.max_layers_per_run = absl::GetFlag(FLAGS_max_layers_per_run);
+  options.max_tensorboard_runs = absl::GetFlag(FLAGS_max_tensorboard_runs);
   options.step_idle_timeout = absl::GetFlag(FLAGS_step_idle_timeout);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);

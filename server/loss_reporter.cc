@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/run_name.h"
 
 namespace klserve::server {
 
@@ -22,11 +23,24 @@ LossReporter::~LossReporter() {
   Shutdown();
 }
 
-absl::Status LossReporter::CheckTags(const v1::Tags& tags) {
-  if (!tags.run().empty() && !tags.has_step()) {
+absl::Status LossReporter::CheckTags(const v1::Tags& tags) const {
+  if (tags.run().empty()) return absl::OkStatus();
+  if (absl::Status status = CheckRunName(tags.run(), "tags.run");
+      !status.ok()) {
+    return status;
+  }
+  if (!tags.has_step()) {
     return absl::InvalidArgumentError(
         "tags.step: required when tags.run is set (steps are aggregated per "
         "run)");
+  }
+  if (tags.has_layer() &&
+      (tags.layer() < 0 || tags.layer() >= options_.max_layers_per_run)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tags.layer: must be in [0, ", options_.max_layers_per_run, "), got ",
+        tags.layer(),
+        " (--max_layers_per_run bounds the layers of a run: each adds "
+        "Prometheus series)"));
   }
   return absl::OkStatus();
 }
@@ -68,6 +82,9 @@ absl::Status LossReporter::Add(const v1::Tags& tags,
 
 absl::StatusOr<FinishedStep> LossReporter::FinishStep(absl::string_view run,
                                                       int64_t step) {
+  if (absl::Status status = CheckRunName(run, "run"); !status.ok()) {
+    return status;
+  }
   absl::StatusOr<FinishedStep> finished = aggregator_.Finish(run, step);
   if (finished.ok()) Publish({*finished});
   return finished;
@@ -80,9 +97,42 @@ void LossReporter::Publish(const std::vector<FinishedStep>& steps) {
   }
 }
 
+bool LossReporter::TakeTensorBoardRun(const std::string& run) {
+  if (tensorboard_runs_.contains(run)) return true;
+  if (static_cast<int>(tensorboard_runs_.size()) <
+      options_.max_tensorboard_runs) {
+    tensorboard_runs_.insert(run);
+    return true;
+  }
+  // Once per process: a caller sending new run names would otherwise fill
+  // the log instead of the disk.
+  if (!tensorboard_limit_logged_) {
+    tensorboard_limit_logged_ = true;
+    std::fprintf(stderr,
+                 "klserve: TensorBoard: %d runs have a directory "
+                 "(--max_tensorboard_runs); run \"%s\" and later new runs "
+                 "get no event file (Prometheus is unaffected; counted in "
+                 "klserve_tensorboard_skipped_steps_total)\n",
+                 options_.max_tensorboard_runs, run.c_str());
+  }
+  return false;
+}
+
+// Past --max_tensorboard_runs a new run's steps are skipped, not refused:
+// the loss still reaches Prometheus and the training job sees no error,
+// while a caller inventing run names cannot fill the disk with directories.
+// No directory is ever deleted to make room, so no researcher's data goes.
 void LossReporter::WriteTensorBoard(const FinishedStep& step) {
   absl::MutexLock lock(&mu_);
-  std::unique_ptr<TensorBoardWriter>& writer = writers_[step.run];
+  auto it = writers_.find(step.run);
+  if (it == writers_.end()) {
+    if (!TakeTensorBoardRun(step.run)) {
+      metrics_->CountTensorBoardSkippedStep();
+      return;
+    }
+    it = writers_.emplace(step.run, nullptr).first;
+  }
+  std::unique_ptr<TensorBoardWriter>& writer = it->second;
   absl::Status status;
   if (writer == nullptr) {
     absl::StatusOr<std::unique_ptr<TensorBoardWriter>> opened =

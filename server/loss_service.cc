@@ -29,7 +29,7 @@ absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
   // instead of when the call ends, so a large request is held once, not
   // twice.
   bytes.Clear();
-  RETURN_IF_ERROR(LossReporter::CheckTags(request.tags()));
+  RETURN_IF_ERROR(ctx.reporter->CheckTags(request.tags()));
   ASSIGN_OR_RETURN(const IndexerKlOptions options,
                    OptionsFrom(request.options()));
   ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(request));

@@ -29,7 +29,7 @@ absl::Status LossStreamReactor::TakeHeader() {
   }
   header_ = std::move(*incoming_.mutable_header());
   incoming_.Clear();
-  RETURN_IF_ERROR(LossReporter::CheckTags(header_.tags()));
+  RETURN_IF_ERROR(context_.reporter->CheckTags(header_.tags()));
   ASSIGN_OR_RETURN(const IndexerKlOptions options,
                    OptionsFrom(header_.options()));
   ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(header_));

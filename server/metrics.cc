@@ -72,6 +72,12 @@ Metrics::Metrics(const MetricsOptions& options)
           CounterFamily(*registry_, "klserve_tensorboard_write_errors_total",
                         "Failed writes of TensorBoard event files.")
               .Add({})),
+      tensorboard_skipped_steps_(
+          CounterFamily(*registry_, "klserve_tensorboard_skipped_steps_total",
+                        "Finished steps not written to TensorBoard: their "
+                        "run came after --max_tensorboard_runs runs had a "
+                        "directory.")
+              .Add({})),
       runs_removed_(CounterFamily(*registry_,
                                   "klserve_indexer_runs_removed_total",
                                   "Runs whose series were removed (evicted "
@@ -129,8 +135,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
   std::unique_ptr<Metrics> metrics(new Metrics(options));
   if (options.listen_address.empty()) return metrics;
   try {
-    metrics->exposer_ = std::make_unique<prometheus::Exposer>(
-        options.listen_address, options.listen_threads);
+    metrics->exposer_ =
+        std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+            "listening_ports", options.listen_address, "num_threads",
+            absl::StrCat(options.listen_threads), "request_timeout_ms",
+            absl::StrCat(absl::ToInt64Milliseconds(kScrapeRequestTimeout))});
   } catch (const std::exception& e) {
     // civetweb throws when it cannot bind (address in use, bad address).
     return absl::UnavailableError(
@@ -292,5 +301,9 @@ void Metrics::RemoveRun(absl::string_view run) {
 }
 
 void Metrics::CountTensorBoardError() { tensorboard_errors_.Increment(); }
+
+void Metrics::CountTensorBoardSkippedStep() {
+  tensorboard_skipped_steps_.Increment();
+}
 
 }  // namespace klserve::server

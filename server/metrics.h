@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
@@ -25,13 +26,23 @@ namespace klserve::server {
 // the Pushgateway (9091).
 inline constexpr absl::string_view kDefaultMetricsListen = "0.0.0.0:9464";
 
+// How long the /metrics endpoint waits on one read or write of a connection
+// (civetweb's request_timeout_ms, 30 s by default) before closing it. A
+// scrape's request arrives in one packet and Prometheus's scrape timeout is
+// 10 s by default, so 3 s is ample for real clients and frees a thread held
+// by a stalled one well within a scrape.
+inline constexpr absl::Duration kScrapeRequestTimeout = absl::Seconds(3);
+
 struct MetricsOptions {
   // host:port of the HTTP endpoint serving /metrics (--metrics_listen);
   // port 0 picks a free port; empty serves nothing (the registry still
   // counts, and Scrape still works).
   std::string listen_address = std::string(kDefaultMetricsListen);
-  // Threads answering scrapes; Prometheus scrapes a few times a minute.
-  size_t listen_threads = 2;
+  // Threads answering scrapes. civetweb gives each connection a thread for
+  // as long as it is open, so a few clients that connect and send nothing
+  // (or half a request) would otherwise hold every thread and stall the
+  // scrape; kScrapeRequestTimeout bounds how long each can hold one.
+  size_t listen_threads = 8;
   // The labels of klserve_build_info.
   std::string version;
   std::string backend;  // e.g. "cpu", "cuda"
@@ -52,8 +63,10 @@ struct MetricsOptions {
 //   klserve_requests_in_flight                   gauge
 //   klserve_build_info{version,backend,device}   gauge, 1
 //   klserve_tensorboard_write_errors_total       counter
+//   klserve_tensorboard_skipped_steps_total      counter
 //   klserve_indexer_runs_removed_total           counter
-// and per run (`run` sanitized by SanitizeLabelValue; `layer` a layer number,
+// and per run (`run` sanitized by SanitizeLabelValue, which leaves the names
+// the server accepts (CheckRunName) as they are; `layer` a layer number,
 // "none" for untagged samples, "all" for the step's mean over layers):
 //   klserve_indexer_last_step{run}                    gauge
 //   klserve_indexer_loss{run,layer}                   gauge, the last step
@@ -115,6 +128,9 @@ class Metrics {
   void RemoveRun(absl::string_view run);
 
   void CountTensorBoardError();
+  // A finished step not written to TensorBoard: its run came after
+  // --max_tensorboard_runs runs had been given a directory.
+  void CountTensorBoardSkippedStep();
 
  private:
   struct LayerSeries {
@@ -158,6 +174,7 @@ class Metrics {
   prometheus::Counter& rows_computed_;
   prometheus::Gauge& in_flight_;
   prometheus::Counter& tensorboard_errors_;
+  prometheus::Counter& tensorboard_skipped_steps_;
   prometheus::Counter& runs_removed_;
 
   prometheus::Family<prometheus::Gauge>& last_step_;

@@ -65,6 +65,12 @@ struct ServerOptions {
   std::string tensorboard_dir;
   // Runs whose per-step series are kept; the run idle longest goes first.
   int max_runs = 64;
+  // tags.layer must be in [0, max_layers_per_run); bounds each run's
+  // per-layer series (LossReporterOptions).
+  int max_layers_per_run = 128;
+  // Runs given a TensorBoard directory over the process's lifetime; later
+  // new runs get Prometheus series only (LossReporterOptions).
+  int max_tensorboard_runs = 1024;
   // A step with no request for this long is finished and published.
   absl::Duration step_idle_timeout = absl::Minutes(5);
 

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cerrno>
@@ -13,8 +12,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "server/crc32c.h"
+#include "server/run_name.h"
 
 namespace klserve::server {
 namespace {
@@ -174,36 +173,17 @@ absl::Status CreateDirectories(const std::filesystem::path& dir) {
 
 }  // namespace
 
-absl::StatusOr<std::string> TensorBoardWriter::SanitizeRunName(
-    absl::string_view run) {
-  if (run.empty()) {
-    return absl::InvalidArgumentError("tensorboard run: must not be empty");
-  }
-  std::string name;
-  name.reserve(std::min(run.size(), kMaxRunNameBytes));
-  for (char c : run) {
-    const auto u = static_cast<unsigned char>(c);
-    const bool keep = u >= 0x20 && u < 0x7f && c != '/' && c != '\\';
-    name.push_back(keep ? c : '_');
-  }
-  if (name.size() > kMaxRunNameBytes) {
-    const std::string suffix = absl::StrFormat("~%08x", Crc32c(run));
-    name.resize(kMaxRunNameBytes - suffix.size());
-    name += suffix;
-  }
-  if (name == "." || name == "..") name = absl::StrCat("_", name);
-  return name;
-}
-
 absl::StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Open(
     const std::string& log_dir, absl::string_view run) {
   if (log_dir.empty()) {
     return absl::InvalidArgumentError("tensorboard log_dir: must not be empty");
   }
-  absl::StatusOr<std::string> run_name = SanitizeRunName(run);
-  if (!run_name.ok()) return run_name.status();
+  if (absl::Status s = CheckRunName(run, "tensorboard run"); !s.ok()) {
+    return s;
+  }
+  // CheckRunName leaves only relative paths without "." or ".." parts.
   const std::filesystem::path run_dir =
-      std::filesystem::path(log_dir) / *run_name;
+      std::filesystem::path(log_dir) / std::string(run);
   if (absl::Status s = CreateDirectories(run_dir); !s.ok()) return s;
 
   // The counter keeps two writers opened by this process in the same second

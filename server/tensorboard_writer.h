@@ -37,26 +37,18 @@ class TensorBoardWriter {
  public:
   static constexpr size_t kFlushBytes = 64 * 1024;
   static constexpr absl::Duration kFlushInterval = absl::Seconds(2);
-  // Longest directory name a run maps to, in bytes.
-  static constexpr size_t kMaxRunNameBytes = 128;
 
-  // Creates `log_dir` (and its parents) if needed, the run's directory and a
-  // new event file, and writes the file_version record ("brain.Event:2").
-  // `run` is mapped to one directory name by SanitizeRunName.
-  // INVALID_ARGUMENT for an empty log_dir or run; FAILED_PRECONDITION when a
-  // directory on the way is a file; otherwise the failed mkdir/open/write's
-  // errno as a Status naming the path (PERMISSION_DENIED, ...).
+  // Creates `log_dir` (and its parents) if needed, the run's directory
+  // `<log_dir>/<run>` and a new event file, and writes the file_version
+  // record ("brain.Event:2"). `run` must pass CheckRunName (run_name.h), so
+  // distinct runs get distinct directories and none escapes log_dir; a `/` in
+  // it makes subdirectories, which TensorBoard shows as the run "a/b".
+  // INVALID_ARGUMENT for an empty log_dir or a run CheckRunName refuses;
+  // FAILED_PRECONDITION when a directory on the way is a file; otherwise the
+  // failed mkdir/open/write's errno as a Status naming the path
+  // (PERMISSION_DENIED, ...).
   static absl::StatusOr<std::unique_ptr<TensorBoardWriter>> Open(
       const std::string& log_dir, absl::string_view run);
-
-  // The directory name `run` is written under: printable ASCII except `/`
-  // and `\` is kept, every other byte (control, DEL, non-ASCII) becomes
-  // `_`; "." and ".." become "_." and "_.."; a name longer than
-  // kMaxRunNameBytes keeps its head and gets `~` plus 8 hex digits of the
-  // full name's CRC-32C, so long names that share a prefix stay apart. The
-  // result is never empty, ".", ".." and never contains a separator.
-  // INVALID_ARGUMENT when `run` is empty.
-  static absl::StatusOr<std::string> SanitizeRunName(absl::string_view run);
 
   TensorBoardWriter(const TensorBoardWriter&) = delete;
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;

@@ -97,14 +97,22 @@ def test_every_scalar_reads_back_exactly(tmp_path):
 
 def test_run_name_cannot_escape_log_dir(tmp_path):
     log_dir = tmp_path / "logs"
-    write_sample(log_dir, "../escape")
-    assert sorted(os.listdir(tmp_path)) == ["logs"]
+    done = subprocess.run([SAMPLE, str(log_dir), "../escape"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "tensorboard run" in done.stderr, done
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_slash_in_a_run_name_is_a_run_of_that_name(tmp_path):
+    log_dir = tmp_path / "logs"
+    write_sample(log_dir, "exp/seed_1")
+    write_sample(log_dir, "exp_seed_1")
 
     mux = event_multiplexer.EventMultiplexer(
         size_guidance={event_accumulator.SCALARS: 0}
     )
     mux.AddRunsFromDirectory(str(log_dir))
     mux.Reload()
-    assert sorted(mux.Runs()) == [".._escape"]
-    got = mux.Scalars(".._escape", "loss/kl")
+    assert sorted(mux.Runs()) == ["exp/seed_1", "exp_seed_1"]
+    got = mux.Scalars("exp/seed_1", "loss/kl")
     assert [e.step for e in got] == list(range(10))
