@@ -100,6 +100,14 @@ grpc::ServerUnaryReactor* LossService::ComputeLoss(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
   const auto bytes_in = static_cast<int64_t>(request->Length());
+  // gRPC hands over a call whose client reset it, message or not: it gets
+  // no slot and no compute task (a flood of resets would fill both).
+  if (context->IsCancelled()) {
+    FinishUnary(context_, reactor, "ComputeLoss", start,
+                absl::CancelledError("cancelled by the client"), bytes_in, 0,
+                0);
+    return reactor;
+  }
   if (absl::Status admitted = context_.requests->Enter(); !admitted.ok()) {
     FinishUnary(context_, reactor, "ComputeLoss", start, admitted, bytes_in, 0,
                 0);

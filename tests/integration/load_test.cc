@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <limits>
@@ -17,6 +18,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/stream_codec.h"
+#include "grpcpp/impl/codegen/client_unary_call.h"
 #include "tests/integration/harness.h"
 
 namespace klserve::integration {
@@ -109,6 +112,11 @@ class LoadTest : public ServerTest {
  protected:
   void SetUp() override {
     ASSERT_NO_FATAL_FAILURE(StartServer({"--max_concurrent_requests=8"}));
+    ASSERT_NO_FATAL_FAILURE(MakeCases());
+  }
+
+  // The valid requests and their library answers.
+  void MakeCases() {
     for (const ProblemSpec& spec : LoadSpecs()) {
       Case c;
       c.request = MakeRequest(spec);
@@ -232,6 +240,240 @@ TEST_F(LoadTest, MixedConcurrentRequestsStayCorrectAndRssStaysFlat) {
       << "only " << done_ << " requests in " << (absl::Now() - start);
   std::cout << done_ << " requests in " << (absl::Now() - start) << "; RSS "
             << *warm << " -> " << *end << " KiB\n";
+}
+
+// ---------------------------------------------------------------------------
+// Hostile load: 64 clients on loopback. Half are good (valid unary and
+// streamed requests, retrying RESOURCE_EXHAUSTED); the others send invalid
+// requests, open streams and leave them idle, abandon streams midway, send
+// messages over the limit, or send bytes that are not a request. Bounded by
+// a count per client and a time cap. Every valid answer is bit-exact, no
+// good client waits for a slot longer than the idle timeout (plus the
+// watchdog's tick and a loaded machine's slack), and the server's RSS stays
+// under kHostileRssBoundKiB throughout.
+
+constexpr int kHostileClients = 64;
+constexpr int kHostileActionsPerClient = 40;
+constexpr absl::Duration kHostileTimeCap = absl::Seconds(15);
+constexpr absl::Duration kHostileIdleTimeout = absl::Seconds(1);
+constexpr int64_t kHostileMessageLimit = int64_t{4} << 20;
+// What the server may hold at its worst here: 8 unary requests and 16
+// streams of 3 small messages each, idle or not, plus 8 oversized messages
+// being received and refused (4 MiB each), on a ~30 MiB process.
+constexpr int64_t kHostileRssBoundKiB = 256 * 1024;
+
+enum class Role { kGood, kInvalid, kIdle, kAbandon, kOversized, kGarbage };
+
+Role RoleOf(int client) {
+  // 32 good clients; 8 idle ones, half the stream slots at most.
+  switch (client % 8) {
+    case 0:
+    case 1:
+    case 2:
+    case 3:
+      return Role::kGood;
+    case 4:
+      return Role::kInvalid;
+    case 5:
+      return Role::kIdle;
+    case 6:
+      return client % 16 == 6 ? Role::kAbandon : Role::kOversized;
+    default:
+      return Role::kGarbage;
+  }
+}
+
+class HostileLoadTest : public LoadTest {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(StartServer(
+        {"--max_concurrent_requests=8", "--max_open_streams=16",
+         absl::StrCat("--stream_idle_timeout=",
+                      absl::FormatDuration(kHostileIdleTimeout)),
+         absl::StrCat("--max_message_bytes=", kHostileMessageLimit)}));
+    ASSERT_NO_FATAL_FAILURE(MakeCases());
+  }
+
+  void Fail(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++failures_;
+    ADD_FAILURE() << what;
+  }
+
+  // A valid request, retried while refused for lack of a slot; the answer
+  // must be exact and the wait for a slot short.
+  void Good(Client& client, int thread, int i) {
+    const Case& c = cases_[(thread + i) % cases_.size()];
+    v1::ComputeLossRequest request = c.request;
+    request.set_request_id(absl::StrCat("good-", thread, "-", i));
+    const bool streamed = i % 2 == 1;
+    const absl::Time first = absl::Now();
+    absl::StatusOr<v1::ComputeLossResponse> response;
+    for (;;) {
+      response = streamed ? client.ComputeLossStreaming(request, 1 + i % 3)
+                          : client.ComputeLossUnary(request);
+      if (response.status().code() != absl::StatusCode::kResourceExhausted) {
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    const absl::Duration waited = absl::Now() - first;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      longest_wait_ = std::max(longest_wait_, waited);
+      ++good_done_;
+    }
+    if (!response.ok()) {
+      Fail(absl::StrCat(request.request_id(), ": ",
+                        Describe(response.status())));
+      return;
+    }
+    v1::ComputeLossResponse expected = c.expected;
+    expected.set_request_id(request.request_id());
+    ::testing::AssertionResult same = SameResponse(expected, *response);
+    if (!same) Fail(absl::StrCat(request.request_id(), ": ", same.message()));
+  }
+
+  void Invalid(Client& client, int i) {
+    v1::ComputeLossRequest request = cases_[i % cases_.size()].request;
+    request.mutable_indexer_scores()->set_dtype("FLOAT32");
+    const absl::Status status = client.ComputeLossUnary(request).status();
+    if (status.code() != absl::StatusCode::kInvalidArgument &&
+        status.code() != absl::StatusCode::kResourceExhausted) {
+      Fail(absl::StrCat("invalid: ", Describe(status)));
+    }
+  }
+
+  // Opens a stream, sends its header or nothing, and waits for the server
+  // to end it.
+  void Idle(v1::IndexerKl::Stub& stub, int i) {
+    RawStream raw = OpenStream(stub);
+    if (i % 2 == 1) {
+      v1::ComputeLossStreamRequest header;
+      header.mutable_header()->mutable_indexer_scores()->set_dtype("FP32");
+      raw.stream->Write(header);
+    }
+    const grpc::Status status = raw.stream->Finish();
+    if (status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
+        status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        status.error_code() != grpc::StatusCode::INVALID_ARGUMENT) {
+      Fail(absl::StrCat("idle: ", Describe(status)));
+    }
+  }
+
+  // Streams a request's header and first block, then cancels.
+  void Abandon(v1::IndexerKl::Stub& stub, int i) {
+    const v1::ComputeLossRequest& request = cases_[i % cases_.size()].request;
+    absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+    if (!slicer.ok()) return Fail(slicer.status().ToString());
+    RawStream raw = OpenStream(stub);
+    v1::ComputeLossStreamRequest header, block;
+    *header.mutable_header() = slicer->MakeHeader();
+    slicer->FillBlock(0, 1, block.mutable_block());
+    if (raw.stream->Write(header) && raw.stream->Write(block)) {
+      v1::ComputeLossStreamResponse first;
+      raw.stream->Read(&first);
+    }
+    raw.context->TryCancel();
+    raw.stream->Finish();
+  }
+
+  void Oversized(v1::IndexerKl::Stub& stub) {
+    v1::ComputeLossRequest request = cases_[0].request;
+    request.mutable_attention_weights()->mutable_data()->resize(
+        kHostileMessageLimit + 1);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
+    v1::ComputeLossResponse response;
+    const grpc::Status status = stub.ComputeLoss(&context, request, &response);
+    if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      Fail(absl::StrCat("oversized: ", Describe(status)));
+    }
+  }
+
+  // Bytes that are no protobuf (wire type 7 does not exist).
+  void Garbage() {
+    const std::string bytes("\xff\xff\xff\xff\x0f", 5);
+    grpc::Slice slice(bytes);
+    const grpc::ByteBuffer garbage(&slice, 1);
+    grpc::ByteBuffer ignored;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
+    const grpc::Status status =
+        grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+            channel_.get(),
+            grpc::internal::RpcMethod("/klserve.v1.IndexerKl/ComputeLoss",
+                                      grpc::internal::RpcMethod::NORMAL_RPC),
+            &context, garbage, &ignored);
+    if (status.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
+        status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      Fail(absl::StrCat("garbage: ", Describe(status)));
+    }
+  }
+
+  std::shared_ptr<grpc::Channel> channel_;
+  absl::Duration longest_wait_ = absl::ZeroDuration();
+  int good_done_ = 0;
+};
+
+TEST_F(HostileLoadTest, GoodClientsStayExactAndServedWithBoundedRss) {
+  absl::StatusOr<int64_t> start_rss = server().RssKiB();
+  ASSERT_TRUE(start_rss.ok());
+  std::atomic<int64_t> peak_kib{*start_rss};
+  std::atomic<bool> running{true};
+  std::thread monitor([&] {
+    while (running.load()) {
+      absl::StatusOr<int64_t> now = server().RssKiB();
+      if (now.ok()) peak_kib = std::max(peak_kib.load(), *now);
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  });
+  channel_ = grpc::CreateChannel(server().target(),
+                                 grpc::InsecureChannelCredentials());
+  const absl::Time until = absl::Now() + kHostileTimeCap;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kHostileClients; ++t) {
+    threads.emplace_back([this, t, until] {
+      std::unique_ptr<Client> client = MakeClient(server().target());
+      std::unique_ptr<v1::IndexerKl::Stub> stub = MakeStub(server().target());
+      for (int i = 0; i < kHostileActionsPerClient; ++i) {
+        if (absl::Now() > until || failures_.load() > 20) return;
+        switch (RoleOf(t)) {
+          case Role::kGood:
+            Good(*client, t, i);
+            break;
+          case Role::kInvalid:
+            Invalid(*client, i);
+            break;
+          case Role::kIdle:
+            Idle(*stub, i);
+            break;
+          case Role::kAbandon:
+            Abandon(*stub, i);
+            break;
+          case Role::kOversized:
+            Oversized(*stub);
+            break;
+          case Role::kGarbage:
+            Garbage();
+            break;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  running = false;
+  monitor.join();
+  ASSERT_TRUE(server().Running()) << server().Log();
+  EXPECT_GE(good_done_, 32 * kHostileActionsPerClient / 2)
+      << "good requests done";
+  EXPECT_LT(longest_wait_, kHostileIdleTimeout + absl::Seconds(2))
+      << "a good client waited " << longest_wait_ << " for a slot";
+  EXPECT_LT(peak_kib.load(), kHostileRssBoundKiB)
+      << "peak RSS " << peak_kib.load() << " KiB";
+  std::cout << good_done_ << " good requests, longest wait " << longest_wait_
+            << ", peak RSS " << peak_kib.load() << " KiB (bound "
+            << kHostileRssBoundKiB << ")\n";
 }
 
 }  // namespace

@@ -55,7 +55,7 @@ v1::ComputeLossRequest FourSlots() {
   return request;
 }
 
-TEST_F(ScratchMemoryTest, SparseRowsOverHugeNumKeysTakeNoMemoryOfThem) {
+TEST_F(ScratchMemoryTest, SparseRowsOverHugeNumKeysAddNoRss) {
   const v1::ComputeLossRequest small = FourSlots();
   absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(small);
   ASSERT_TRUE(expected.ok()) << expected.status();
@@ -79,7 +79,7 @@ TEST_F(ScratchMemoryTest, SparseRowsOverHugeNumKeysTakeNoMemoryOfThem) {
   }
 }
 
-TEST_F(ScratchMemoryTest, WideRequestsScratchGoesBack) {
+TEST_F(ScratchMemoryTest, WideRequestsRssComesBack) {
   // Two dense BF16 rows of 3 Mi keys: 24 MiB of input and 12 MiB of
   // gradient, and 123 MiB of scratch in each of the two compute threads
   // while they run. tcmalloc keeps the messages' memory for the next request
