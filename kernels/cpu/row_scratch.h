@@ -55,7 +55,6 @@ class RowScratch {
   float* row(int i) { return rows_.get() + i * row_stride_; }
 
   int64_t slots_ = 0;
-  int64_t keys_ = 0;
   // The float rows, carved from one block at a stride that is not a multiple
   // of 4 KiB: a store to one row and a load from another at the same index
   // would otherwise look dependent to the CPU (4K aliasing), stalling the
