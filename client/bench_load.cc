@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/stream_codec.h"
@@ -61,6 +62,12 @@ v1::Tensor FloatTensor(const std::string& dtype, std::vector<int64_t> shape,
   return tensor;
 }
 
+// A refusal for lack of a slot, as the server words it (server/admission.cc).
+bool IsSlotRefusal(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kResourceExhausted &&
+         absl::StrContains(status.message(), "retry later");
+}
+
 // Runs `call` (one request on a Client; returns the bytes it moved) from
 // `limits.concurrency` workers, each on its own connected Client.
 template <typename Call>
@@ -83,6 +90,7 @@ LoadResult RunLoad(const ClientOptions& client_options,
   }
 
   std::atomic<int64_t> started{0};
+  std::atomic<int64_t> refusals{0};
   std::atomic<bool> stop{false};
   absl::Mutex mu;
   const absl::Time start = absl::Now();
@@ -97,6 +105,15 @@ LoadResult RunLoad(const ClientOptions& client_options,
         if (limits.count > 0 && started.fetch_add(1) >= limits.count) break;
         const absl::Time begin = absl::Now();
         absl::StatusOr<int64_t> moved = call(*client);
+        // More workers than the server's slots: a refusal is the server's
+        // answer to load, not a failure of the benchmark; the request is
+        // sent again (its latency includes the wait).
+        while (IsSlotRefusal(moved.status()) && absl::Now() < end) {
+          refusals.fetch_add(1);
+          absl::SleepFor(absl::Milliseconds(1));
+          moved = call(*client);
+        }
+        if (IsSlotRefusal(moved.status())) break;  // out of time
         if (!moved.ok()) {
           error = moved.status();
           stop = true;
@@ -114,6 +131,7 @@ LoadResult RunLoad(const ClientOptions& client_options,
   }
   for (std::thread& worker : workers) worker.join();
   result.elapsed = absl::Now() - start;
+  result.refusals = refusals.load();
   std::sort(result.latencies_ms.begin(), result.latencies_ms.end());
   result.requests = result.latencies_ms.size();
   return result;

@@ -62,6 +62,10 @@ struct LoadLimits {
 // What one bench phase measured.
 struct LoadResult {
   int64_t requests = 0;              // completed
+  // Calls the server refused for lack of a slot (RESOURCE_EXHAUSTED at its
+  // --max_concurrent_requests or --max_open_streams): sent again after a
+  // short pause, not counted as requests.
+  int64_t refusals = 0;
   int64_t bytes = 0;                 // tensor/payload bytes, both ways
   absl::Duration elapsed;            // first start to last completion
   std::vector<double> latencies_ms;  // per request, sorted

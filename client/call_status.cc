@@ -1,5 +1,8 @@
 #include "client/call_status.h"
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
 namespace klserve {
 
 absl::Status StatusFromCall(const grpc::Status& status) {
@@ -12,6 +15,30 @@ absl::Status StatusFromCall(const grpc::Status& status) {
   // gRPC and absl number their codes alike, so the cast keeps the code.
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());
+}
+
+absl::Status ExplainUnavailable(const absl::Status& status, bool tls,
+                                bool client_certificate) {
+  if (status.code() != absl::StatusCode::kUnavailable) return status;
+  const absl::string_view message = status.message();
+  const bool transport = absl::StrContains(message, "Socket closed") ||
+                         absl::StrContains(message, "handshake") ||
+                         absl::StrContains(message, "Connection reset") ||
+                         absl::StrContains(message, "failed to connect");
+  if (!transport) return status;
+  const char* hint =
+      !tls ? "if the server speaks TLS, give the client the CA that signed "
+             "its certificate (klctl --tls_ca, ClientOptions::tls_ca_file, "
+             "Python tls_ca_file=)"
+      : !client_certificate
+          ? "if the server requires client certificates (mutual TLS), give "
+            "the client one with its key (klctl --tls_cert and --tls_key, "
+            "ClientOptions::tls_cert_file and tls_key_file)"
+          : "check that the server speaks TLS, that its certificate names "
+            "the target's host (or set tls_server_name), and that it trusts "
+            "the CA of the client certificate";
+  return absl::UnavailableError(absl::StrCat(
+      message, " (is the server up at this address? ", hint, ")"));
 }
 
 }  // namespace klserve

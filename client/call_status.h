@@ -16,6 +16,14 @@ namespace klserve {
 // error, and reports that error instead.
 absl::Status StatusFromCall(const grpc::Status& status);
 
+// An UNAVAILABLE that gRPC reports as a bare transport failure ("Socket
+// closed", a failed handshake) is what a TLS mismatch looks like from the
+// client: `status` with the likely cause and the option that fixes it
+// appended, given whether the client speaks TLS (`tls`) and offers a
+// certificate (`client_certificate`). Other statuses come back unchanged.
+absl::Status ExplainUnavailable(const absl::Status& status, bool tls,
+                                bool client_certificate);
+
 }  // namespace klserve
 
 #endif  // KLSERVE_CLIENT_CALL_STATUS_H_

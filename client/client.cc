@@ -98,15 +98,19 @@ auto WithRetries(const ClientOptions& options, grpc::Channel& channel,
     bool may_retry = true;
     auto result = attempt(&may_retry);
     if (result.ok() ||
-        result.status().code() != absl::StatusCode::kUnavailable ||
-        !may_retry || tries >= options.max_attempts) {
+        result.status().code() != absl::StatusCode::kUnavailable) {
       return result;
     }
+    const auto last = [&]() -> decltype(attempt(nullptr)) {
+      return ExplainUnavailable(result.status(), !options.tls_ca_file.empty(),
+                                !options.tls_cert_file.empty());
+    };
+    if (!may_retry || tries >= options.max_attempts) return last();
     // Jitter keeps a crowd of clients that failed together from retrying
     // together.
     const absl::Time until =
         absl::Now() + backoff * absl::Uniform(jitter, 0.5, 1.0);
-    if (until >= deadline) return result;
+    if (until >= deadline) return last();
     if (channel.GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
       absl::SleepFor(until - absl::Now());  // connected: the server said no
     } else {

@@ -411,6 +411,10 @@ absl::Status Loss() {
 void PrintLoad(absl::string_view mode, const LoadResult& load) {
   std::printf("mode: %s\n", std::string(mode).c_str());
   std::printf("  requests: %lld\n", static_cast<long long>(load.requests));
+  if (load.refusals > 0) {
+    std::printf("  refused (server at its limit, retried): %lld\n",
+                static_cast<long long>(load.refusals));
+  }
   std::printf("  seconds: %.3f\n", absl::ToDoubleSeconds(load.elapsed));
   std::printf("  requests_per_s: %.3f\n", load.RequestsPerSecond());
   std::printf("  gb_per_s: %.3f\n", load.GigabytesPerSecond());

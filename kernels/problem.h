@@ -9,7 +9,7 @@
 #include "kernels/dtype.h"
 #include "kernels/tensor_view.h"
 
-// The indexer KL problem of ../shared/spec/indexer-kl.md: what a caller sends,
+// The indexer KL problem of docs/spec.md: what a caller sends,
 // and the validated description every backend computes from.
 //
 // Letters follow the spec: B batch, T query rows, S keys, H main heads, K

@@ -57,7 +57,8 @@ absl::Status TokenAuth::Check(const InputMetadata& metadata) const {
   if (found == metadata.end()) {
     return absl::UnauthenticatedError(
         "missing \"authorization: Bearer <token>\" metadata (this server "
-        "requires a token; klctl: --auth_token_file)");
+        "requires a token: klctl --auth_token_file, Python "
+        "Client(auth_token=...), C++ ClientOptions::auth_token)");
   }
   const absl::string_view value(found->second.data(), found->second.size());
   constexpr absl::string_view kScheme = "Bearer ";

@@ -227,17 +227,25 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
         absl::StrCat("--listen: cannot serve on ", options.listen));
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
+  const std::string metrics_at =
+      s->metrics_->port() == 0
+          ? std::string("metrics off")
+          : absl::StrCat("metrics on port ", s->metrics_->port(), " (",
+                         options.metrics_listen, ")");
+  const std::string tensorboard_at =
+      options.tensorboard_dir.empty()
+          ? std::string("no TensorBoard files")
+          : absl::StrCat("TensorBoard files in ", options.tensorboard_dir);
   std::fprintf(
       stderr,
-      "klserve: serving on port %d (%s%s), backend %s (%s), metrics "
-      "on port %d\n",
-      s->port_,
+      "klserve: serving on port %d (%s, %s%s), backend %s (%s), %s, %s\n",
+      s->port_, options.listen.c_str(),
       options.tls_cert_file.empty()
           ? "plaintext"
           : (options.tls_client_ca_file.empty() ? "TLS" : "mutual TLS"),
       s->auth_ != nullptr ? ", token required" : "",
       std::string(s->backend_->name()).c_str(), s->backend_->device().c_str(),
-      s->metrics_->port());
+      metrics_at.c_str(), tensorboard_at.c_str());
   return s;
 }
 

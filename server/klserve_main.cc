@@ -11,11 +11,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/kl_server.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
-          "HOST:PORT to serve gRPC on (port 0 picks a free one)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "HOST:PORT to serve gRPC on (port 0 picks a free one); loopback by "
+          "default, 0.0.0.0:50051 serves other hosts (see docs/security.md)");
 ABSL_FLAG(std::string, backend, "auto",
           "auto (CUDA when usable, else CPU), cpu or cuda");
 ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 = one per core");
@@ -51,7 +54,7 @@ ABSL_FLAG(int64_t, max_tensor_bytes, int64_t{1} << 30,
           "one at a time)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "on SIGTERM/SIGINT, how long requests in flight may take to finish");
-ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "HOST:PORT serving Prometheus /metrics; empty serves none");
 ABSL_FLAG(std::string, tensorboard_dir, "",
           "directory for per-run TensorBoard event files; empty writes none");
@@ -82,6 +85,14 @@ int main(int argc, char** argv) {
       "Serves the indexer KL loss over gRPC.\n  klserve [--listen=HOST:PORT] "
       "[--backend=auto|cpu|cuda] [--threads=N] [--isa=auto|avx512|avx2|"
       "baseline] ...");
+  // --help names the file each flag is defined in: by its name in the
+  // repository, not by the path of the checkout that built the binary.
+  absl::FlagsUsageConfig usage;
+  usage.normalize_filename = [](absl::string_view file) {
+    const size_t at = file.rfind("server/");
+    return std::string(at == absl::string_view::npos ? file : file.substr(at));
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
 
   // SIGTERM and SIGINT go to one thread that drains; every other thread,

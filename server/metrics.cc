@@ -191,6 +191,10 @@ Metrics::RunSeries& Metrics::SeriesOf(const std::string& run) {
   auto [it, inserted] = runs_.try_emplace(run);
   if (inserted) {
     it->second.last_step = &last_step_.Add({{"run", run}});
+    // The counters of rare events start at 0 with the run, so that a
+    // dashboard shows 0 rather than "No data" until one happens.
+    it->second.nonfinite_steps = &nonfinite_steps_.Add({{"run", run}});
+    it->second.late_samples = &late_samples_.Add({{"run", run}});
   }
   return it->second;
 }
@@ -241,9 +245,6 @@ void Metrics::PublishStep(const FinishedStep& step) {
     }
     series.distribution->Observe(step.loss);
   } else {
-    if (series.nonfinite_steps == nullptr) {
-      series.nonfinite_steps = &nonfinite_steps_.Add({{"run", run}});
-    }
     series.nonfinite_steps->Increment();
   }
 
@@ -270,11 +271,7 @@ void Metrics::PublishStep(const FinishedStep& step) {
 void Metrics::CountLateSample(absl::string_view run) {
   const std::string label = SanitizeLabelValue(run);
   absl::MutexLock lock(&runs_mu_);
-  RunSeries& series = SeriesOf(label);
-  if (series.late_samples == nullptr) {
-    series.late_samples = &late_samples_.Add({{"run", label}});
-  }
-  series.late_samples->Increment();
+  SeriesOf(label).late_samples->Increment();
 }
 
 void Metrics::RemoveRun(absl::string_view run) {
@@ -285,11 +282,11 @@ void Metrics::RemoveRun(absl::string_view run) {
   RunSeries& s = it->second;
   last_step_.Remove(s.last_step);
   if (s.distribution != nullptr) loss_distribution_.Remove(s.distribution);
-  if (s.nonfinite_steps != nullptr) nonfinite_steps_.Remove(s.nonfinite_steps);
+  nonfinite_steps_.Remove(s.nonfinite_steps);
   if (s.entropy_p != nullptr) entropy_p_.Remove(s.entropy_p);
   if (s.entropy_q != nullptr) entropy_q_.Remove(s.entropy_q);
   if (s.topk_recall != nullptr) topk_recall_.Remove(s.topk_recall);
-  if (s.late_samples != nullptr) late_samples_.Remove(s.late_samples);
+  late_samples_.Remove(s.late_samples);
   for (auto& [layer, l] : s.layers) {
     loss_.Remove(l.loss);
     loss_unscaled_.Remove(l.loss_unscaled);

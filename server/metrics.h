@@ -142,11 +142,11 @@ class Metrics {
   struct RunSeries {
     prometheus::Gauge* last_step = nullptr;
     prometheus::Histogram* distribution = nullptr;
-    prometheus::Counter* nonfinite_steps = nullptr;
+    prometheus::Counter* nonfinite_steps = nullptr;  // from the start
     prometheus::Gauge* entropy_p = nullptr;
     prometheus::Gauge* entropy_q = nullptr;
     prometheus::Gauge* topk_recall = nullptr;
-    prometheus::Counter* late_samples = nullptr;
+    prometheus::Counter* late_samples = nullptr;  // from the start
     // By layer label.
     absl::flat_hash_map<std::string, LayerSeries> layers;
   };

@@ -12,7 +12,8 @@ namespace klserve::server {
 // tests build one directly.
 struct ServerOptions {
   // Address to serve gRPC on; port 0 picks a free one (see KlServer::port).
-  std::string listen = "0.0.0.0:50051";
+  // Loopback by default: serving other hosts is a choice (docs/security.md).
+  std::string listen = "127.0.0.1:50051";
   // "auto" (CUDA when usable, else CPU), "cpu" or "cuda".
   std::string backend = "auto";
   // CPU backend threads; 0 = one per core.
@@ -60,7 +61,7 @@ struct ServerOptions {
   absl::Duration drain_timeout = absl::Seconds(30);
   // Prometheus /metrics address (9464: clear of Prometheus's 9090 and the
   // Pushgateway's 9091); empty serves none.
-  std::string metrics_listen = "0.0.0.0:9464";
+  std::string metrics_listen = "127.0.0.1:9464";
   // Where each run's TensorBoard event file goes; empty writes none.
   std::string tensorboard_dir;
   // Runs whose per-step series are kept; the run idle longest goes first.

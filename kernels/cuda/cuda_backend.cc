@@ -172,7 +172,15 @@ bool CudaDeviceUsable(std::string* why) {
   if (error != cudaSuccess) {
     cudaGetLastError();  // leave no error behind for later calls
     if (why != nullptr) {
-      *why = absl::StrCat("no CUDA device: ", cudaGetErrorString(error));
+      // Without any NVIDIA driver the runtime reports "driver version is
+      // insufficient", which reads as "upgrade it": say what it means.
+      *why = error == cudaErrorInsufficientDriver || error == cudaErrorNoDevice
+                 ? absl::StrCat(
+                       "no NVIDIA driver or GPU found (expected on a machine "
+                       "without a GPU; with one, install or update the "
+                       "driver: CUDA says \"",
+                       cudaGetErrorString(error), "\")")
+                 : absl::StrCat("no CUDA device: ", cudaGetErrorString(error));
     }
     return false;
   }

@@ -347,5 +347,21 @@ TEST_F(KlctlTest, BenchRunsBothModes) {
   EXPECT_TRUE(absl::StrContains(run.out, "mode: echo")) << run.out;
 }
 
+// More workers than the server has slots: its refusals are load, which the
+// benchmark retries and reports, rather than a failure that ends the run.
+TEST(KlctlBenchTest, RefusalsPastTheServersLimitAreRetried) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({"--max_concurrent_requests=1"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const CommandResult run = RunCommand(
+      {KLCTL_BIN, "bench", "--target=" + (*server)->target(),
+       "--concurrency=6", "--count=60", "--stream=never", "--shape=1,64,256",
+       "--duration=20s"},
+      absl::Seconds(40));
+  ASSERT_EQ(run.exit_code, 0) << "stdout:\n" << run.out << "\nstderr:\n"
+                              << run.err;
+  EXPECT_TRUE(absl::StrContains(run.out, "requests: 60")) << run.out;
+}
+
 }  // namespace
 }  // namespace klserve::integration

@@ -1,5 +1,5 @@
 """A float64 NumPy reference of the indexer KL loss, written from
-shared/spec/indexer-kl.md for these tests (vectorised; not fast, not
+docs/spec.md for these tests (vectorised; not fast, not
 clever). Inputs are taken as the values the service receives: pass bf16 /
 fp16 arrays and they are widened exactly."""
 

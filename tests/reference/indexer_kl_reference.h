@@ -2,7 +2,7 @@
 #define KLSERVE_TESTS_REFERENCE_INDEXER_KL_REFERENCE_H_
 
 // An independent float64 reference of the indexer KL loss of
-// shared/spec/indexer-kl.md, written as plain loops straight from the spec.
+// docs/spec.md, written as plain loops straight from the spec.
 // It shares no code with kernels/ (its own structs, its own 16-bit float
 // codecs) so that the tests compare two implementations, not one with itself.
 // It favours clarity over speed: use it on small problems only.

@@ -7,8 +7,9 @@
 
 `klserve.jax.indexer_kl_loss` makes the service a differentiable JAX
 function; `klserve.torch.IndexerKlLoss` a torch.autograd.Function. The loss
-itself is specified in shared/spec/indexer-kl.md; the wire contract is
-proto/klserve/v1/klserve.proto (its generated stubs are `klserve.v1`).
+itself is specified in docs/spec.md of the klserve repository; the wire
+contract is proto/klserve/v1/klserve.proto (its generated stubs are
+`klserve.v1`).
 """
 
 from klserve._errors import KlserveError

@@ -352,7 +352,7 @@ class Client:
                      want_diagnostics=False, recall_k=0, run=None, step=None,
                      layer=None, microbatch=None, request_id="",
                      stream=None):
-        """The indexer KL loss of one problem (shared/spec/indexer-kl.md).
+        """The indexer KL loss of one problem (docs/spec.md).
 
         Arrays are NumPy arrays (or anything np.asarray takes): the float
         inputs float32, float16 or bfloat16 (ml_dtypes.bfloat16; float64 is
