@@ -4,7 +4,12 @@
 #   scripts/klserve.sh deps    install the Debian packages the build needs
 #   scripts/klserve.sh build   deps, then a Release build into build/
 #   scripts/klserve.sh test    build, then every test (non-zero exit on
-#                              failure), then sanitize (SANITIZE=0 skips it)
+#                              failure), then sanitize (SANITIZE=0 skips it),
+#                              then container (CONTAINER=0 skips it)
+#   scripts/klserve.sh service the service's packages, then klserve and klctl
+#                              alone (a container image's build stage)
+#   scripts/klserve.sh container  the CPU container image built with podman
+#                              on a local Debian base, run and checked
 #   scripts/klserve.sh sanitize  the C++ tests under ASan+UBSan (build-asan),
 #                              then the request fuzzer for 60 s (build-fuzz)
 #   scripts/klserve.sh run     build, then start the klserve server (CPU backend
@@ -16,23 +21,24 @@
 #                              a local server; extra arguments go to the script
 #
 # SANITIZE=0 leaves the sanitize stage out of `test` (a quick local run);
-# FUZZ_SECONDS (default 60) bounds the fuzzer.
+# FUZZ_SECONDS (default 60) bounds the fuzzer. CONTAINER=0 leaves the
+# container stage out of `test` (it needs root or sudo for podman).
 #
-# BUILD_DIR overrides the build directory.
+# BUILD_DIR overrides the build directory; CONTAINER_DIR (build-container)
+# holds the container stage's files.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 
-# Every Debian package the build and the tests need, in one place.
-PACKAGES=(
+# Every Debian package the build and the tests need, in one place: what the
+# service's binaries need to build (all a container image's build stage
+# installs), then what the tests add.
+SERVICE_PACKAGES=(
   build-essential
   cmake
   ninja-build
   libabsl-dev
-  libgtest-dev
-  libgmock-dev
-  libbenchmark-dev
   libgrpc++-dev
   libprotobuf-dev
   protobuf-compiler
@@ -40,12 +46,19 @@ PACKAGES=(
   grpc-proto
   libtcmalloc-minimal4
   prometheus-cpp-dev
+)
+TEST_PACKAGES=(
+  libgtest-dev
+  libgmock-dev
+  libbenchmark-dev
   prometheus
   python3-venv
   python3-pip
   clang-14
   libclang-rt-14-dev
 )
+# The container stage's: podman with runc, and debootstrap for a local base.
+CONTAINER_PACKAGES=(podman runc debootstrap)
 # What the pytest tests import, installed into build/venv. The Python client
 # (client/python) is installed on top from this checkout on every run; it
 # needs grpcio, protobuf, numpy, ml_dtypes, and setuptools and grpcio-tools to
@@ -57,13 +70,20 @@ PYTHON_PACKAGES=(pytest pyyaml kubernetes-validate numpy tensorboard grpcio
 
 log() { echo "klserve.sh: $*" >&2; }
 
-deps() {
+# install_packages [--with-recommends] PKG...: the ones not installed yet,
+# with apt (without their recommended packages unless asked).
+install_packages() {
+  local recommends=(--no-install-recommends)
+  if [[ "${1:-}" == --with-recommends ]]; then
+    recommends=()
+    shift
+  fi
   if ! command -v dpkg-query >/dev/null 2>&1; then
-    log "not a Debian-based system; install the equivalents of: ${PACKAGES[*]}"
+    log "not a Debian-based system; install the equivalents of: $*"
     return 0
   fi
   local missing=() pkg
-  for pkg in "${PACKAGES[@]}"; do
+  for pkg in "$@"; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null |
         grep -q 'install ok installed'; then
       missing+=("$pkg")
@@ -82,8 +102,10 @@ deps() {
   log "installing: ${missing[*]}"
   "${sudo[@]}" apt-get update -qq
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    apt-get install -y -qq "${recommends[@]}" "${missing[@]}"
 }
+
+deps() { install_packages "${SERVICE_PACKAGES[@]}" "${TEST_PACKAGES[@]}"; }
 
 # The tests' Python environment, made once (a stamp names what it holds).
 VENV="$BUILD_DIR/venv"
@@ -119,6 +141,18 @@ build() {
   fi
 }
 
+# service: the service's packages only, then klserve and klctl alone (no
+# tests, no benchmark): what a container image's build stage runs.
+# KLSERVE_CUDA (AUTO, ON or OFF) and CUDA_ARCHITECTURES pass through.
+build_service() {
+  install_packages "${SERVICE_PACKAGES[@]}"
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DKLSERVE_NATIVE=OFF -DKLSERVE_BUILD_TESTS=OFF \
+    -DKLSERVE_BUILD_BENCHMARKS=OFF -DKLSERVE_CUDA="${KLSERVE_CUDA:-AUTO}" \
+    ${CUDA_ARCHITECTURES:+"-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHITECTURES"}
+  cmake --build "$BUILD_DIR" --target klserve klctl
+}
+
 run_tests() {
   deps
   python_deps
@@ -128,6 +162,60 @@ run_tests() {
   if [[ "${SANITIZE:-1}" != 0 ]]; then
     run_sanitize
   fi
+  if [[ "${CONTAINER:-1}" != 0 ]]; then
+    run_container
+  fi
+}
+
+# container: builds the CPU image from deploy/docker/Dockerfile with podman
+# on a Debian base bootstrapped here (nothing is pulled from a registry but
+# Debian's), then runs it and checks it: health over gRPC, the image's
+# HEALTHCHECK, one loss against its known value, /metrics, and `podman stop`
+# draining to exit 0. Needs root or sudo (podman, runc and debootstrap come
+# from Debian when missing). CONTAINER=0 leaves it out of `test`.
+CONTAINER_DIR="${CONTAINER_DIR:-$ROOT/build-container}"
+BASE_IMAGE=localhost/klserve-base:bookworm
+CPU_IMAGE=localhost/klserve:cpu
+run_container() {
+  local start=$SECONDS sudo=()
+  [[ $(id -u) -ne 0 ]] && sudo=(sudo)
+  install_packages --with-recommends "${CONTAINER_PACKAGES[@]}"
+  build klctl
+  mkdir -p "$CONTAINER_DIR"
+  # runc, not crun (crun fails on setrlimit on these hosts), cgroupfs
+  # (hybrid cgroups), and ulimits the host allows; a file of our own, so
+  # the host's containers.conf is left alone.
+  cat >"$CONTAINER_DIR/containers.conf" <<'EOF_CONF'
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+EOF_CONF
+  local podman=("${sudo[@]}" env "CONTAINERS_CONF=$CONTAINER_DIR/containers.conf" podman)
+  if ! "${podman[@]}" image exists "$BASE_IMAGE"; then
+    log "container: bootstrapping a Debian bookworm base ($BASE_IMAGE)"
+    "${sudo[@]}" rm -rf "$CONTAINER_DIR/rootfs"
+    "${sudo[@]}" debootstrap --variant=minbase bookworm \
+      "$CONTAINER_DIR/rootfs" http://deb.debian.org/debian >/dev/null
+    "${sudo[@]}" tar -C "$CONTAINER_DIR/rootfs" -c . |
+      "${podman[@]}" import - "$BASE_IMAGE" >/dev/null
+    "${sudo[@]}" rm -rf "$CONTAINER_DIR/rootfs"
+  fi
+  log "container: building $CPU_IMAGE"
+  # --format docker keeps the HEALTHCHECK (the OCI format has none);
+  # --network host: the build's apt needs no container network set up.
+  "${podman[@]}" build --format docker --network host \
+    -f "$ROOT/deploy/docker/Dockerfile" \
+    --build-arg BUILD_IMAGE="$BASE_IMAGE" \
+    --build-arg RUNTIME_IMAGE="$BASE_IMAGE" \
+    --build-arg KLSERVE_CUDA=OFF -t "$CPU_IMAGE" "$ROOT"
+  log "container: image built in $((SECONDS - start)) s"
+  "$ROOT/deploy/docker/check-image.sh" "$CPU_IMAGE" "$BUILD_DIR/client/klctl" \
+    "${podman[@]}"
+  log "container: passed in $((SECONDS - start)) s"
 }
 
 # Not run under sanitize: promql_expressions runs Python, the promtool checks
@@ -207,7 +295,7 @@ run_bench() {
 }
 
 usage() {
-  sed -n '2,22s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+  sed -n '2,31s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 
@@ -217,6 +305,8 @@ shift
 case "$command" in
   deps) deps ;;
   build) build ;;
+  service) build_service ;;
+  container) run_container ;;
   test) run_tests ;;
   sanitize) run_sanitize ;;
   run) run_server "$@" ;;

@@ -5,10 +5,13 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <iostream>
 #include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
+#include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
@@ -93,7 +96,18 @@ int main(int argc, char** argv) {
     return std::string(at == absl::string_view::npos ? file : file.substr(at));
   };
   absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
+  // absl::ParseCommandLine exits 1 after printing the help that was asked
+  // for, which scripts read as a failure; its two halves, run here, let
+  // --help exit 0. (absl's internal API: Debian pins absl's version.)
+  absl::flags_internal::ParseCommandLineImpl(
+      argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
+      absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
+      absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
+  if (const int usage = absl::flags_internal::HandleUsageFlags(
+          std::cout, absl::ProgramUsageMessage());
+      usage != -1) {
+    return usage == 1 ? 0 : usage;  // 1: a help flag was handled
+  }
 
   // SIGTERM and SIGINT go to one thread that drains; every other thread,
   // including gRPC's and the backend's (started below), inherits the mask.

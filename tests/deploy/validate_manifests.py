@@ -326,22 +326,45 @@ def stages():
     return result
 
 
+def dockerfile_args():
+    """The ARG defaults declared before the first FROM."""
+    args = {}
+    for word, rest in dockerfile_instructions():
+        if word == "FROM":
+            break
+        if word == "ARG" and "=" in rest:
+            name, _, value = rest.partition("=")
+            args[name] = value.strip('"')
+    return args
+
+
 def test_dockerfile_is_multistage_devel_then_runtime():
     s = stages()
     assert len(s) >= 2
-    assert re.match(r"nvidia/cuda:\S+-devel-\S+ AS build$", s[0]["from"])
-    assert re.match(r"nvidia/cuda:\S+-runtime-\S+ AS runtime$", s[-1]["from"])
-    # Same CUDA version and distro in both.
-    tag = lambda f: f.split()[0].split(":")[1].replace("-devel-", "-X-")
-    assert tag(s[0]["from"]) == tag(s[-1]["from"]).replace("-runtime-", "-X-")
+    assert s[0]["from"] == "${BUILD_IMAGE} AS build"
+    assert s[-1]["from"] == "${RUNTIME_IMAGE} AS runtime"
+    # The default bases: NVIDIA's devel and runtime images of one CUDA
+    # version and distro.
+    args = dockerfile_args()
+    assert re.match(r"nvidia/cuda:\S+-devel-\S+$", args["BUILD_IMAGE"])
+    assert re.match(r"nvidia/cuda:\S+-runtime-\S+$", args["RUNTIME_IMAGE"])
+    assert (args["BUILD_IMAGE"].replace("-devel-", "-X-")
+            == args["RUNTIME_IMAGE"].replace("-runtime-", "-X-"))
 
 
-def test_dockerfile_builds_with_the_project_script():
+def test_dockerfile_pulls_no_frontend():
+    first = DOCKERFILE.read_text(encoding="utf-8").splitlines()[0]
+    assert not first.lower().startswith("# syntax")
+
+
+def test_dockerfile_builds_the_service_alone_with_the_project_script():
     build = stages()[0]
     runs = " ".join(rest for word, rest in build["lines"] if word == "RUN")
-    assert "scripts/klserve.sh build" in runs
+    assert "scripts/klserve.sh service" in runs
     assert "deploy/docker/runtime-packages.sh" in runs
     assert (ROOT / "deploy" / "docker" / "runtime-packages.sh").is_file()
+    args = [rest for word, rest in build["lines"] if word == "ARG"]
+    assert "KLSERVE_CUDA=ON" in args  # the GPU image unless told otherwise
 
 
 def test_dockerfile_runtime_stage():

@@ -599,5 +599,23 @@ TEST_F(ServerTest, SigintOnAnIdleServerExitsZero) {
       << server().Log();
 }
 
+// Asking for help is not an error, and the help names each flag's file by
+// its path in the repository, not the build machine's checkout.
+TEST(CommandLineTest, HelpExitsZeroAndListsEveryFlag) {
+  const CommandResult help = RunCommand({KLSERVE_BIN, "--help"});
+  EXPECT_EQ(help.exit_code, 0) << help.err;
+  const std::string text = help.out + help.err;
+  EXPECT_TRUE(absl::StrContains(text, "Flags from server/klserve_main.cc"))
+      << text;
+  for (const char* flag :
+       {"--listen", "--max_open_streams", "--stream_idle_timeout",
+        "--enable_echo", "--max_layers_per_run", "--auth_token_file"}) {
+    EXPECT_TRUE(absl::StrContains(text, flag)) << flag;
+  }
+  const CommandResult unknown = RunCommand({KLSERVE_BIN, "--no_such_flag"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(unknown.err, "no_such_flag")) << unknown.err;
+}
+
 }  // namespace
 }  // namespace klserve::integration
