@@ -122,10 +122,13 @@ def test_plaintext_wrong_ca_and_no_client_certificate_are_refused(
     e = refused(secure_server, tls_ca_file=None, tls_cert_file=None,
                 tls_key_file=None)
     assert e.code == grpc.StatusCode.UNAVAILABLE
+    # The bare transport failure comes with what to do about it.
+    assert "tls_ca_file" in e.details, e.details
     e = refused(secure_server, tls_ca_file=str(pki / "other_ca.pem"))
     assert e.code == grpc.StatusCode.UNAVAILABLE
     e = refused(secure_server, tls_cert_file=None, tls_key_file=None)
     assert e.code == grpc.StatusCode.UNAVAILABLE
+    assert "tls_cert_file" in e.details, e.details
 
 
 def test_bad_security_options_name_the_option(pki):

@@ -11,7 +11,7 @@ from typing import Dict, Optional
 import grpc
 import numpy as np
 
-from klserve._errors import KlserveError, invalid_argument
+from klserve._errors import KlserveError, explain_unavailable, invalid_argument
 from klserve._stream import RequestSlicer, ResponseAssembler
 from klserve._tensors import (bool_input, float_input, from_tensor,
                               grad_wire_name, int32_input, to_tensor)
@@ -248,6 +248,8 @@ class Client:
         ]
         credentials = _channel_credentials(tls_ca_file, tls_cert_file,
                                            tls_key_file, tls_server_name)
+        self._tls = tls_ca_file is not None
+        self._client_certificate = tls_cert_file is not None
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
         options.extend(channel_options)
@@ -297,13 +299,16 @@ class Client:
                 raise
             except grpc.RpcError as e:
                 error = KlserveError.from_rpc_error(e)
-            if (error.code != grpc.StatusCode.UNAVAILABLE or
-                    not attempt.may_retry or tries >= self.max_attempts):
+            if error.code != grpc.StatusCode.UNAVAILABLE:
                 raise error
+            last = explain_unavailable(error, self._tls,
+                                       self._client_certificate)
+            if not attempt.may_retry or tries >= self.max_attempts:
+                raise last
             with self._random_lock:
                 wait = backoff * self._random.uniform(0.5, 1.0)
             if time.monotonic() + wait >= deadline:
-                raise error
+                raise last
             time.sleep(wait)
             backoff = min(backoff * 2, self.max_backoff)
 

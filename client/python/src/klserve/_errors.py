@@ -57,5 +57,36 @@ class KlserveError(grpc.RpcError):
         return cls(code, details or "", debug)
 
 
+# gRPC's words for a connection that failed below the call: what a TLS
+# mismatch looks like from the client.
+_TRANSPORT_FAILURES = ("Socket closed", "handshake", "Connection reset",
+                       "failed to connect")
+
+
+def explain_unavailable(error, tls, client_certificate):
+    """`error` with the likely cause and the option that fixes it added, when
+    it is an UNAVAILABLE that gRPC reports as a bare transport failure;
+    otherwise `error` itself. `tls`: the client speaks TLS;
+    `client_certificate`: it offers a certificate."""
+    if error.code != grpc.StatusCode.UNAVAILABLE or not any(
+            words in error.details for words in _TRANSPORT_FAILURES):
+        return error
+    if not tls:
+        hint = ("if the server speaks TLS, give the client the CA that "
+                "signed its certificate (Client(tls_ca_file=...))")
+    elif not client_certificate:
+        hint = ("if the server requires client certificates (mutual TLS), "
+                "give the client one with its key (Client(tls_cert_file=..., "
+                "tls_key_file=...))")
+    else:
+        hint = ("check that the server speaks TLS, that its certificate "
+                "names the target's host (or set tls_server_name), and that "
+                "it trusts the CA of the client certificate")
+    return KlserveError(
+        error.code,
+        "%s (is the server up at this address? %s)" % (error.details, hint),
+        error.debug_error_string)
+
+
 def invalid_argument(details):
     return KlserveError(grpc.StatusCode.INVALID_ARGUMENT, details)
