@@ -18,68 +18,82 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/kl_server.h"
+#include "server/server_options.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+namespace {
+
+// Every flag's default is ServerOptions'.
+const klserve::server::ServerOptions& Defaults() {
+  static const klserve::server::ServerOptions defaults;
+  return defaults;
+}
+
+}  // namespace
+
+ABSL_FLAG(std::string, listen, Defaults().listen,
           "HOST:PORT to serve gRPC on (port 0 picks a free one); loopback by "
           "default, 0.0.0.0:50051 serves other hosts (see docs/security.md)");
-ABSL_FLAG(std::string, backend, "auto",
+ABSL_FLAG(std::string, backend, Defaults().backend,
           "auto (CUDA when usable, else CPU), cpu or cuda");
-ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 = one per core");
-ABSL_FLAG(std::string, isa, "auto",
+ABSL_FLAG(int, threads, Defaults().threads,
+          "CPU backend threads; 0 = one per core");
+ABSL_FLAG(std::string, isa, Defaults().isa,
           "CPU kernels' instruction set: auto (the best this CPU runs), "
           "avx512, avx2 or baseline; every one gives the same bits, and one "
           "this CPU cannot run is refused");
-ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
+ABSL_FLAG(int64_t, max_message_bytes, Defaults().max_message_bytes,
           "largest gRPC message either way; larger problems must stream");
-ABSL_FLAG(int, max_concurrent_requests, 8,
+ABSL_FLAG(int, max_concurrent_requests, Defaults().max_concurrent_requests,
           "unary ComputeLoss requests computing or queued at once (also the "
           "compute threads); more get RESOURCE_EXHAUSTED");
-ABSL_FLAG(int, max_open_streams, 16,
+ABSL_FLAG(int, max_open_streams, Defaults().max_open_streams,
           "ComputeLossStream and Echo calls open at once, apart from "
           "--max_concurrent_requests; more get RESOURCE_EXHAUSTED");
-ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::Seconds(30),
+ABSL_FLAG(absl::Duration, stream_idle_timeout, Defaults().stream_idle_timeout,
           "end a stream (DEADLINE_EXCEEDED) whose client sends nothing the "
           "server waits for, or takes no answer, for this long");
-ABSL_FLAG(absl::Duration, max_stream_duration, absl::Minutes(30),
+ABSL_FLAG(absl::Duration, max_stream_duration, Defaults().max_stream_duration,
           "the longest a stream may stay open");
-ABSL_FLAG(int, max_streams_per_connection, 32,
+ABSL_FLAG(int, max_streams_per_connection,
+          Defaults().max_streams_per_connection,
           "HTTP/2 streams (calls) one connection may have open at once");
-ABSL_FLAG(int64_t, transport_memory_bytes, int64_t{4} << 30,
+ABSL_FLAG(int64_t, transport_memory_bytes, Defaults().transport_memory_bytes,
           "memory gRPC may hold for all connections (a grpc::ResourceQuota)");
-ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(10),
+ABSL_FLAG(absl::Duration, max_connection_age, Defaults().max_connection_age,
           "ask a connection to reconnect after this long; it is closed "
           "--max_stream_duration later");
-ABSL_FLAG(bool, enable_echo, false,
+ABSL_FLAG(bool, enable_echo, Defaults().enable_echo,
           "serve the Echo RPC (klctl bench --mode=echo); off, it gets "
           "UNIMPLEMENTED");
-ABSL_FLAG(int64_t, max_tensor_bytes, int64_t{1} << 30,
+ABSL_FLAG(int64_t, max_tensor_bytes, Defaults().max_tensor_bytes,
           "largest tensor a request may carry or ask for (stream blocks count "
           "one at a time)");
-ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+ABSL_FLAG(absl::Duration, drain_timeout, Defaults().drain_timeout,
           "on SIGTERM/SIGINT, how long requests in flight may take to finish");
-ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+ABSL_FLAG(std::string, metrics_listen, Defaults().metrics_listen,
           "HOST:PORT serving Prometheus /metrics; empty serves none");
-ABSL_FLAG(std::string, tensorboard_dir, "",
+ABSL_FLAG(std::string, tensorboard_dir, Defaults().tensorboard_dir,
           "directory for per-run TensorBoard event files; empty writes none");
-ABSL_FLAG(int, max_runs, 64,
+ABSL_FLAG(int, max_runs, Defaults().max_runs,
           "runs whose per-step loss series are kept (the run idle longest is "
           "dropped first)");
-ABSL_FLAG(int, max_layers_per_run, 128,
+ABSL_FLAG(int, max_layers_per_run, Defaults().max_layers_per_run,
           "tags.layer must be in [0, N): bounds the per-layer loss series of "
           "each run; other layers are refused with INVALID_ARGUMENT");
-ABSL_FLAG(int, max_tensorboard_runs, 1024,
+ABSL_FLAG(int, max_tensorboard_runs, Defaults().max_tensorboard_runs,
           "runs given a TensorBoard directory while the server runs; later "
           "new runs get Prometheus metrics but no event file");
-ABSL_FLAG(absl::Duration, step_idle_timeout, absl::Minutes(5),
+ABSL_FLAG(absl::Duration, step_idle_timeout, Defaults().step_idle_timeout,
           "a step with no request for this long is finished and published");
 
-ABSL_FLAG(std::string, tls_cert, "",
+ABSL_FLAG(std::string, tls_cert, Defaults().tls_cert_file,
           "PEM server certificate chain; with --tls_key, serve TLS only");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_client_ca, "",
+ABSL_FLAG(std::string, tls_key, Defaults().tls_key_file,
+          "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, Defaults().tls_client_ca_file,
           "PEM CA bundle: require client certificates signed by it (mutual "
           "TLS; needs --tls_cert and --tls_key)");
-ABSL_FLAG(std::string, auth_token_file, "",
+ABSL_FLAG(std::string, auth_token_file, Defaults().auth_token_file,
           "file holding a bearer token every RPC must send as "
           "'authorization: Bearer <token>' (health is exempt)");
 
