@@ -72,7 +72,9 @@ class StreamReactorBase
     }
     if (finishing_) return;
     if (!ok) {
-      Fail(absl::CancelledError(absl::StrCat(rpc_, ": the client went away")));
+      // A write the watchdog cancelled ends with the watchdog's reason.
+      Fail(expired_.value_or(
+          absl::CancelledError(absl::StrCat(rpc_, ": the client went away"))));
       return;
     }
     OnWritten();
@@ -97,31 +99,18 @@ class StreamReactorBase
     bool cancel = false;
     {
       absl::MutexLock lock(&mu_);
-      if (finishing_ || expired_) return;
-      const ServerOptions& options = *context_.options;
-      std::optional<absl::Status> expired;
-      if (now - start_ > options.max_stream_duration) {
-        expired = absl::DeadlineExceededError(
-            absl::StrCat(rpc_, ": open for more than ",
-                         absl::FormatDuration(options.max_stream_duration),
-                         " (--max_stream_duration)"));
-      } else if (!computing_ &&
-                 now - last_progress_ > options.stream_idle_timeout) {
-        expired = absl::DeadlineExceededError(
-            absl::StrCat(rpc_, ": idle for more than ",
-                         absl::FormatDuration(options.stream_idle_timeout),
-                         writing_ != nullptr ? " (the client reads no answer)"
-                                             : " (the client sends nothing)",
-                         "; --stream_idle_timeout"));
-      }
+      if (expired_) return;
+      std::optional<absl::Status> expired = Expiry(now);
       if (!expired) return;
-      if (writing_ == nullptr) {
-        Fail(*expired);
-      } else {
-        // A write the client never takes would hold Finish back for ever:
-        // cancel the call, and OnCancel ends it with this status.
+      if (writing_ != nullptr) {
+        // A write the client never takes would hold Finish back for ever (a
+        // failure's deferred Finish too): cancel the call, and OnCancel or
+        // the cancelled write ends it with this status (a failure keeps its
+        // own).
         expired_ = std::move(expired);
         cancel = true;
+      } else {
+        Fail(*expired);
       }
     }
     // Safe: the call is not done (OnDone waits in Remove for this Check).
@@ -148,7 +137,7 @@ class StreamReactorBase
     absl::MutexLock lock(&mu_);
     if (!admitted.ok()) {
       Fail(admitted);
-    } else {
+    } else if (!finishing_) {  // the watchdog may have ended it already
       reading_ = true;
       this->StartRead(&incoming_bytes_);
     }
@@ -184,6 +173,29 @@ class StreamReactorBase
     if (reading_ || reads_done_ || held >= limit) return;
     reading_ = true;
     this->StartRead(&incoming_bytes_);
+  }
+
+  // Why the stream must end now, if it must (see Check).
+  std::optional<absl::Status> Expiry(absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // Ending already, unless held back by a write that is not taken.
+    if (finishing_ && deferred_finish_ == std::nullopt) return std::nullopt;
+    const ServerOptions& options = *context_.options;
+    if (now - start_ > options.max_stream_duration) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(rpc_, ": open for more than ",
+                       absl::FormatDuration(options.max_stream_duration),
+                       " (--max_stream_duration)"));
+    }
+    if (!computing_ && now - last_progress_ > options.stream_idle_timeout) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(rpc_, ": idle for more than ",
+                       absl::FormatDuration(options.stream_idle_timeout),
+                       writing_ != nullptr ? " (the client reads no answer)"
+                                           : " (the client sends nothing)",
+                       "; --stream_idle_timeout"));
+    }
+    return std::nullopt;
   }
 
   // The computation for this stream has ended: the idle clock restarts.
