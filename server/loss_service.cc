@@ -63,9 +63,7 @@ absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
   ASSIGN_OR_RETURN(const IndexerKlResult result,
                    ComputeIndexerKl(*ctx.backend, problem, outputs));
   ResultTo(result, response.mutable_result());
-  ASSIGN_OR_RETURN(std::unique_ptr<grpc::ByteBuffer> encoded,
-                   EncodeMessage(response));
-  out.Swap(encoded.get());
+  RETURN_IF_ERROR(EncodeMessage(response, out));
   rows = problem.num_rows();
   // Tags were checked above: this cannot fail.
   ctx.reporter->Add(request.tags(), result, options.scaling_factor)
@@ -160,10 +158,7 @@ grpc::ServerUnaryReactor* LossService::GetServerInfo(
       info.add_input_dtypes(dtype);
       info.add_grad_dtypes(dtype);
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<grpc::ByteBuffer> encoded,
-                     EncodeMessage(info));
-    response->Swap(encoded.get());
-    return absl::OkStatus();
+    return EncodeMessage(info, *response);
   }();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   FinishUnary(context_, reactor, "GetServerInfo", start, status,
@@ -185,10 +180,7 @@ grpc::ServerUnaryReactor* LossService::FinishStep(
     finished.set_indexer_loss(step.loss);
     finished.set_indexer_loss_unscaled(step.unscaled_loss);
     finished.set_requests(step.samples);
-    ASSIGN_OR_RETURN(std::unique_ptr<grpc::ByteBuffer> encoded,
-                     EncodeMessage(finished));
-    response->Swap(encoded.get());
-    return absl::OkStatus();
+    return EncodeMessage(finished, *response);
   }();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   FinishUnary(context_, reactor, "FinishStep", start, status,

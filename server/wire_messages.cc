@@ -19,17 +19,22 @@ absl::Status ParseMessage(const grpc::ByteBuffer& bytes, absl::string_view what,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<grpc::ByteBuffer>> EncodeMessage(
-    const google::protobuf::Message& message) {
-  auto bytes = std::make_unique<grpc::ByteBuffer>();
-  const size_t size = message.ByteSizeLong();
-  grpc::ProtoBufferWriter writer(bytes.get(),
-                                 grpc::kProtoBufferWriterMaxBufferLength,
-                                 static_cast<int>(size));
+absl::Status EncodeMessage(const google::protobuf::Message& message,
+                           grpc::ByteBuffer& out) {
+  out.Clear();
+  grpc::ProtoBufferWriter writer(&out, grpc::kProtoBufferWriterMaxBufferLength,
+                                 static_cast<int>(message.ByteSizeLong()));
   if (!message.SerializeToZeroCopyStream(&writer)) {
     return absl::InternalError(
         absl::StrCat("cannot encode a ", message.GetTypeName()));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<grpc::ByteBuffer>> EncodeMessage(
+    const google::protobuf::Message& message) {
+  auto bytes = std::make_unique<grpc::ByteBuffer>();
+  if (absl::Status s = EncodeMessage(message, *bytes); !s.ok()) return s;
   return bytes;
 }
 

@@ -22,7 +22,11 @@ namespace klserve::server {
 absl::Status ParseMessage(const grpc::ByteBuffer& bytes, absl::string_view what,
                           google::protobuf::Message& message);
 
-// `message` encoded, as gRPC sends it.
+// `message` encoded into `out`, as gRPC sends it.
+absl::Status EncodeMessage(const google::protobuf::Message& message,
+                           grpc::ByteBuffer& out);
+
+// The same in a buffer of its own (a stream's queued write).
 absl::StatusOr<std::unique_ptr<grpc::ByteBuffer>> EncodeMessage(
     const google::protobuf::Message& message);
 

@@ -8,8 +8,6 @@
 // the tensor limit, and a scaling factor that would overflow the gradient.
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -155,26 +153,6 @@ RawStreamOutcome RawBidi(grpc::Channel& channel, const std::string& method,
   return outcome;
 }
 
-// GET /metrics from 127.0.0.1:`port` (HTTP/1.0: the server closes).
-std::string ScrapeMetrics(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
-    if (write(fd, get.data(), get.size()) == static_cast<ssize_t>(get.size())) {
-      char buffer[65536];
-      ssize_t n;
-      while ((n = read(fd, buffer, sizeof(buffer))) > 0) out.append(buffer, n);
-    }
-  }
-  close(fd);
-  return out;
-}
-
 // The value of the series `name{labels}` (labels as the exposition writes
 // them), or -1 when absent.
 double SeriesValue(const std::string& scrape, const std::string& series) {
@@ -187,19 +165,6 @@ double SeriesValue(const std::string& scrape, const std::string& series) {
     }
   }
   return -1;
-}
-
-v1::ComputeLossStreamRequest HeaderOf(const RequestSlicer& slicer) {
-  v1::ComputeLossStreamRequest m;
-  *m.mutable_header() = slicer.MakeHeader();
-  return m;
-}
-
-v1::ComputeLossStreamRequest BlockOf(const RequestSlicer& slicer, int64_t begin,
-                                     int64_t rows) {
-  v1::ComputeLossStreamRequest m;
-  slicer.FillBlock(begin, rows, m.mutable_block());
-  return m;
 }
 
 int64_t RssGrowthKiB(ServerProcess& server, int64_t before) {
@@ -232,7 +197,7 @@ TEST_F(IdleStreamTest, IdleStreamsNeitherLockOutOthersNorStayOpen) {
   // One stream sends nothing, the other its header only.
   RawStream silent = OpenStream(*stub_);
   RawStream header_only = OpenStream(*stub_);
-  ASSERT_TRUE(header_only.stream->Write(HeaderOf(*slicer)));
+  ASSERT_TRUE(header_only.stream->Write(HeaderMessage(*slicer)));
   const absl::Time opened = absl::Now();
 
   // Unary calls are not held up by them at all.
@@ -276,9 +241,9 @@ TEST(StreamDurationTest, AStreamThatTricklesIsEndedAtItsMaximumDuration) {
     }
   });
   // One row every 250 ms: never idle, never done within 2 s.
-  bool written = raw.stream->Write(HeaderOf(*slicer));
+  bool written = raw.stream->Write(HeaderMessage(*slicer));
   for (int64_t row = 0; written && row < 64; ++row) {
-    written = raw.stream->Write(BlockOf(*slicer, row, 1));
+    written = raw.stream->Write(BlockMessage(*slicer, row, 1));
     absl::SleepFor(absl::Milliseconds(250));
   }
   reader.join();
@@ -584,14 +549,15 @@ TEST_F(BadInputTest, BlockTargetInAFieldTheHeaderDidNotName) {
   const v1::ComputeLossRequest request = Small(4, 6);
   absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
   ASSERT_TRUE(slicer.ok());
-  v1::ComputeLossStreamRequest moved = BlockOf(*slicer, 0, 4);
+  v1::ComputeLossStreamRequest moved = BlockMessage(*slicer, 0, 4);
   moved.mutable_block()->mutable_attention_logits()->swap(
       *moved.mutable_block()->mutable_attention_weights());
-  v1::ComputeLossStreamRequest both = BlockOf(*slicer, 0, 4);
+  v1::ComputeLossStreamRequest both = BlockMessage(*slicer, 0, 4);
   *both.mutable_block()->mutable_attention_logits() =
       both.block().attention_weights();
   for (const auto& block : {moved, both}) {
-    const StreamOutcome outcome = RunStream(*stub_, {HeaderOf(*slicer), block});
+    const StreamOutcome outcome =
+        RunStream(*stub_, {HeaderMessage(*slicer), block});
     EXPECT_TRUE(HasCode(outcome.status, grpc::StatusCode::INVALID_ARGUMENT,
                         "attention_logits: the StreamHeader has no"));
   }
@@ -603,9 +569,9 @@ TEST_F(BadInputTest, BlockTargetInAFieldTheHeaderDidNotName) {
       MakeRequest(s);  // the slicer views it
   absl::StatusOr<RequestSlicer> heads = RequestSlicer::Create(per_head);
   ASSERT_TRUE(heads.ok());
-  v1::ComputeLossStreamRequest extra = BlockOf(*heads, 0, 2);
+  v1::ComputeLossStreamRequest extra = BlockMessage(*heads, 0, 2);
   extra.mutable_block()->set_attention_weights(std::string(32, '\0'));
-  EXPECT_TRUE(HasCode(RunStream(*stub_, {HeaderOf(*heads), extra}).status,
+  EXPECT_TRUE(HasCode(RunStream(*stub_, {HeaderMessage(*heads), extra}).status,
                       grpc::StatusCode::INVALID_ARGUMENT,
                       "attention_weights: the StreamHeader has no"));
 }
@@ -649,18 +615,18 @@ TEST_F(BadInputTest, UnparsableBytesAreInvalidArgumentAndCounted) {
   const v1::ComputeLossRequest request = Small();
   absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
   ASSERT_TRUE(slicer.ok());
-  const std::string header = HeaderOf(*slicer).SerializeAsString();
+  const std::string header = HeaderMessage(*slicer).SerializeAsString();
   // After every block: must not end OK as if the client had closed.
-  const RawStreamOutcome after_all =
-      RawBidi(*channel_, kComputeLossStream,
-              {header, BlockOf(*slicer, 0, 3).SerializeAsString(), garbage});
+  const RawStreamOutcome after_all = RawBidi(
+      *channel_, kComputeLossStream,
+      {header, BlockMessage(*slicer, 0, 3).SerializeAsString(), garbage});
   EXPECT_TRUE(HasCode(after_all.status, grpc::StatusCode::INVALID_ARGUMENT,
                       "message 3"));
   // Mid-stream: the error says what happened, not "rows missing".
   const RawStreamOutcome mid =
       RawBidi(*channel_, kComputeLossStream,
-              {header, BlockOf(*slicer, 0, 1).SerializeAsString(), garbage,
-               BlockOf(*slicer, 1, 2).SerializeAsString()});
+              {header, BlockMessage(*slicer, 0, 1).SerializeAsString(), garbage,
+               BlockMessage(*slicer, 1, 2).SerializeAsString()});
   EXPECT_TRUE(HasCode(mid.status, grpc::StatusCode::INVALID_ARGUMENT,
                       "not a parsable"));
 }
@@ -675,7 +641,7 @@ TEST_F(BadInputTest, HeaderTensorsCountAgainstTheTensorLimit) {
   absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
   ASSERT_TRUE(slicer.ok());
   // row_valid: 8192 bytes whole in the header, over --max_tensor_bytes=4096.
-  EXPECT_TRUE(HasCode(RunStream(*stub_, {HeaderOf(*slicer)}).status,
+  EXPECT_TRUE(HasCode(RunStream(*stub_, {HeaderMessage(*slicer)}).status,
                       grpc::StatusCode::RESOURCE_EXHAUSTED, "row_valid"));
 }
 

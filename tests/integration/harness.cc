@@ -793,4 +793,50 @@ std::string Describe(const grpc::Status& status) {
                    status.error_message()));
 }
 
+v1::ComputeLossStreamRequest HeaderMessage(const RequestSlicer& slicer) {
+  v1::ComputeLossStreamRequest m;
+  *m.mutable_header() = slicer.MakeHeader();
+  return m;
+}
+
+v1::ComputeLossStreamRequest BlockMessage(const RequestSlicer& slicer,
+                                          int64_t row_begin, int64_t num_rows) {
+  v1::ComputeLossStreamRequest m;
+  slicer.FillBlock(row_begin, num_rows, m.mutable_block());
+  return m;
+}
+
+int ConnectLoopback(int port, absl::Duration timeout) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  const timeval tv = absl::ToTimeval(timeout);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::string ScrapeMetrics(int port, absl::Duration timeout) {
+  const int fd = ConnectLoopback(port, timeout);
+  if (fd < 0) return "";
+  std::string response;
+  const absl::string_view get =
+      "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  if (send(fd, get.data(), get.size(), MSG_NOSIGNAL) ==
+      static_cast<ssize_t>(get.size())) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, n);
+  }
+  close(fd);
+  return response;
+}
+
 }  // namespace klserve::integration

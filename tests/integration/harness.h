@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/stream_codec.h"
 #include "klserve/v1/klserve.grpc.pb.h"
 #include "klserve/v1/klserve.pb.h"
 
@@ -213,6 +214,22 @@ StreamOutcome RunStream(
     v1::IndexerKl::Stub& stub,
     const std::vector<v1::ComputeLossStreamRequest>& messages,
     absl::Duration deadline = kCallDeadline);
+
+// A stream's first message (the slicer's StreamHeader) and a block of it.
+v1::ComputeLossStreamRequest HeaderMessage(const RequestSlicer& slicer);
+v1::ComputeLossStreamRequest BlockMessage(const RequestSlicer& slicer,
+                                          int64_t row_begin, int64_t num_rows);
+
+// ---------------------------------------------------------------------------
+// The /metrics endpoint.
+
+// A connected loopback socket whose reads and writes give up after
+// `timeout`, or -1.
+int ConnectLoopback(int port, absl::Duration timeout);
+
+// The whole HTTP response to GET /metrics on 127.0.0.1:`port`, headers
+// included, or "" when none came within `timeout`.
+std::string ScrapeMetrics(int port, absl::Duration timeout = absl::Seconds(10));
 
 // "CODE: message" for failure messages.
 std::string Describe(const absl::Status& status);

@@ -45,19 +45,6 @@ v1::ComputeLossRequest GoodSmall() {
   return MakeRequest(s);
 }
 
-v1::ComputeLossStreamRequest HeaderOf(const RequestSlicer& slicer) {
-  v1::ComputeLossStreamRequest m;
-  *m.mutable_header() = slicer.MakeHeader();
-  return m;
-}
-
-v1::ComputeLossStreamRequest BlockOf(const RequestSlicer& slicer, int64_t begin,
-                                     int64_t rows) {
-  v1::ComputeLossStreamRequest m;
-  slicer.FillBlock(begin, rows, m.mutable_block());
-  return m;
-}
-
 // A stream that has been admitted: its header and first block are in, and
 // the first gradient block came back.
 struct HeldStream {
@@ -77,7 +64,8 @@ absl::StatusOr<std::unique_ptr<HeldStream>> StartHeld(
   v1::ComputeLossStreamResponse response;
   // A failed write means the call is over; the read then fails as well and
   // Finish says why.
-  if (stream.Write(HeaderOf(slicer))) stream.Write(BlockOf(slicer, 0, rows));
+  if (stream.Write(HeaderMessage(slicer)))
+    stream.Write(BlockMessage(slicer, 0, rows));
   if (stream.Read(&response)) {
     if (response.has_grad_block()) {
       held->blocks.push_back(response.grad_block());
@@ -101,8 +89,8 @@ absl::StatusOr<v1::ComputeLossResponse> CompleteHeld(
   std::thread writer([&] {
     for (int64_t begin = held.rows_sent; begin < slicer.num_rows();
          begin += rows) {
-      if (!stream.Write(BlockOf(slicer, begin,
-                                std::min(rows, slicer.num_rows() - begin)))) {
+      if (!stream.Write(BlockMessage(
+              slicer, begin, std::min(rows, slicer.num_rows() - begin)))) {
         return;
       }
     }
@@ -236,7 +224,7 @@ class SlotTest : public ServerTest {
         opened.push_back(OpenStream(*stub_));
         RawStream& raw = opened.back();
         writers.emplace_back(
-            [this, &raw] { raw.stream->Write(HeaderOf(*slicer_)); });
+            [this, &raw] { raw.stream->Write(HeaderMessage(*slicer_)); });
         continue;
       }
       held.push_back(Admitted(8));
@@ -246,7 +234,8 @@ class SlotTest : public ServerTest {
       HeldStream* stream = h.get();
       writers.emplace_back([this, stream, extra_blocks] {
         for (int i = 1; i <= extra_blocks; ++i) {
-          if (!stream->raw.stream->Write(BlockOf(*slicer_, 8 * i, 8))) return;
+          if (!stream->raw.stream->Write(BlockMessage(*slicer_, 8 * i, 8)))
+            return;
         }
       });
     }
@@ -294,8 +283,8 @@ TEST_F(SlotTest, ExpiredStreamDeadlinesGiveTheirSlotsBack) {
   std::vector<RawStream> streams(2);
   for (RawStream& raw : streams) {
     raw = OpenStream(*stub_, absl::Seconds(1));
-    ASSERT_TRUE(raw.stream->Write(HeaderOf(*slicer_)));
-    ASSERT_TRUE(raw.stream->Write(BlockOf(*slicer_, 0, 8)));
+    ASSERT_TRUE(raw.stream->Write(HeaderMessage(*slicer_)));
+    ASSERT_TRUE(raw.stream->Write(BlockMessage(*slicer_, 0, 8)));
     v1::ComputeLossStreamResponse response;
     ASSERT_TRUE(raw.stream->Read(&response));
     ASSERT_TRUE(response.has_grad_block());
@@ -349,9 +338,9 @@ TEST_F(SlotTest, RssDoesNotGrowOverCancelCycles) {
     std::vector<std::thread> writers;
     for (RawStream& raw : streams) {
       writers.emplace_back([&raw, &big_slicer] {
-        if (!raw.stream->Write(HeaderOf(*big_slicer))) return;
+        if (!raw.stream->Write(HeaderMessage(*big_slicer))) return;
         for (int i = 0; i < 4; ++i) {  // 4 blocks of 2 MiB
-          if (!raw.stream->Write(BlockOf(*big_slicer, 64 * i, 64))) return;
+          if (!raw.stream->Write(BlockMessage(*big_slicer, 64 * i, 64))) return;
         }
       });
     }
@@ -456,7 +445,7 @@ TEST_F(ServerTest, SigtermDrainsTheRequestInFlightThenExitsZero) {
   ASSERT_TRUE(held.ok()) << Describe(held.status());
   auto& stream = *(*held)->raw.stream;
   for (int64_t begin = 8; begin < 64; begin += 8) {
-    ASSERT_TRUE(stream.Write(BlockOf(*slicer, begin, 8)));
+    ASSERT_TRUE(stream.Write(BlockMessage(*slicer, begin, 8)));
     v1::ComputeLossStreamResponse response;
     ASSERT_TRUE(stream.Read(&response));
     ASSERT_TRUE(response.has_grad_block());

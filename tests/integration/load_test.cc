@@ -367,10 +367,8 @@ class HostileLoadTest : public LoadTest {
     absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
     if (!slicer.ok()) return Fail(slicer.status().ToString());
     RawStream raw = OpenStream(stub);
-    v1::ComputeLossStreamRequest header, block;
-    *header.mutable_header() = slicer->MakeHeader();
-    slicer->FillBlock(0, 1, block.mutable_block());
-    if (raw.stream->Write(header) && raw.stream->Write(block)) {
+    if (raw.stream->Write(HeaderMessage(*slicer)) &&
+        raw.stream->Write(BlockMessage(*slicer, 0, 1))) {
       v1::ComputeLossStreamResponse first;
       raw.stream->Read(&first);
     }

@@ -66,46 +66,9 @@ std::optional<Reporting> StartReporting(std::vector<std::string> flags) {
   return r;
 }
 
-// A connected loopback socket whose reads and writes give up after
-// `timeout`, or -1.
-int Connect(int port, absl::Duration timeout) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  const timeval tv = absl::ToTimeval(timeout);
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 bool SendAll(int fd, absl::string_view bytes) {
   return send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
          static_cast<ssize_t>(bytes.size());
-}
-
-// The whole HTTP response to GET /metrics, or "" when none came within
-// `timeout` (longer than the old 30 s stall is not needed: the tests assert
-// on the time taken).
-std::string Scrape(int port, absl::Duration timeout = absl::Seconds(10)) {
-  const int fd = Connect(port, timeout);
-  if (fd < 0) return "";
-  std::string response;
-  if (SendAll(fd,
-              "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: "
-              "close\r\n\r\n")) {
-    char buf[4096];
-    ssize_t n;
-    while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, n);
-  }
-  close(fd);
-  return response;
 }
 
 // Whether a sample line `series value` is in the exposition.
@@ -210,7 +173,7 @@ TEST(LayerBoundTest, LayersOutsideTheBoundAreRefusedBeforeComputing) {
       r->client->FinishStep("layers", 1);
   ASSERT_TRUE(step.ok()) << Describe(step.status());
   EXPECT_EQ(step->requests(), 1);
-  const std::string exposition = Scrape(r->metrics_port);
+  const std::string exposition = ScrapeMetrics(r->metrics_port);
   EXPECT_TRUE(HasSample(exposition, "klserve_rows_computed_total", "4"))
       << exposition;
   EXPECT_TRUE(absl::StrContains(
@@ -252,7 +215,7 @@ TEST(TensorBoardBoundTest, RunsPastTheBoundGetMetricsButNoDirectory) {
   finish_one("a", 2);
 
   // Prometheus has every run that is still tracked, past the bound or not.
-  const std::string exposition = Scrape(r->metrics_port);
+  const std::string exposition = ScrapeMetrics(r->metrics_port);
   EXPECT_TRUE(
       HasSample(exposition, "klserve_indexer_last_step{run=\"a\"}", "2"))
       << exposition;
@@ -315,7 +278,7 @@ TEST(RunNameTest, NamesOutsideTheAlphabetAreRefused) {
     EXPECT_TRUE(absl::StartsWith(finish.status().message(), "run: "))
         << finish.status().message();
   }
-  const std::string exposition = Scrape(r->metrics_port);
+  const std::string exposition = ScrapeMetrics(r->metrics_port);
   EXPECT_TRUE(HasSample(exposition, "klserve_rows_computed_total", "0"))
       << exposition;
   EXPECT_FALSE(absl::StrContains(exposition, "klserve_indexer_last_step{"))
@@ -336,7 +299,7 @@ TEST(RunNameTest, NamesSanitisingMergedKeepASeriesAndADirectoryEach) {
         << runs[i];
     ASSERT_TRUE(r->client->FinishStep(runs[i], step).ok()) << runs[i];
   }
-  const std::string exposition = Scrape(r->metrics_port);
+  const std::string exposition = ScrapeMetrics(r->metrics_port);
   for (size_t i = 0; i < runs.size(); ++i) {
     EXPECT_TRUE(HasSample(
         exposition,
@@ -368,7 +331,7 @@ std::vector<int> OpenHalfSentRequests(int port, int count) {
   for (int i = 0; i < count; ++i) {
     // Long enough to see the server close it, short enough to bound the
     // test if it never does.
-    const int fd = Connect(port, absl::Seconds(12));
+    const int fd = ConnectLoopback(port, absl::Seconds(12));
     EXPECT_GE(fd, 0);
     if (fd < 0) break;
     EXPECT_TRUE(SendAll(fd, "GET /metr"));
@@ -384,7 +347,7 @@ TEST(ScrapeStallTest, TwoHalfSentRequestsDoNotStallAScrape) {
   ASSERT_TRUE(r.has_value());
   const std::vector<int> stalled = OpenHalfSentRequests(r->metrics_port, 2);
   const absl::Time start = absl::Now();
-  const std::string response = Scrape(r->metrics_port);
+  const std::string response = ScrapeMetrics(r->metrics_port);
   const absl::Duration took = absl::Now() - start;
   EXPECT_TRUE(absl::StartsWith(response, "HTTP/1.1 200")) << response;
   EXPECT_LT(took, absl::Seconds(2))
@@ -398,7 +361,7 @@ TEST(ScrapeStallTest, ManyHalfSentRequestsDelayAScrapeOnlyBriefly) {
   // More than there are threads: the scrape waits for one to time out.
   const std::vector<int> stalled = OpenHalfSentRequests(r->metrics_port, 12);
   const absl::Time start = absl::Now();
-  const std::string response = Scrape(r->metrics_port);
+  const std::string response = ScrapeMetrics(r->metrics_port);
   const absl::Duration took = absl::Now() - start;
   EXPECT_TRUE(absl::StartsWith(response, "HTTP/1.1 200")) << response;
   EXPECT_LT(took, absl::Seconds(5));
