@@ -226,10 +226,16 @@ absl::StatusOr<std::vector<EchoMessageSize>> EchoPlanFor(
   // What the header carries whole: everything but the per-row tensors.
   int64_t header_bytes = request_bytes - slicer.num_rows() * slicer.row_bytes();
   std::vector<EchoMessageSize> plan;
-  for (int64_t row = 0; row < slicer.num_rows(); row += block_rows) {
-    const int64_t n = std::min(block_rows, slicer.num_rows() - row);
-    plan.push_back({n * slicer.row_bytes() + header_bytes, n * grad_row_bytes});
-    header_bytes = 0;
+  // As the stream: a counting pass first when it needs one, answered
+  // without a gradient.
+  for (const bool counting : {true, false}) {
+    if (counting && !slicer.counts_first()) continue;
+    for (int64_t row = 0; row < slicer.num_rows(); row += block_rows) {
+      const int64_t n = std::min(block_rows, slicer.num_rows() - row);
+      plan.push_back({n * slicer.row_bytes() + header_bytes,
+                      counting ? 0 : n * grad_row_bytes});
+      header_bytes = 0;
+    }
   }
   return plan;
 }

@@ -282,16 +282,23 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
     std::thread writer([&] {
       if (!stream->Write(header_message)) return;
       v1::ComputeLossStreamRequest message;  // reused: keeps its capacity
-      for (int64_t row = 0; row < num_rows; row += block_rows) {
-        slicer.FillBlock(row, std::min(block_rows, num_rows - row),
-                         message.mutable_block());
-        // A failed write means the call is over; Finish says why.
-        if (!stream->Write(message)) return;
+      // The counting pass, when the server needs one to know N, then the
+      // rows again for their gradients.
+      for (const bool counting : {true, false}) {
+        if (counting && !slicer.counts_first()) continue;
+        for (int64_t row = 0; row < num_rows; row += block_rows) {
+          v1::RowBlock* block = message.mutable_block();
+          slicer.FillBlock(row, std::min(block_rows, num_rows - row), block);
+          block->set_counting(counting);
+          // A failed write means the call is over; Finish says why.
+          if (!stream->Write(message)) return;
+        }
       }
       stream->WritesDone();
     });
 
-    ResponseAssembler assembler(request.indexer_scores().shape());
+    ResponseAssembler assembler(request.indexer_scores().shape(),
+                                slicer.counts_first());
     std::optional<v1::ComputeLossResponse> result;
     absl::Status local;
     v1::ComputeLossStreamResponse message;

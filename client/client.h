@@ -109,12 +109,13 @@ class Client {
       const v1::ComputeLossRequest& request);
 
   // The bidi stream: a StreamHeader, then RowBlocks of `block_rows` rows
-  // (0: as many as fit options().block_bytes), written by a second thread
-  // while this one reads the GradBlocks; returns them assembled into one
-  // response, grad [B, T, S or K] and row_kl [B, T] included. The request's
-  // per-row tensors must have consistent shapes and byte sizes
-  // (INVALID_ARGUMENT before anything is sent otherwise). UNAVAILABLE is
-  // retried only while no response message has arrived.
+  // (0: as many as fit options().block_bytes), every row twice for
+  // REDUCTION_MEAN_VALID without row_valid (RowBlock.counting), written by a
+  // second thread while this one reads the GradBlocks; returns them
+  // assembled into one response, grad [B, T, S or K] and row_kl [B, T]
+  // included. The request's per-row tensors must have consistent shapes and
+  // byte sizes (INVALID_ARGUMENT before anything is sent otherwise).
+  // UNAVAILABLE is retried only while no response message has arrived.
   absl::StatusOr<v1::ComputeLossResponse> ComputeLossStreaming(
       const v1::ComputeLossRequest& request, int64_t block_rows = 0);
 

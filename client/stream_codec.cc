@@ -55,6 +55,9 @@ absl::StatusOr<RequestSlicer> RequestSlicer::Create(
         absl::StrCat("indexer_scores: dimensions must be >= 1, got [",
                      absl::StrJoin(scores.shape(), ","), "]"));
   }
+  slicer.counts_first_ =
+      request.options().reduction() == v1::REDUCTION_MEAN_VALID &&
+      !request.has_row_valid();
   slicer.batch_ = scores.shape(0);
   slicer.rows_per_batch_ = scores.shape(1);
   slicer.row_width_ = scores.shape(2);
@@ -181,10 +184,12 @@ int64_t RequestSlicer::BlockRowsFor(int64_t block_bytes) const {
   return std::clamp<int64_t>(block_bytes / per_row, 1, num_rows());
 }
 
-ResponseAssembler::ResponseAssembler(absl::Span<const int64_t> scores_shape)
+ResponseAssembler::ResponseAssembler(absl::Span<const int64_t> scores_shape,
+                                     bool counting_pass)
     : batch_(scores_shape.size() == 3 ? scores_shape[0] : 0),
       rows_per_batch_(scores_shape.size() == 3 ? scores_shape[1] : 0),
-      row_width_(scores_shape.size() == 3 ? scores_shape[2] : 0) {}
+      row_width_(scores_shape.size() == 3 ? scores_shape[2] : 0),
+      counting_(counting_pass) {}
 
 absl::Status ResponseAssembler::Add(v1::GradBlock& block) {
   const int64_t total_rows = batch_ * rows_per_batch_;
@@ -195,6 +200,18 @@ absl::Status ResponseAssembler::Add(v1::GradBlock& block) {
         ") do not continue at row ", next_row_, " of ", total_rows));
   }
   const int64_t n = block.num_rows();
+  if (counting_) {
+    if (block.has_grad() || block.has_row_kl()) {
+      return ProtocolError(absl::StrCat("counting block at row ", next_row_,
+                                        " carries grad or row_kl"));
+    }
+    next_row_ += n;
+    if (next_row_ == total_rows) {  // the gradient pass follows
+      next_row_ = 0;
+      counting_ = false;
+    }
+    return absl::OkStatus();
+  }
 
   const bool grad_here = !block.grad().data().empty();
   const bool row_kl_here = !block.row_kl().data().empty();

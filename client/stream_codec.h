@@ -43,6 +43,11 @@ class RequestSlicer {
   void FillBlock(int64_t row_begin, int64_t num_rows,
                  v1::RowBlock* block) const;
 
+  // Whether the stream sends the rows twice, first with RowBlock.counting
+  // set: REDUCTION_MEAN_VALID without row_valid, whose N the server knows
+  // only once it has seen every row.
+  bool counts_first() const { return counts_first_; }
+
   // Rows per block so that a block holds about `block_bytes` of per-row
   // data: at least 1, at most num_rows().
   int64_t BlockRowsFor(int64_t block_bytes) const;
@@ -71,6 +76,7 @@ class RequestSlicer {
                 std::string* out) const;
 
   const v1::ComputeLossRequest* request_;
+  bool counts_first_ = false;
   int64_t batch_ = 0;
   int64_t rows_per_batch_ = 0;
   int64_t row_width_ = 0;
@@ -82,16 +88,21 @@ class RequestSlicer {
 class ResponseAssembler {
  public:
   // `scores_shape` is the request's indexer_scores shape [B, T, X]; the
-  // gradient gets that shape and row_kl gets [B, T].
-  explicit ResponseAssembler(absl::Span<const int64_t> scores_shape);
+  // gradient gets that shape and row_kl gets [B, T]. `counting_pass`: the
+  // stream sent the rows twice (RequestSlicer::counts_first), so the
+  // answers to the counting pass come first.
+  explicit ResponseAssembler(absl::Span<const int64_t> scores_shape,
+                             bool counting_pass = false);
 
   // Appends one block. Blocks must come in row order without gaps, each with
   // its grad ([num_rows, X] in one dtype) present in all blocks or none, and
-  // likewise row_kl (FP64 [num_rows]). INTERNAL describing the violation
-  // otherwise (the server broke the protocol). Moves out of `block`.
+  // likewise row_kl (FP64 [num_rows]); first, with `counting_pass`, the
+  // counting pass's blocks, in order too, carrying neither, which are
+  // dropped. INTERNAL describing the violation otherwise (the server broke
+  // the protocol). Moves out of `block`.
   absl::Status Add(v1::GradBlock& block);
 
-  // Rows received so far.
+  // Rows received so far in the current pass.
   int64_t rows_done() const { return next_row_; }
 
   // Completes `final_result` (the stream's last message) with the assembled
@@ -103,6 +114,7 @@ class ResponseAssembler {
   int64_t batch_;
   int64_t rows_per_batch_;
   int64_t row_width_;
+  bool counting_;  // in the counting pass
   int64_t next_row_ = 0;
   int blocks_ = 0;
   bool has_grad_ = false;

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/loss.h"
+#include "kernels/loss_computation.h"
 #include "kernels/row_block.h"
 #include "kernels/status_macros.h"
 #include "server/grpc_status.h"
@@ -48,13 +48,8 @@ absl::Status LossStreamReactor::TakeHeader() {
       IndexerKlProblem problem,
       IndexerKlProblem::Create(inputs, options,
                                IndexerKlProblem::RowTensors::kInBlocks));
-  if (!problem.denominator) {
-    return absl::InvalidArgumentError(
-        "row_valid: REDUCTION_MEAN_VALID over a stream needs row_valid in the "
-        "StreamHeader (N must be known before the first gradient block)");
-  }
-  grad_scale_ = GradScale(problem, *problem.denominator);
   problem_.emplace(std::move(problem));
+  computation_.emplace(*context_.backend, *problem_);
   return absl::OkStatus();
 }
 
@@ -64,18 +59,9 @@ absl::Status LossStreamReactor::TakeBlock() {
         "block: after the StreamHeader only RowBlocks may come");
   }
   const v1::RowBlock& block = incoming_.block();
-  if (block.row_begin() != rows_received_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("row_begin: blocks must come in order without gaps, "
-                     "expected ",
-                     rows_received_, ", got ", block.row_begin()));
-  }
-  const int64_t remaining = problem_->num_rows() - rows_received_;
-  if (block.num_rows() < 1 || block.num_rows() > remaining) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_rows: must be in [1, ", remaining,
-                     "] (rows not yet sent), got ", block.num_rows()));
-  }
+  ASSIGN_OR_RETURN(const AdmittedBlock admitted,
+                   computation_->Admit(block.row_begin(), block.num_rows(),
+                                       block.counting()));
   // A block carries only the tensors the header named, each in the field
   // the header named it in: bytes elsewhere would be ignored (or, for the
   // target, read in place of the named field) and give a wrong answer.
@@ -104,16 +90,18 @@ absl::Status LossStreamReactor::TakeBlock() {
     RETURN_IF_ERROR(
         CheckTensorBytes(field, static_cast<int64_t>(bytes), options));
   }
-  RETURN_IF_ERROR(CheckOutputBytes(*problem_, block.num_rows(),
-                                   /*one_message=*/true, options));
-  rows_received_ += block.num_rows();
-  rows_ = rows_received_;
-  blocks_.push_back(std::make_unique<Request>(std::move(incoming_)));
+  if (!admitted.counting) {  // a counting block is answered without tensors
+    RETURN_IF_ERROR(CheckOutputBytes(*problem_, block.num_rows(),
+                                     /*one_message=*/true, options));
+    rows_ += block.num_rows();
+  }
+  blocks_.push_back(
+      Block{std::make_unique<Request>(std::move(incoming_)), admitted});
   incoming_.Clear();
   return absl::OkStatus();
 }
 
-void LossStreamReactor::ComputeBlock(std::unique_ptr<Request> request) {
+void LossStreamReactor::ComputeBlock(Block block) {
   bool skip;
   {
     absl::MutexLock lock(&mu_);
@@ -123,41 +111,37 @@ void LossStreamReactor::ComputeBlock(std::unique_ptr<Request> request) {
   absl::Status status;
   if (!skip) {
     status = [&]() -> absl::Status {
-      const v1::RowBlock& block = request->block();
-      const RowRange rows{block.row_begin(),
-                          block.row_begin() + block.num_rows()};
-      ASSIGN_OR_RETURN(const RowData data,
-                       BlockRowData(*problem_, rows, BlockBytesOf(block)));
-      const IndexerKlProblem& p = *problem_;
+      const RowRange rows = block.admitted.rows;
+      ASSIGN_OR_RETURN(
+          const RowData data,
+          BlockRowData(*problem_, rows, BlockBytesOf(block.request->block())));
+      const IndexerKlOptions& options = problem_->options;
       Response response;
       v1::GradBlock* out = response.mutable_grad_block();
       out->set_row_begin(rows.begin);
       out->set_num_rows(rows.size());
-      BlockOutputs outputs;
-      if (p.options.want_grad) {
-        outputs.grad = AllocateTensor(p.options.grad_dtype, {rows.size(), p.K},
-                                      out->mutable_grad());
-        outputs.grad_dtype = p.options.grad_dtype;
-        outputs.grad_origin_row = rows.begin;
-        // Block rows are contiguous: (b - b0) T K + (t - t0) K = (r - r0) K.
-        outputs.grad_batch_stride = p.T * p.K;
-        outputs.grad_row_stride = p.K;
+      LossOutputs outputs;
+      if (!block.admitted.counting && options.want_grad) {
+        outputs.grad =
+            AllocateTensor(options.grad_dtype, {rows.size(), problem_->K},
+                           out->mutable_grad());
+        outputs.grad_byte_size =
+            static_cast<int64_t>(out->grad().data().size());
       }
-      outputs.grad_scale = grad_scale_;
-      if (p.options.want_row_kl) {
+      if (!block.admitted.counting && options.want_row_kl) {
         outputs.row_kl =
             AllocateFloat64Tensor({rows.size()}, out->mutable_row_kl());
+        outputs.row_kl_size = rows.size();
       }
       RETURN_IF_ERROR(CheckMessageBytes(
           "num_rows", static_cast<int64_t>(response.ByteSizeLong()),
           "send smaller blocks", *context_.options));
-      RETURN_IF_ERROR(
-          context_.backend->ComputeRows(p, data, rows, outputs, accumulator_));
+      RETURN_IF_ERROR(computation_->Compute(block.admitted, data, outputs));
       ASSIGN_OR_RETURN(encoded, EncodeMessage(response));
       return absl::OkStatus();
     }();
   }
-  request.reset();  // the block's memory goes before the next is taken
+  block.request.reset();  // the block's memory goes before the next is taken
   bool finished;
   {
     absl::MutexLock lock(&mu_);
@@ -179,10 +163,12 @@ void LossStreamReactor::Advance() {
     computing_ = true;
     // std::function needs a copyable callable: the block travels as a raw
     // pointer and is owned again inside.
-    Request* block = blocks_.front().release();
+    Request* request = blocks_.front().request.release();
+    const AdmittedBlock admitted = blocks_.front().admitted;
     blocks_.pop_front();
-    context_.executor->Submit(
-        [this, block] { ComputeBlock(std::unique_ptr<Request>(block)); });
+    context_.executor->Submit([this, request, admitted] {
+      ComputeBlock(Block{std::unique_ptr<Request>(request), admitted});
+    });
   }
   WriteNext();
   ReadNext(
@@ -200,18 +186,15 @@ void LossStreamReactor::SendResult() {
         "header: the stream ended before its StreamHeader"));
     return;
   }
-  if (rows_received_ != problem_->num_rows()) {
-    Fail(absl::InvalidArgumentError(absl::StrCat(
-        "row_begin, num_rows: the blocks covered rows [0, ", rows_received_,
-        ") of the B*T=", problem_->num_rows(), " rows")));
+  absl::StatusOr<IndexerKlResult> loss = computation_->Finish();
+  if (!loss.ok()) {
+    Fail(loss.status());
     return;
   }
   Response last;
   v1::ComputeLossResponse* result = last.mutable_result();
   result->set_request_id(header_.request_id());
-  const IndexerKlResult loss =
-      FinishLoss(*problem_, accumulator_, *problem_->denominator);
-  ResultTo(loss, result->mutable_result());
+  ResultTo(*loss, result->mutable_result());
   absl::StatusOr<std::unique_ptr<grpc::ByteBuffer>> encoded =
       EncodeMessage(last);
   if (!encoded.ok()) {
@@ -219,7 +202,8 @@ void LossStreamReactor::SendResult() {
     return;
   }
   // Tags were checked with the header: this cannot fail.
-  context_.reporter->Add(header_.tags(), loss, problem_->options.scaling_factor)
+  context_.reporter
+      ->Add(header_.tags(), *loss, problem_->options.scaling_factor)
       .IgnoreError();
   result_sent_ = true;
   Queue(*std::move(encoded));

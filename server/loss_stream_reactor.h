@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
-#include "kernels/loss_accumulator.h"
+#include "kernels/loss_computation.h"
 #include "kernels/problem.h"
 #include "klserve/v1/klserve.grpc.pb.h"
 #include "server/service_context.h"
@@ -18,14 +18,17 @@
 namespace klserve::server {
 
 // One ComputeLossStream call: a StreamHeader, then RowBlocks in order, each
-// answered by its GradBlock, then the result.
+// answered by its GradBlock, then the result. The rows' order, the counting
+// pass and the loss belong to the LossComputation this reactor drives; the
+// reactor holds the transport: reads, writes, admission, cancellation.
 //
 // Three things overlap: gRPC reads the next block while the executor computes
 // the current one and gRPC writes the previous gradient. Blocks of one stream
 // are computed one at a time, in order, so the loss folds in row order and
 // matches ComputeLoss bit for bit. At most kMaxBlocksInFlight blocks (read,
 // computing or waiting to be written) are held; past that, reading pauses,
-// so memory stays bounded whatever the problem's size. Cancellation and the
+// so memory stays bounded whatever the problem's size, in both passes of a
+// problem that counts first (RowBlock.counting). Cancellation and the
 // deadline stop the stream between blocks.
 //
 // Reactions run on gRPC threads and computations on the executor; state is
@@ -54,8 +57,13 @@ class LossStreamReactor final
   void OnCallDone() override;
   absl::Status TakeHeader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status TakeBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A RowBlock and what LossComputation::Admit booked it as.
+  struct Block {
+    std::unique_ptr<Request> request;
+    AdmittedBlock admitted;
+  };
   // Computes one block on the executor and queues its GradBlock.
-  void ComputeBlock(std::unique_ptr<Request> block);
+  void ComputeBlock(Block block);
 
   void OnWritten() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next step, whichever is possible: compute, write, read, finish.
@@ -71,11 +79,11 @@ class LossStreamReactor final
   // flight afterwards.
   v1::StreamHeader header_;
   std::optional<IndexerKlProblem> problem_;
-  double grad_scale_ = 0;
-  LossAccumulator accumulator_;  // touched by the computation in flight only
+  // Admitted under mu_, computed by the computation in flight (the two touch
+  // different state), finished under mu_ once nothing is in flight.
+  std::optional<LossComputation> computation_;
 
-  int64_t rows_received_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<std::unique_ptr<Request>> blocks_ ABSL_GUARDED_BY(mu_);
+  std::deque<Block> blocks_ ABSL_GUARDED_BY(mu_);
   bool result_sent_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -151,6 +151,25 @@ TEST(RequestSlicer, BlockRowsFollowBlockBytes) {
   EXPECT_EQ(slicer->BlockRowsFor(int64_t{1} << 40), kB * kT);
 }
 
+// Only MEAN_VALID without row_valid needs its N counted first.
+TEST(RequestSlicer, CountsFirstForMeanValidWithoutRowValid) {
+  v1::ComputeLossRequest request = FullRequest();
+  for (v1::Reduction reduction :
+       {v1::REDUCTION_UNSPECIFIED, v1::REDUCTION_MEAN, v1::REDUCTION_SUM,
+        v1::REDUCTION_MEAN_VALID}) {
+    for (bool row_valid : {true, false}) {
+      if (!row_valid) request.clear_row_valid();
+      request.mutable_options()->set_reduction(reduction);
+      absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+      ASSERT_TRUE(slicer.ok()) << slicer.status();
+      EXPECT_EQ(slicer->counts_first(),
+                reduction == v1::REDUCTION_MEAN_VALID && !row_valid)
+          << reduction << " " << row_valid;
+    }
+    *request.mutable_row_valid() = FullRequest().row_valid();
+  }
+}
+
 TEST(RequestSlicer, RejectsMissingScores) {
   v1::ComputeLossRequest request = FullRequest();
   request.clear_indexer_scores();
@@ -254,6 +273,51 @@ TEST(ResponseAssembler, LeavesGradOutWhenBlocksHaveNone) {
   ASSERT_TRUE(response.ok());
   EXPECT_FALSE(response->has_grad());
   EXPECT_FALSE(response->has_row_kl());
+}
+
+TEST(ResponseAssembler, DropsTheCountingPass) {
+  const std::vector<int64_t> shape = {kB, kT, kK};
+  ResponseAssembler assembler(shape, /*counting_pass=*/true);
+  for (auto [begin, n] : {std::pair<int64_t, int64_t>{0, 3}, {3, 7}}) {
+    v1::GradBlock counted = MakeGradBlock(begin, n, false, false);
+    ASSERT_TRUE(assembler.Add(counted).ok());
+  }
+  EXPECT_EQ(assembler.rows_done(), 0);  // the gradient pass starts over
+  // Before the gradient pass is complete the result is early.
+  EXPECT_EQ(assembler.Finish(v1::ComputeLossResponse()).status().code(),
+            absl::StatusCode::kInternal);
+  ResponseAssembler counted_then_joined(shape, /*counting_pass=*/true);
+  v1::GradBlock counted = MakeGradBlock(0, kB * kT, false, false);
+  ASSERT_TRUE(counted_then_joined.Add(counted).ok());
+  for (auto [begin, n] : {std::pair<int64_t, int64_t>{0, 6}, {6, 4}}) {
+    v1::GradBlock block = MakeGradBlock(begin, n, true, true);
+    ASSERT_TRUE(counted_then_joined.Add(block).ok());
+  }
+  absl::StatusOr<v1::ComputeLossResponse> response =
+      counted_then_joined.Finish(v1::ComputeLossResponse());
+  ASSERT_TRUE(response.ok()) << response.status();
+  const std::vector<float> grad = Values<float>(response->grad().data());
+  ASSERT_EQ(static_cast<int64_t>(grad.size()), kB * kT * kK);
+  for (int64_t j = 0; j < kB * kT * kK; ++j) EXPECT_EQ(grad[j], j);
+  const std::vector<double> kl = Values<double>(response->row_kl().data());
+  ASSERT_EQ(static_cast<int64_t>(kl.size()), kB * kT);
+  for (int64_t r = 0; r < kB * kT; ++r) EXPECT_EQ(kl[r], r);
+}
+
+TEST(ResponseAssembler, RejectsACountingBlockWithTensorsOrOutOfOrder) {
+  const std::vector<int64_t> shape = {kB, kT, kK};
+  for (auto [with_grad, with_row_kl] :
+       {std::pair{true, false}, {false, true}}) {
+    ResponseAssembler assembler(shape, /*counting_pass=*/true);
+    v1::GradBlock block = MakeGradBlock(0, 2, with_grad, with_row_kl);
+    absl::Status status = assembler.Add(block);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(std::string(status.message()), HasSubstr("counting block"));
+  }
+  ResponseAssembler assembler(shape, /*counting_pass=*/true);
+  v1::GradBlock block = MakeGradBlock(2, 2, false, false);
+  EXPECT_THAT(std::string(assembler.Add(block).message()),
+              HasSubstr("do not continue"));
 }
 
 TEST(ResponseAssembler, RejectsGapOverlapAndOverrun) {

@@ -800,9 +800,11 @@ v1::ComputeLossStreamRequest HeaderMessage(const RequestSlicer& slicer) {
 }
 
 v1::ComputeLossStreamRequest BlockMessage(const RequestSlicer& slicer,
-                                          int64_t row_begin, int64_t num_rows) {
+                                          int64_t row_begin, int64_t num_rows,
+                                          bool counting) {
   v1::ComputeLossStreamRequest m;
   slicer.FillBlock(row_begin, num_rows, m.mutable_block());
+  m.mutable_block()->set_counting(counting);
   return m;
 }
 

@@ -215,10 +215,12 @@ StreamOutcome RunStream(
     const std::vector<v1::ComputeLossStreamRequest>& messages,
     absl::Duration deadline = kCallDeadline);
 
-// A stream's first message (the slicer's StreamHeader) and a block of it.
+// A stream's first message (the slicer's StreamHeader) and a block of it,
+// of the counting pass or not (RowBlock.counting).
 v1::ComputeLossStreamRequest HeaderMessage(const RequestSlicer& slicer);
 v1::ComputeLossStreamRequest BlockMessage(const RequestSlicer& slicer,
-                                          int64_t row_begin, int64_t num_rows);
+                                          int64_t row_begin, int64_t num_rows,
+                                          bool counting = false);
 
 // ---------------------------------------------------------------------------
 // The /metrics endpoint.

@@ -1,14 +1,17 @@
 // The server's numbers are the library's numbers: for random problems of
-// every input form, unary and streamed (any block size) responses equal,
-// bit for bit, what IndexerKlProblem::Create + ComputeIndexerKl give
-// in-process. Also: a problem over the server's message limit streams, and
-// concurrent clients get independent, correct results.
+// every input form and reduction (MEAN_VALID without row_valid, which the
+// stream counts in a first pass, included), unary and streamed (any block
+// size) responses equal, bit for bit, what IndexerKlProblem::Create +
+// ComputeIndexerKl give in-process. Also: a problem over the server's message
+// limit streams, and concurrent clients get independent, correct results.
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -201,6 +204,59 @@ std::vector<ProblemSpec> AgreementSpecs() {
     s.seed = 21;
     specs.push_back(s);
   }
+  // MEAN_VALID without row_valid, in every form and grad dtype: N is
+  // counted in a first pass, over the stream too.
+  {
+    ProblemSpec s;
+    s.name = "DensePerHeadMeanValidCounted";
+    s.B = 2, s.T = 5, s.S = 9, s.H = 2;
+    s.target_dtype = "BF16";
+    s.options = Options(v1::FLAVOR_EXACT, v1::REDUCTION_MEAN_VALID, "FP32");
+    s.options.set_causal(true);
+    s.options.set_q_offset(-1);  // row 0 of each batch is fully masked
+    s.options.set_want_row_kl(true);
+    s.options.set_want_diagnostics(true);
+    s.seed = 23;
+    specs.push_back(s);
+  }
+  {
+    ProblemSpec s;
+    s.name = "DenseAggregatedMeanValidCounted";
+    s.B = 3, s.T = 4, s.S = 10, s.H = 0;
+    s.zero_target_rows = true;
+    s.segments = true;
+    s.options = Options(v1::FLAVOR_MAXTEXT, v1::REDUCTION_MEAN_VALID, "BF16");
+    s.options.set_want_row_kl(true);
+    s.options.set_scaling_factor(0.01);
+    s.seed = 24;
+    specs.push_back(s);
+  }
+  {
+    ProblemSpec s;
+    s.name = "SparsePerHeadMeanValidCounted";
+    s.B = 2, s.T = 6, s.S = 30, s.K = 6, s.H = 3;
+    s.scores_dtype = "FP16";
+    s.attention_mask = true;
+    s.neg_inf_at_masked = true;
+    s.options = Options(v1::FLAVOR_EXACT, v1::REDUCTION_MEAN_VALID, "FP16");
+    s.options.set_want_row_kl(true);
+    s.options.set_want_diagnostics(true);
+    s.options.set_recall_k(2);
+    s.seed = 25;
+    specs.push_back(s);
+  }
+  {
+    ProblemSpec s;
+    s.name = "SparseAggregatedMeanValidCounted";
+    s.B = 1, s.T = 11, s.S = 20, s.K = 4, s.H = 0;
+    s.zero_target_rows = true;
+    s.key_padding = true;
+    s.options = Options(v1::FLAVOR_MAXTEXT, v1::REDUCTION_MEAN_VALID, "FP32");
+    s.options.set_causal(true);
+    s.options.set_want_row_kl(true);
+    s.seed = 26;
+    specs.push_back(s);
+  }
   return specs;
 }
 
@@ -253,15 +309,16 @@ INSTANTIATE_TEST_SUITE_P(Problems, LossAgreementTest,
                            return info.param.name;
                          });
 
-// MEAN_VALID without row_valid: N is only known after a pass over the rows,
-// so the unary call computes it and the stream refuses it up front.
-TEST_F(ServerTest, MeanValidWithoutRowValidUnaryAgreesStreamRefuses) {
+// MEAN_VALID without row_valid: N is only known after a pass over the rows.
+// The stream sends the rows twice, the counting pass first; its blocks may
+// be cut unlike the gradient pass's, and are answered without tensors.
+TEST_F(ServerTest, MeanValidWithoutRowValidCountingPassMayUseOtherBlocks) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   ProblemSpec s;
   s.name = "MeanValidNoRowValid";
   s.B = 2, s.T = 6, s.S = 8, s.H = 0;
   s.zero_target_rows = true;
-  s.options = Options(v1::FLAVOR_EXACT, v1::REDUCTION_MEAN_VALID, "FP32");
+  s.options = Options(v1::FLAVOR_EXACT, v1::REDUCTION_MEAN_VALID, "BF16");
   s.options.set_causal(true);
   s.options.set_q_offset(-1);  // row 0 of each batch is fully masked
   s.options.set_want_row_kl(true);
@@ -277,13 +334,77 @@ TEST_F(ServerTest, MeanValidWithoutRowValidUnaryAgreesStreamRefuses) {
   ASSERT_TRUE(unary.ok()) << Describe(unary.status());
   EXPECT_TRUE(SameResponse(*expected, *unary));
 
-  absl::StatusOr<v1::ComputeLossResponse> streamed =
-      client().ComputeLossStreaming(request, 2);
-  ASSERT_FALSE(streamed.ok());
-  EXPECT_EQ(streamed.status().code(), absl::StatusCode::kInvalidArgument)
-      << Describe(streamed.status());
-  EXPECT_TRUE(absl::StartsWith(streamed.status().message(), "row_valid"))
-      << Describe(streamed.status());
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << slicer.status();
+  ASSERT_TRUE(slicer->counts_first());
+  std::unique_ptr<v1::IndexerKl::Stub> stub = MakeStub(server().target());
+  const int64_t rows = s.B * s.T;
+  // (counting blocks, gradient blocks): one row against all rows, odd sizes
+  // crossing the batch boundary, and the reverse.
+  for (const auto& [count_rows, grad_rows] :
+       {std::pair<int64_t, int64_t>{1, rows}, {rows, 1}, {5, 2}, {2, 7}}) {
+    SCOPED_TRACE(absl::StrCat("counting blocks of ", count_rows,
+                              ", gradient blocks of ", grad_rows));
+    std::vector<v1::ComputeLossStreamRequest> messages = {
+        HeaderMessage(*slicer)};
+    for (const auto& [counting, n] :
+         {std::pair{true, count_rows}, std::pair{false, grad_rows}}) {
+      for (int64_t row = 0; row < rows; row += n) {
+        messages.push_back(
+            BlockMessage(*slicer, row, std::min(n, rows - row), counting));
+      }
+    }
+    StreamOutcome outcome = RunStream(*stub, messages);
+    ASSERT_TRUE(outcome.status.ok()) << Describe(outcome.status);
+    ASSERT_EQ(outcome.responses.size(), messages.size());
+    ResponseAssembler assembler(request.indexer_scores().shape(),
+                                /*counting_pass=*/true);
+    for (size_t i = 0; i + 1 < outcome.responses.size(); ++i) {
+      v1::ComputeLossStreamResponse& response = outcome.responses[i];
+      ASSERT_TRUE(response.has_grad_block()) << i;
+      const bool counting = messages[i + 1].block().counting();
+      EXPECT_EQ(response.grad_block().has_grad(), !counting) << i;
+      EXPECT_EQ(response.grad_block().has_row_kl(), !counting) << i;
+      ASSERT_TRUE(assembler.Add(*response.mutable_grad_block()).ok()) << i;
+    }
+    ASSERT_TRUE(outcome.responses.back().has_result());
+    absl::StatusOr<v1::ComputeLossResponse> streamed =
+        assembler.Finish(outcome.responses.back().result());
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+    EXPECT_TRUE(SameResponse(*expected, *streamed));
+  }
+}
+
+// A client that streams on its own (every problem over its threshold of 0
+// bytes) sends a MEAN_VALID problem without row_valid twice, counting first,
+// and gets the unary answer.
+TEST_F(ServerTest, AutoStreamingCountsMeanValidWithoutRowValid) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  ProblemSpec s;
+  s.name = "AutoStreamedMeanValid";
+  s.B = 2, s.T = 40, s.S = 24, s.H = 2;
+  s.options = Options(v1::FLAVOR_MAXTEXT, v1::REDUCTION_MEAN_VALID, "FP16");
+  s.options.set_causal(true);
+  s.options.set_q_offset(-3);  // three rows of each batch fully masked
+  s.options.set_want_row_kl(true);
+  s.seed = 32;
+  const v1::ComputeLossRequest request = MakeRequest(s);
+  absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(request);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  ASSERT_EQ(expected->result().denominator(), s.B * (s.T - 3));
+
+  ClientOptions options;
+  options.target = server().target();
+  options.deadline = kCallDeadline;
+  options.max_attempts = 1;
+  options.stream_threshold_bytes = 0;
+  options.block_bytes = 4096;  // several blocks
+  absl::StatusOr<std::unique_ptr<Client>> streaming = Client::Create(options);
+  ASSERT_TRUE(streaming.ok()) << streaming.status();
+  absl::StatusOr<v1::ComputeLossResponse> auto_response =
+      (*streaming)->ComputeLoss(request);
+  ASSERT_TRUE(auto_response.ok()) << Describe(auto_response.status());
+  EXPECT_TRUE(SameResponse(*expected, *auto_response));
 }
 
 // An ~8 MiB problem against a server that takes 1 MiB messages: the unary

@@ -828,10 +828,38 @@ TEST_F(StreamProtocolTest, HeaderWithoutBlocks) {
   ExpectFails({Header(GoodRequest())}, "row_begin");
 }
 
-TEST_F(StreamProtocolTest, MeanValidWithoutRowValid) {
+// MEAN_VALID without row_valid sends its rows twice, counting first; every
+// other problem once, not counting. A block of the other pass names
+// `counting`.
+TEST_F(StreamProtocolTest, MeanValidWithoutRowValidSentOnceIsRefused) {
   v1::ComputeLossRequest r = GoodRequest();
   r.mutable_options()->set_reduction(v1::REDUCTION_MEAN_VALID);
-  ExpectFails(WholeStream(r), "row_valid");
+  ExpectFails(WholeStream(r), "counting");
+}
+
+TEST_F(StreamProtocolTest, GradientBlockBeforeTheCountingPassEnds) {
+  v1::ComputeLossRequest r = GoodRequest();
+  r.mutable_options()->set_reduction(v1::REDUCTION_MEAN_VALID);
+  v1::ComputeLossStreamRequest counted = Block(r, 0, 4);
+  counted.mutable_block()->set_counting(true);
+  ExpectFails({Header(r), counted, Block(r, 4, 6)}, "counting");
+}
+
+TEST_F(StreamProtocolTest, CountingBlockWhenNIsKnown) {
+  std::vector<v1::ComputeLossStreamRequest> messages =
+      WholeStream(GoodRequest());
+  messages[2].mutable_block()->set_counting(true);
+  ExpectFails(messages, "counting");
+}
+
+TEST_F(StreamProtocolTest, CountingPassWithoutTheGradientPass) {
+  v1::ComputeLossRequest r = GoodRequest();
+  r.mutable_options()->set_reduction(v1::REDUCTION_MEAN_VALID);
+  std::vector<v1::ComputeLossStreamRequest> messages = WholeStream(r);
+  for (size_t i = 1; i < messages.size(); ++i) {
+    messages[i].mutable_block()->set_counting(true);
+  }
+  ExpectFails(messages, "row_begin");
 }
 
 TEST_F(StreamProtocolTest, HeaderSpecBadDtype) {

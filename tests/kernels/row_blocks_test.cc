@@ -1,8 +1,10 @@
-// The row-range entry point: blocks of rows computed in order (over the
-// problem's own tensors or over separately sent copies of the block's rows)
-// reproduce the whole-problem call bit for bit, whatever the block sizes,
-// thread counts or concurrent callers.
+// The row-range entry points: blocks of rows fed in order to a
+// LossComputation (over the problem's own tensors or over separately sent
+// copies of the block's rows, and, for MEAN_VALID without row_valid, after a
+// counting pass split in its own blocks) reproduce the whole-problem call bit
+// for bit, whatever the block sizes, thread counts or concurrent callers.
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +20,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/loss.h"
 #include "kernels/loss_accumulator.h"
+#include "kernels/loss_computation.h"
 #include "kernels/problem.h"
 #include "tests/kernels/test_data.h"
 
@@ -77,24 +80,25 @@ RowView CopyRows(const RowView& whole, int64_t T, int64_t heads,
   return view;
 }
 
-// Computes `problem` block by block (the given boundaries, in order), with
-// its own tensors or with copies of each block's rows, and with a gradient
-// buffer of the whole problem or of each block.
+// Computes `problem` with a LossComputation fed blocks (the given
+// boundaries, in order; a problem that counts first is fed the counting pass
+// in `count_boundaries`), reading the problem's own tensors or copies of each
+// block's rows, and writing into the whole output buffers or into buffers of
+// each block's rows.
 Outputs RunInBlocks(Backend& backend, const IndexerKlProblem& problem,
-                    const Case& c, const std::vector<int64_t>& boundaries,
-                    bool copy_rows) {
+                    const Case& c, const std::vector<int64_t>& count_boundaries,
+                    const std::vector<int64_t>& boundaries, bool copy_rows) {
   Outputs out;
   out.grad.assign(GradBytes(c), std::byte{0xff});
   out.row_kl.assign(c.num_rows(), -1.0);
   const int64_t T = c.T, L = c.slots();
   const int64_t es = DTypeSize(c.options.grad_dtype);
-  // N must be known before the first block for the gradient's scale.
-  const bool denominator_known = problem.denominator.has_value();
-  const double grad_scale =
-      denominator_known ? GradScale(problem, *problem.denominator) : 0;
-  LossAccumulator accumulator;
-  for (size_t k = 0; k + 1 < boundaries.size(); ++k) {
-    const RowRange rows{boundaries[k], boundaries[k + 1]};
+  LossComputation computation(backend, problem);
+  // Feeds one block, its rows' tensors copied when `copy_rows`.
+  auto feed = [&](RowRange rows, bool counting) {
+    absl::StatusOr<AdmittedBlock> block =
+        computation.Admit(rows.begin, rows.size(), counting);
+    ASSERT_TRUE(block.ok()) << block.status();
     RowData data = problem.rows;
     std::vector<std::byte> target, scores, indices, mask;
     if (copy_rows) {
@@ -112,39 +116,43 @@ Outputs RunInBlocks(Backend& backend, const IndexerKlProblem& problem,
             CopyRows(problem.rows.mask, T, 1, c.S, rows.begin, rows.end, mask);
       }
     }
-    std::vector<std::byte> block_grad(rows.size() * L * es);
-    BlockOutputs outputs;
-    if (c.options.want_grad && denominator_known) {
-      outputs.grad_dtype = c.options.grad_dtype;
-      outputs.grad_batch_stride = T * L;
-      outputs.grad_row_stride = L;
-      outputs.grad_scale = grad_scale;
-      if (copy_rows) {  // a buffer of the block's rows only
-        outputs.grad = block_grad.data();
-        outputs.grad_origin_row = rows.begin;
-      } else {
-        outputs.grad = out.grad.data();
-        outputs.grad_origin_row = 0;
-      }
+    std::vector<std::byte> block_grad(rows.size() * L * es, std::byte{0xff});
+    std::vector<double> block_row_kl(rows.size(), -1.0);
+    LossOutputs outputs;
+    if (c.options.want_grad) {
+      outputs.grad =
+          copy_rows ? block_grad.data() : out.grad.data() + rows.begin * L * es;
+      outputs.grad_byte_size = rows.size() * L * es;
     }
-    outputs.row_kl = out.row_kl.data() + rows.begin;
-    const absl::Status status =
-        backend.ComputeRows(problem, data, rows, outputs, accumulator);
+    outputs.row_kl =
+        copy_rows ? block_row_kl.data() : out.row_kl.data() + rows.begin;
+    outputs.row_kl_size = rows.size();
+    const absl::Status status = computation.Compute(*block, data, outputs);
     EXPECT_TRUE(status.ok()) << status;
-    if (copy_rows && outputs.grad != nullptr) {
+    if (copy_rows && !counting) {
       std::memcpy(&out.grad[rows.begin * L * es], block_grad.data(),
                   block_grad.size());
+      std::copy(block_row_kl.begin(), block_row_kl.end(),
+                out.row_kl.begin() + rows.begin);
+    }
+  };
+  if (computation.needs_counting()) {
+    for (size_t k = 0; k + 1 < count_boundaries.size(); ++k) {
+      feed(RowRange{count_boundaries[k], count_boundaries[k + 1]}, true);
     }
   }
-  out.result =
-      FinishLoss(problem, accumulator,
-                 problem.denominator.value_or(accumulator.rows_nonempty()));
+  for (size_t k = 0; k + 1 < boundaries.size(); ++k) {
+    feed(RowRange{boundaries[k], boundaries[k + 1]}, false);
+  }
+  absl::StatusOr<IndexerKlResult> result = computation.Finish();
+  EXPECT_TRUE(result.ok()) << result.status();
+  if (result.ok()) out.result = *result;
   return out;
 }
 
 uint64_t Bits(double v) { return std::bit_cast<uint64_t>(v); }
 
-void ExpectIdentical(const Outputs& a, const Outputs& b, bool compare_grad) {
+void ExpectIdentical(const Outputs& a, const Outputs& b) {
   EXPECT_EQ(Bits(a.result.loss), Bits(b.result.loss))
       << a.result.loss << " vs " << b.result.loss;
   EXPECT_EQ(Bits(a.result.unscaled_loss), Bits(b.result.unscaled_loss));
@@ -165,11 +173,9 @@ void ExpectIdentical(const Outputs& a, const Outputs& b, bool compare_grad) {
   for (size_t r = 0; r < a.row_kl.size(); ++r) {
     ASSERT_EQ(Bits(a.row_kl[r]), Bits(b.row_kl[r])) << "row_kl " << r;
   }
-  if (compare_grad) {
-    ASSERT_EQ(a.grad.size(), b.grad.size());
-    EXPECT_EQ(std::memcmp(a.grad.data(), b.grad.data(), a.grad.size()), 0)
-        << "gradient bytes differ";
-  }
+  ASSERT_EQ(a.grad.size(), b.grad.size());
+  EXPECT_EQ(std::memcmp(a.grad.data(), b.grad.data(), a.grad.size()), 0)
+      << "gradient bytes differ";
 }
 
 // Random boundaries 0 = b0 < b1 < ... = rows, blocks of 1..max_block rows.
@@ -229,24 +235,27 @@ TEST(RowBlocks, InOrderBlocksReproduceTheWholeProblemBitForBit) {
         IndexerKlProblem::Create(encoded.inputs(), encoded.options());
     ASSERT_TRUE(problem.ok()) << problem.status();
     const Outputs whole = RunWhole(SharedBackend(), *problem, c);
-    const bool grad_comparable = problem->denominator.has_value();
+    const std::vector<int64_t> one_block = {0, c.num_rows()};
     for (int trial = 0; trial < 3; ++trial) {
       for (bool copy_rows : {false, true}) {
+        // Blocks of one row, then of random sizes; the counting pass (when
+        // the problem has one) split differently.
         const std::vector<int64_t> boundaries =
             RandomBoundaries(c.num_rows(), trial == 0 ? 1 : 4 + 5 * trial, rng);
+        const std::vector<int64_t> count_boundaries =
+            trial == 2 ? one_block : RandomBoundaries(c.num_rows(), 7, rng);
         SCOPED_TRACE(std::string(copy_rows ? "copied rows, " : "") +
-                     std::to_string(boundaries.size() - 1) + " blocks");
+                     std::to_string(boundaries.size() - 1) + " blocks after " +
+                     std::to_string(count_boundaries.size() - 1) +
+                     " counting blocks");
         ExpectIdentical(
-            whole,
-            RunInBlocks(SharedBackend(), *problem, c, boundaries, copy_rows),
-            grad_comparable);
+            whole, RunInBlocks(SharedBackend(), *problem, c, count_boundaries,
+                               boundaries, copy_rows));
       }
     }
-    // One block with everything.
-    ExpectIdentical(
-        whole,
-        RunInBlocks(SharedBackend(), *problem, c, {0, c.num_rows()}, false),
-        grad_comparable);
+    // One block with everything, in both passes.
+    ExpectIdentical(whole, RunInBlocks(SharedBackend(), *problem, c, one_block,
+                                       one_block, false));
   }
 }
 
@@ -262,14 +271,14 @@ TEST(RowBlocks, ThreadCountDoesNotChangeTheBits) {
         IndexerKlProblem::Create(encoded.inputs(), encoded.options());
     ASSERT_TRUE(problem.ok()) << problem.status();
     const Outputs a = RunWhole(one, *problem, c);
-    ExpectIdentical(a, RunWhole(two, *problem, c), true);
-    ExpectIdentical(a, RunWhole(four, *problem, c), true);
+    ExpectIdentical(a, RunWhole(two, *problem, c));
+    ExpectIdentical(a, RunWhole(four, *problem, c));
     // Blocks alternating between backends, too.
     std::mt19937_64 rng(seed);
     const std::vector<int64_t> boundaries =
         RandomBoundaries(c.num_rows(), 60, rng);
-    ExpectIdentical(a, RunInBlocks(two, *problem, c, boundaries, true),
-                    problem->denominator.has_value());
+    ExpectIdentical(
+        a, RunInBlocks(two, *problem, c, boundaries, boundaries, true));
   }
 }
 
@@ -292,7 +301,7 @@ TEST(RowBlocks, ConcurrentCallsOnOneBackendAgree) {
     threads.emplace_back([&] { out = RunWhole(SharedBackend(), *problem, c); });
   }
   for (std::thread& t : threads) t.join();
-  for (const Outputs& out : results) ExpectIdentical(serial, out, true);
+  for (const Outputs& out : results) ExpectIdentical(serial, out);
 }
 
 TEST(RowBlocks, ErrorInABlockNamesTheTensor) {
@@ -321,6 +330,45 @@ TEST(RowBlocks, ErrorInABlockNamesTheTensor) {
       SharedBackend().ComputeRows(*problem, problem->rows, RowRange{10, 20},
                                   outputs, dirty),
       {"indexer_scores"});
+}
+
+// The passes' order is the computation's to check: a block of the wrong pass
+// names `counting`, and a result before every pass is complete names the
+// rows.
+TEST(RowBlocks, BlocksOfTheWrongPassAreRefused) {
+  for (bool row_valid : {false, true}) {
+    CaseSpec spec;
+    spec.B = 2;
+    spec.T = 5;
+    spec.S = 7;
+    spec.row_valid = row_valid;
+    spec.options.reduction = Reduction::kMeanValid;
+    const Case c = MakeRandomCase(spec, 11);
+    const EncodedCase encoded(c);
+    absl::StatusOr<IndexerKlProblem> problem =
+        IndexerKlProblem::Create(encoded.inputs(), encoded.options());
+    ASSERT_TRUE(problem.ok()) << problem.status();
+    LossComputation computation(SharedBackend(), *problem);
+    // Without row_valid N is counted first.
+    EXPECT_EQ(computation.needs_counting(), !row_valid);
+    ExpectInvalidStartingWith(computation.Admit(0, 4, row_valid).status(),
+                              {"counting"});
+    ExpectInvalidStartingWith(computation.Finish().status(),
+                              {"row_begin, num_rows"});
+    if (!row_valid) {
+      ASSERT_TRUE(computation.Admit(0, 10, true).ok());
+      // The counting pass is over: the rows come again, not counting.
+      ExpectInvalidStartingWith(computation.Admit(0, 10, true).status(),
+                                {"counting"});
+      ExpectInvalidStartingWith(computation.Finish().status(),
+                                {"row_begin, num_rows"});
+    }
+    ASSERT_TRUE(computation.Admit(0, 4, false).ok());
+    ExpectInvalidStartingWith(computation.Admit(5, 5, false).status(),
+                              {"row_begin"});
+    ExpectInvalidStartingWith(computation.Admit(4, 7, false).status(),
+                              {"num_rows"});
+  }
 }
 
 }  // namespace
