@@ -107,7 +107,7 @@ absl::Status LossComputation::Compute(const AdmittedBlock& block,
   BlockOutputs block_outputs;
   if (options.want_grad) {
     const int64_t needed =
-        rows.size() * problem_.K * DTypeSize(options.grad_dtype);
+        rows.size() * problem_.row_length * DTypeSize(options.grad_dtype);
     if (outputs.grad == nullptr || outputs.grad_byte_size < needed) {
       return absl::InvalidArgumentError(
           absl::StrCat("grad: output buffer must hold ", needed, " bytes, got ",
@@ -118,8 +118,8 @@ absl::Status LossComputation::Compute(const AdmittedBlock& block,
     block_outputs.grad_origin_row = rows.begin;
     // The block's rows are contiguous whatever batch they belong to:
     // (b - b0) T K + (t - t0) K = (r - r0) K.
-    block_outputs.grad_batch_stride = problem_.T * problem_.K;
-    block_outputs.grad_row_stride = problem_.K;
+    block_outputs.grad_batch_stride = problem_.T * problem_.row_length;
+    block_outputs.grad_row_stride = problem_.row_length;
   }
   block_outputs.grad_scale = grad_scale_;
   if (options.want_row_kl) {

@@ -122,9 +122,9 @@ void LossStreamReactor::ComputeBlock(Block block) {
       out->set_num_rows(rows.size());
       LossOutputs outputs;
       if (!block.admitted.counting && options.want_grad) {
-        outputs.grad =
-            AllocateTensor(options.grad_dtype, {rows.size(), problem_->K},
-                           out->mutable_grad());
+        outputs.grad = AllocateTensor(options.grad_dtype,
+                                      {rows.size(), problem_->row_length},
+                                      out->mutable_grad());
         outputs.grad_byte_size =
             static_cast<int64_t>(out->grad().data().size());
       }
