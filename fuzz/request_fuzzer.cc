@@ -50,6 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!inputs.ok()) return 0;
   const auto problem = IndexerKlProblem::Create(*inputs, *options);
   if (!problem.ok()) return 0;
+  const auto rows = WholeRowData(*problem, *inputs);
+  if (!rows.ok()) return 0;
 
   // B * T * max(S, K) * max(H, 1), overflow-checked.
   const IndexerKlProblem& p = *problem;
@@ -77,6 +79,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     outputs.row_kl = row_kl.data();
     outputs.row_kl_size = p.num_rows();
   }
-  (void)ComputeIndexerKl(*backend, p, outputs);
+  (void)ComputeIndexerKl(*backend, p, *rows, outputs);
   return 0;
 }

@@ -10,12 +10,13 @@
 
 namespace klserve {
 
-// Computes the loss, the gradient and the diagnostics of `problem`, with
-// `outputs` for all B*T rows. Value errors in the data (NaN, infinities, bad
-// indices) come back as INVALID_ARGUMENT; the output buffers then hold partial
-// results. Thread-safe for concurrent calls on one backend.
+// Computes the loss, the gradient and the diagnostics of `problem` from
+// `rows` (WholeRowData), with `outputs` for all B*T rows. Value errors in the
+// data (NaN, infinities, bad indices) come back as INVALID_ARGUMENT; the output
+// buffers then hold partial results. Thread-safe for concurrent calls on one
+// backend.
 absl::StatusOr<IndexerKlResult> ComputeIndexerKl(
-    Backend& backend, const IndexerKlProblem& problem,
+    Backend& backend, const IndexerKlProblem& problem, const RowData& rows,
     const LossOutputs& outputs);
 
 }  // namespace klserve

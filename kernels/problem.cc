@@ -46,11 +46,9 @@ absl::Status CheckDType(absl::string_view field, const TensorView& view,
                  DTypeName(view.dtype));
 }
 
-// Rank, positive dims, no overflow, and, when the bytes come with the view
-// (`with_data`), a byte size matching the shape.
+// Rank, positive dims, and no overflow of the byte size.
 absl::Status CheckLayout(absl::string_view field, const TensorView& view,
-                         absl::string_view layout, size_t rank,
-                         bool with_data = true) {
+                         absl::string_view layout, size_t rank) {
   if (view.shape.size() != rank) {
     return Invalid(field, absl::StrCat("shape must be ", layout),
                    ShapeString(view.shape));
@@ -68,7 +66,14 @@ absl::Status CheckLayout(absl::string_view field, const TensorView& view,
                      ShapeString(view.shape));
     }
   }
-  if (!with_data) return absl::OkStatus();
+  return absl::OkStatus();
+}
+
+// The bytes of a tensor whose layout is checked: as many as its shape needs,
+// and present.
+absl::Status CheckBytes(absl::string_view field, const TensorView& view) {
+  int64_t bytes = DTypeSize(view.dtype);
+  for (int64_t dim : view.shape) bytes *= dim;
   if (view.byte_size != bytes) {
     return Invalid(
         field,
@@ -82,14 +87,21 @@ absl::Status CheckLayout(absl::string_view field, const TensorView& view,
   return absl::OkStatus();
 }
 
+// A per-row tensor's bytes, when its view carries any. A view without
+// (a stream header's) gives dtype and shape only: the rows come later, whole
+// (WholeRowData) or in blocks (BlockRowData), and are checked there.
+absl::Status CheckBytesIfAny(absl::string_view field, const TensorView& view) {
+  if (view.data == nullptr && view.byte_size == 0) return absl::OkStatus();
+  return CheckBytes(field, view);
+}
+
 // Checks a tensor whose shape the problem already fixes.
 absl::Status CheckTensor(absl::string_view field, const TensorView& view,
                          std::initializer_list<DType> allowed,
                          absl::string_view layout,
-                         std::initializer_list<int64_t> expected,
-                         bool with_data = true) {
+                         std::initializer_list<int64_t> expected) {
   RETURN_IF_ERROR(CheckDType(field, view, allowed));
-  RETURN_IF_ERROR(CheckLayout(field, view, layout, expected.size(), with_data));
+  RETURN_IF_ERROR(CheckLayout(field, view, layout, expected.size()));
   if (!std::equal(expected.begin(), expected.end(), view.shape.begin())) {
     return Invalid(
         field,
@@ -143,13 +155,13 @@ absl::Status CheckOptions(const IndexerKlOptions& options) {
 }
 
 // The scores fix the form's stage, B, T, the row length and S.
-absl::Status TakeScores(const IndexerKlInputs& in, bool whole,
-                        IndexerKlProblem& p) {
+absl::Status TakeScores(const IndexerKlInputs& in, IndexerKlProblem& p) {
   const TensorView& scores = in.indexer_scores;
   const bool sparse = in.topk_indices.has_value();
   const char* layout = sparse ? "[B, T, K]" : "[B, T, S]";
   RETURN_IF_ERROR(CheckDType("indexer_scores", scores, kFloatTypes));
-  RETURN_IF_ERROR(CheckLayout("indexer_scores", scores, layout, 3, whole));
+  RETURN_IF_ERROR(CheckLayout("indexer_scores", scores, layout, 3));
+  RETURN_IF_ERROR(CheckBytesIfAny("indexer_scores", scores));
   p.B = scores.shape[0];
   p.T = scores.shape[1];
   p.row_length = scores.shape[2];
@@ -162,8 +174,8 @@ absl::Status TakeScores(const IndexerKlInputs& in, bool whole,
     p.S = num_keys;
     RETURN_IF_ERROR(CheckTensor("topk_indices", *in.topk_indices,
                                 {DType::kInt32}, "[B, T, K]",
-                                {p.B, p.T, p.row_length}, whole));
-    p.rows.indices = RowsOf(*in.topk_indices, p.T, p.row_length, 1);
+                                {p.B, p.T, p.row_length}));
+    RETURN_IF_ERROR(CheckBytesIfAny("topk_indices", *in.topk_indices));
   } else {
     p.S = p.row_length;
     if (num_keys != 0 && num_keys != p.S) {
@@ -177,13 +189,12 @@ absl::Status TakeScores(const IndexerKlInputs& in, bool whole,
   if (p.S > kMaxKeys) {
     return Invalid("num_keys", "S must be below 2^31", absl::StrCat(p.S));
   }
-  p.rows.scores = RowsOf(scores, p.T, p.row_length, 1);
+  p.scores_dtype = scores.dtype;
   return absl::OkStatus();
 }
 
 // The target: per-head logits (which fix H) or head-aggregated weights.
-absl::Status TakeTarget(const IndexerKlInputs& in, bool whole,
-                        IndexerKlProblem& p) {
+absl::Status TakeTarget(const IndexerKlInputs& in, IndexerKlProblem& p) {
   if (in.attention_logits.has_value() == in.attention_weights.has_value()) {
     return Invalid("attention_logits, attention_weights",
                    "exactly one target must be given",
@@ -195,26 +206,27 @@ absl::Status TakeTarget(const IndexerKlInputs& in, bool whole,
     const TensorView& logits = *in.attention_logits;
     const char* layout = p.sparse() ? "[B, H, T, K]" : "[B, H, T, S]";
     RETURN_IF_ERROR(CheckDType("attention_logits", logits, kFloatTypes));
-    RETURN_IF_ERROR(CheckLayout("attention_logits", logits, layout, 4, whole));
+    RETURN_IF_ERROR(CheckLayout("attention_logits", logits, layout, 4));
     p.H = logits.shape[1];
     RETURN_IF_ERROR(CheckTensor("attention_logits", logits, kFloatTypes, layout,
-                                {p.B, p.H, p.T, p.row_length}, whole));
-    p.rows.target = RowsOf(logits, p.T, p.row_length, p.H);
+                                {p.B, p.H, p.T, p.row_length}));
+    RETURN_IF_ERROR(CheckBytesIfAny("attention_logits", logits));
+    p.target_dtype = logits.dtype;
   } else {
     p.H = 1;
-    RETURN_IF_ERROR(CheckTensor("attention_weights", *in.attention_weights,
-                                kFloatTypes,
-                                p.sparse() ? "[B, T, K]" : "[B, T, S]",
-                                {p.B, p.T, p.row_length}, whole));
-    p.rows.target = RowsOf(*in.attention_weights, p.T, p.row_length, 1);
+    RETURN_IF_ERROR(CheckTensor(
+        "attention_weights", *in.attention_weights, kFloatTypes,
+        p.sparse() ? "[B, T, K]" : "[B, T, S]", {p.B, p.T, p.row_length}));
+    RETURN_IF_ERROR(
+        CheckBytesIfAny("attention_weights", *in.attention_weights));
+    p.target_dtype = in.attention_weights->dtype;
   }
   return absl::OkStatus();
 }
 
 // Which keys each query may see (segments, the explicit mask, key padding)
 // and which rows count (row_valid).
-absl::Status TakeMasks(const IndexerKlInputs& in, bool whole,
-                       IndexerKlProblem& p) {
+absl::Status TakeMasks(const IndexerKlInputs& in, IndexerKlProblem& p) {
   if (in.segment_ids_q.has_value() != in.segment_ids_kv.has_value()) {
     return Invalid(in.segment_ids_q ? "segment_ids_kv" : "segment_ids_q",
                    "segment_ids_q and segment_ids_kv must be given together",
@@ -223,27 +235,30 @@ absl::Status TakeMasks(const IndexerKlInputs& in, bool whole,
   if (in.segment_ids_q) {
     RETURN_IF_ERROR(CheckTensor("segment_ids_q", *in.segment_ids_q,
                                 {DType::kInt32}, "[B, T]", {p.B, p.T}));
+    RETURN_IF_ERROR(CheckBytes("segment_ids_q", *in.segment_ids_q));
     RETURN_IF_ERROR(CheckTensor("segment_ids_kv", *in.segment_ids_kv,
                                 {DType::kInt32}, "[B, S]", {p.B, p.S}));
+    RETURN_IF_ERROR(CheckBytes("segment_ids_kv", *in.segment_ids_kv));
     p.segment_ids_q = static_cast<const std::byte*>(in.segment_ids_q->data);
     p.segment_ids_kv = static_cast<const std::byte*>(in.segment_ids_kv->data);
   }
   if (in.attention_mask) {
     RETURN_IF_ERROR(CheckTensor("attention_mask", *in.attention_mask,
-                                {DType::kBool}, "[B, T, S]", {p.B, p.T, p.S},
-                                whole));
+                                {DType::kBool}, "[B, T, S]", {p.B, p.T, p.S}));
+    RETURN_IF_ERROR(CheckBytesIfAny("attention_mask", *in.attention_mask));
     p.has_attention_mask = true;
-    p.rows.mask = RowsOf(*in.attention_mask, p.T, p.S, 1);
   }
   if (in.key_padding_mask) {
     RETURN_IF_ERROR(CheckTensor("key_padding_mask", *in.key_padding_mask,
                                 {DType::kBool}, "[B, S]", {p.B, p.S}));
+    RETURN_IF_ERROR(CheckBytes("key_padding_mask", *in.key_padding_mask));
     p.key_padding_mask =
         static_cast<const std::byte*>(in.key_padding_mask->data);
   }
   if (in.row_valid) {
     RETURN_IF_ERROR(CheckTensor("row_valid", *in.row_valid, {DType::kBool},
                                 "[B, T]", {p.B, p.T}));
+    RETURN_IF_ERROR(CheckBytes("row_valid", *in.row_valid));
     p.row_valid = static_cast<const std::byte*>(in.row_valid->data);
   }
   return absl::OkStatus();
@@ -284,19 +299,47 @@ const char* InputFormName(InputForm form) {
 }
 
 absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
-    const IndexerKlInputs& in, const IndexerKlOptions& options,
-    IndexerKlProblem::RowTensors row_tensors) {
+    const IndexerKlInputs& in, const IndexerKlOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options));
   IndexerKlProblem p;
   p.options = options;
-  // In blocks, the per-row tensors give their dtype and shape only.
-  const bool whole = row_tensors == IndexerKlProblem::RowTensors::kWhole;
-  RETURN_IF_ERROR(TakeScores(in, whole, p));
-  RETURN_IF_ERROR(TakeTarget(in, whole, p));
-  RETURN_IF_ERROR(TakeMasks(in, whole, p));
+  RETURN_IF_ERROR(TakeScores(in, p));
+  RETURN_IF_ERROR(TakeTarget(in, p));
+  RETURN_IF_ERROR(TakeMasks(in, p));
   p.q_offset = options.q_offset.value_or(p.S - p.T);
   p.denominator = KnownDenominator(p);
   return p;
+}
+
+absl::StatusOr<RowData> WholeRowData(const IndexerKlProblem& p,
+                                     const IndexerKlInputs& in) {
+  // A tensor the problem uses, viewed whole once its bytes are checked.
+  const auto whole = [&](absl::string_view field,
+                         const std::optional<TensorView>& view, int64_t width,
+                         int64_t heads) -> absl::StatusOr<RowView> {
+    if (!view.has_value()) return Invalid(field, "must be given", "none");
+    RETURN_IF_ERROR(CheckBytes(field, *view));
+    return RowsOf(*view, p.T, width, heads);
+  };
+  RowData rows;
+  ASSIGN_OR_RETURN(rows.scores,
+                   whole("indexer_scores", in.indexer_scores, p.row_length, 1));
+  if (p.sparse()) {
+    ASSIGN_OR_RETURN(rows.indices,
+                     whole("topk_indices", in.topk_indices, p.row_length, 1));
+  }
+  if (p.per_head()) {
+    ASSIGN_OR_RETURN(rows.target, whole("attention_logits", in.attention_logits,
+                                        p.row_length, p.H));
+  } else {
+    ASSIGN_OR_RETURN(rows.target, whole("attention_weights",
+                                        in.attention_weights, p.row_length, 1));
+  }
+  if (p.has_attention_mask) {
+    ASSIGN_OR_RETURN(rows.mask,
+                     whole("attention_mask", in.attention_mask, p.S, 1));
+  }
+  return rows;
 }
 
 }  // namespace klserve

@@ -132,19 +132,20 @@ struct RowData {
 // the data (NaN, infinities, index ranges, duplicate keys) are checked by the
 // backends as they compute, in the same pass, and reported as the same
 // INVALID_ARGUMENT errors.
+//
+// A problem carries none of the large per-row tensors (attention_logits or
+// attention_weights, indexer_scores, topk_indices, attention_mask): they come
+// as RowData, of the whole request (WholeRowData) or of a block of its rows
+// (BlockRowData in kernels/row_block.h), so that one problem serves a unary
+// request and a stream alike.
 class IndexerKlProblem {
  public:
-  // Whether the per-row tensors (attention_logits or attention_weights,
-  // indexer_scores, topk_indices, attention_mask) come with the problem, or
-  // later in blocks of rows (BlockRowData), their views then giving dtype and
-  // shape only and `rows` carrying no data.
-  enum class RowTensors { kWhole, kInBlocks };
-
-  // Checks shapes, dtypes, byte sizes, dimension products and options.
-  // Errors are INVALID_ARGUMENT with a message "<field>: <rule>, got <value>".
+  // Checks options, the dtypes and shapes of every tensor, dimension
+  // products and byte sizes. A per-row tensor's view may carry no bytes (a
+  // stream header's): its rows are checked when they come. Errors are
+  // INVALID_ARGUMENT with a message "<field>: <rule>, got <value>".
   static absl::StatusOr<IndexerKlProblem> Create(
-      const IndexerKlInputs& inputs, const IndexerKlOptions& options,
-      RowTensors row_tensors = RowTensors::kWhole);
+      const IndexerKlInputs& inputs, const IndexerKlOptions& options);
 
   int64_t B = 0, T = 0, S = 0, H = 0;
   // The length of every per-row tensor's row: S in the dense stage, K (the
@@ -162,8 +163,9 @@ class IndexerKlProblem {
 
   bool has_attention_mask = false;
 
-  // The whole per-row tensors as sent (kWhole), with their dtypes.
-  RowData rows;
+  // The per-row tensors' dtypes.
+  DType target_dtype = DType::kFloat32;  // attention_logits or _weights
+  DType scores_dtype = DType::kFloat32;
 
   // N of the spec's reductions when it is known before computing: always,
   // except for MEAN_VALID without row_valid, where it is the number of rows
@@ -186,6 +188,12 @@ class IndexerKlProblem {
  private:
   IndexerKlProblem() = default;
 };
+
+// The views of all rows of the per-row tensors in `inputs`, the inputs
+// `problem` was created from, after checking that each holds its bytes
+// (INVALID_ARGUMENT naming the tensor otherwise).
+absl::StatusOr<RowData> WholeRowData(const IndexerKlProblem& problem,
+                                     const IndexerKlInputs& inputs);
 
 }  // namespace klserve
 

@@ -51,10 +51,10 @@ absl::StatusOr<RowData> BlockRowData(const IndexerKlProblem& p, RowRange rows,
   ASSIGN_OR_RETURN(
       data.target,
       BlockView(p.per_head() ? "attention_logits" : "attention_weights", rows,
-                p.T, true, p.rows.target.dtype, p.H, p.row_length, bytes.target,
+                p.T, true, p.target_dtype, p.H, p.row_length, bytes.target,
                 bytes.target_bytes));
   ASSIGN_OR_RETURN(data.scores, BlockView("indexer_scores", rows, p.T, true,
-                                          p.rows.scores.dtype, 1, p.row_length,
+                                          p.scores_dtype, 1, p.row_length,
                                           bytes.scores, bytes.scores_bytes));
   ASSIGN_OR_RETURN(
       data.indices,

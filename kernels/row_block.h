@@ -9,8 +9,9 @@
 
 namespace klserve {
 
-// The raw bytes of one block of consecutive rows, for a problem created with
-// RowTensors::kInBlocks. Layouts (n rows, K slots per row):
+// The raw bytes of one block of consecutive rows of a problem (the stream's
+// way of sending them; WholeRowData in kernels/problem.h is the unary's).
+// Layouts (n rows, K slots per row):
 //   target: attention_logits [H, n, K] (head-major) or attention_weights
 //           [n, K];
 //   scores [n, K]; indices [n, K]; mask [n, S].

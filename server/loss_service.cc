@@ -20,9 +20,9 @@ const char* LargestOutput(const IndexerKlOptions& options) {
 }
 
 // The whole unary computation, on an executor thread: `bytes` in, `out`
-// encoded; `rows` gets the rows computed.
+// encoded; `rows_computed` gets the rows computed.
 absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
-                          grpc::ByteBuffer& out, int64_t& rows) {
+                          grpc::ByteBuffer& out, int64_t& rows_computed) {
   v1::ComputeLossRequest request;
   RETURN_IF_ERROR(ParseMessage(bytes, "ComputeLoss request", request));
   // The parsed request is all that is read from here on: its bytes go now
@@ -36,6 +36,7 @@ absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
   RETURN_IF_ERROR(CheckInputBytes(inputs, *ctx.options));
   ASSIGN_OR_RETURN(const IndexerKlProblem problem,
                    IndexerKlProblem::Create(inputs, options));
+  ASSIGN_OR_RETURN(const RowData rows, WholeRowData(problem, inputs));
   RETURN_IF_ERROR(CheckOutputBytes(problem, problem.num_rows(),
                                    /*one_message=*/true, *ctx.options));
   v1::ComputeLossResponse response;
@@ -61,10 +62,10 @@ absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
       "send the problem with ComputeLossStream", *ctx.options));
   response.clear_result();
   ASSIGN_OR_RETURN(const IndexerKlResult result,
-                   ComputeIndexerKl(*ctx.backend, problem, outputs));
+                   ComputeIndexerKl(*ctx.backend, problem, rows, outputs));
   ResultTo(result, response.mutable_result());
   RETURN_IF_ERROR(EncodeMessage(response, out));
-  rows = problem.num_rows();
+  rows_computed = problem.num_rows();
   // Tags were checked above: this cannot fail.
   ctx.reporter->Add(request.tags(), result, options.scaling_factor)
       .IgnoreError();

@@ -44,10 +44,8 @@ absl::Status LossStreamReactor::TakeHeader() {
         "request_id", static_cast<int64_t>(last.ByteSizeLong()),
         "send a shorter request_id", *context_.options));
   }
-  ASSIGN_OR_RETURN(
-      IndexerKlProblem problem,
-      IndexerKlProblem::Create(inputs, options,
-                               IndexerKlProblem::RowTensors::kInBlocks));
+  ASSIGN_OR_RETURN(IndexerKlProblem problem,
+                   IndexerKlProblem::Create(inputs, options));
   problem_.emplace(std::move(problem));
   computation_.emplace(*context_.backend, *problem_);
   return absl::OkStatus();

@@ -35,8 +35,8 @@ absl::StatusOr<IndexerKlInputs> InputsFrom(
     const v1::ComputeLossRequest& request);
 
 // The inputs of a streamed problem: per-row tensors give dtype and shape
-// only (for IndexerKlProblem::RowTensors::kInBlocks); the small tensors view
-// the header's bytes.
+// only (their bytes come in blocks); the small tensors view the header's
+// bytes.
 absl::StatusOr<IndexerKlInputs> InputsFrom(const v1::StreamHeader& header);
 
 // A block's bytes, viewed in place.

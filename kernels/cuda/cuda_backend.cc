@@ -117,7 +117,9 @@ class CudaBackend final : public Backend {
 
 bool CudaBackend::Supports(const IndexerKlProblem& p) const {
   // One row at a time must fit comfortably: a chunk holds at least one.
-  RowData dtypes = p.rows;
+  RowData dtypes;
+  dtypes.target.dtype = p.target_dtype;
+  dtypes.scores.dtype = p.scores_dtype;
   const int64_t row_bytes =
       cuda::LayoutChunkInputs(p, dtypes, 1).bytes +
       cuda::LayoutChunkOutputs(p, true, DType::kFloat32, 1).bytes +

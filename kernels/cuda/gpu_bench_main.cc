@@ -132,7 +132,14 @@ int main() {
                    problem.status().ToString().c_str());
       return 1;
     }
-    absl::StatusOr<double> kernel = cuda::ResidentKernelSeconds(*problem, 10);
+    absl::StatusOr<RowData> row_data = WholeRowData(*problem, in);
+    if (!row_data.ok()) {
+      std::fprintf(stderr, "%s: %s\n", c.name.c_str(),
+                   row_data.status().ToString().c_str());
+      return 1;
+    }
+    absl::StatusOr<double> kernel =
+        cuda::ResidentKernelSeconds(*problem, *row_data, 10);
     if (!kernel.ok()) {
       std::fprintf(stderr, "%s: %s\n", c.name.c_str(),
                    kernel.status().ToString().c_str());
@@ -144,7 +151,7 @@ int main() {
     for (int i = 0; i < 5; ++i) {
       const auto start = std::chrono::steady_clock::now();
       absl::StatusOr<IndexerKlResult> result =
-          ComputeIndexerKl(**backend, *problem, outputs);
+          ComputeIndexerKl(**backend, *problem, *row_data, outputs);
       call = std::min(call, Seconds(std::chrono::steady_clock::now() - start));
       if (!result.ok()) {
         std::fprintf(stderr, "%s: %s\n", c.name.c_str(),

@@ -64,14 +64,15 @@ absl::StatusOr<double> DeviceCopyBytesPerSecond(int64_t bytes,
 }
 
 absl::StatusOr<double> ResidentKernelSeconds(const IndexerKlProblem& p,
+                                             const RowData& rows,
                                              int repetitions) {
-  if (p.B != 1 || !p.rows.target.present() || p.has_attention_mask) {
+  if (p.B != 1 || !rows.target.present() || p.has_attention_mask) {
     return absl::InvalidArgumentError(
         "ResidentKernelSeconds: needs B = 1, whole tensors, no "
         "attention_mask");
   }
   const int64_t n = p.T;
-  const ChunkInputs in = LayoutChunkInputs(p, p.rows, n);
+  const ChunkInputs in = LayoutChunkInputs(p, rows, n);
   const ChunkOutputs out = LayoutChunkOutputs(p, true, p.options.grad_dtype, n);
   const ChunkScratch scratch = LayoutChunkScratch(p, n);
   DeviceBuffer inputs, outputs, scratch_buffer;
@@ -80,18 +81,18 @@ absl::StatusOr<double> ResidentKernelSeconds(const IndexerKlProblem& p,
   RETURN_IF_ERROR(scratch_buffer.Reserve(std::max<int64_t>(scratch.bytes, 1)));
   // With B = 1 a whole tensor is already in the chunk layout.
   const int64_t slots = n * p.row_length;
-  RETURN_IF_ERROR(Upload(inputs, in.target, p.rows.target.data,
-                         p.H * slots * DTypeSize(p.rows.target.dtype)));
-  RETURN_IF_ERROR(Upload(inputs, in.scores, p.rows.scores.data,
-                         slots * DTypeSize(p.rows.scores.dtype)));
+  RETURN_IF_ERROR(Upload(inputs, in.target, rows.target.data,
+                         p.H * slots * DTypeSize(rows.target.dtype)));
+  RETURN_IF_ERROR(Upload(inputs, in.scores, rows.scores.data,
+                         slots * DTypeSize(rows.scores.dtype)));
   if (p.sparse()) {
-    RETURN_IF_ERROR(Upload(inputs, in.indices, p.rows.indices.data,
+    RETURN_IF_ERROR(Upload(inputs, in.indices, rows.indices.data,
                            slots * int64_t{sizeof(int32_t)}));
   }
   BlockOutputs block;
   block.grad_dtype = p.options.grad_dtype;
   block.grad_scale = GradScale(p, p.denominator.value_or(p.num_rows()));
-  RowKernelParams params = ProblemKernelParams(p, p.rows, block);
+  RowKernelParams params = ProblemKernelParams(p, rows, block);
   params.row_begin = 0;
   params.n = n;
   PointAtChunk(in, out, scratch, inputs.data(), outputs.data(),

@@ -17,9 +17,11 @@ namespace klserve::cuda {
 absl::StatusOr<double> DeviceCopyBytesPerSecond(int64_t bytes, int repetitions);
 
 // Seconds per launch of the row kernel over all rows of `problem` (B = 1,
-// whole tensors in problem.rows), with its inputs uploaded once and the
-// gradient written to the device in grad_dtype; best of `repetitions`.
+// whole tensors in `rows`, from WholeRowData), with its inputs uploaded once
+// and the gradient written to the device in grad_dtype; best of
+// `repetitions`.
 absl::StatusOr<double> ResidentKernelSeconds(const IndexerKlProblem& problem,
+                                             const RowData& rows,
                                              int repetitions);
 
 }  // namespace klserve::cuda

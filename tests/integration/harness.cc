@@ -584,6 +584,8 @@ absl::StatusOr<v1::ComputeLossResponse> LibraryCompute(
   absl::StatusOr<IndexerKlProblem> problem =
       IndexerKlProblem::Create(in, options);
   if (!problem.ok()) return problem.status();
+  const absl::StatusOr<RowData> rows = WholeRowData(*problem, in);
+  if (!rows.ok()) return rows.status();
   const int64_t B = problem->B, T = problem->T, K = problem->row_length;
 
   v1::ComputeLossResponse response;
@@ -606,7 +608,7 @@ absl::StatusOr<v1::ComputeLossResponse> LibraryCompute(
     outputs.row_kl_size = B * T;
   }
   absl::StatusOr<IndexerKlResult> result =
-      ComputeIndexerKl(TestBackend(), *problem, outputs);
+      ComputeIndexerKl(TestBackend(), *problem, *rows, outputs);
   if (!result.ok()) return result.status();
   if (options.want_row_kl) {
     v1::Tensor* t = response.mutable_row_kl();

@@ -312,6 +312,11 @@ LibOutput RunUnaligned(const Case& c, bool unaligned, Backend& backend) {
     out.status = problem.status();
     return out;
   }
+  const absl::StatusOr<RowData> rows = WholeRowData(*problem, encoded.inputs());
+  if (!rows.ok()) {
+    out.status = rows.status();
+    return out;
+  }
   // The gradient lands one float off the vector alignment too: the CPU
   // backend peels a row's unaligned head off its streaming stores, and the
   // head must round like the body.
@@ -326,7 +331,7 @@ LibOutput RunUnaligned(const Case& c, bool unaligned, Backend& backend) {
   outputs.row_kl = out.row_kl.data();
   outputs.row_kl_size = c.num_rows();
   absl::StatusOr<IndexerKlResult> result =
-      ComputeIndexerKl(backend, *problem, outputs);
+      ComputeIndexerKl(backend, *problem, *rows, outputs);
   out.grad_bytes.assign(grad.begin() + grad_offset, grad.end());
   if (!result.ok()) {
     out.status = result.status();

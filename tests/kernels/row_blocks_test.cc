@@ -1,5 +1,5 @@
 // The row-range entry points: blocks of rows fed in order to a
-// LossComputation (over the problem's own tensors or over separately sent
+// LossComputation (over the whole request's tensors or over separately sent
 // copies of the block's rows, and, for MEAN_VALID without row_valid, after a
 // counting pass split in its own blocks) reproduce the whole-problem call bit
 // for bit, whatever the block sizes, thread counts or concurrent callers.
@@ -38,7 +38,7 @@ int64_t GradBytes(const Case& c) {
 }
 
 Outputs RunWhole(Backend& backend, const IndexerKlProblem& problem,
-                 const Case& c) {
+                 const RowData& rows, const Case& c) {
   Outputs out;
   out.grad.assign(GradBytes(c), std::byte{0xff});
   out.row_kl.assign(c.num_rows(), -1.0);
@@ -50,7 +50,7 @@ Outputs RunWhole(Backend& backend, const IndexerKlProblem& problem,
   outputs.row_kl = out.row_kl.data();
   outputs.row_kl_size = c.num_rows();
   absl::StatusOr<IndexerKlResult> result =
-      ComputeIndexerKl(backend, problem, outputs);
+      ComputeIndexerKl(backend, problem, rows, outputs);
   EXPECT_TRUE(result.ok()) << result.status();
   if (result.ok()) out.result = *result;
   return out;
@@ -82,11 +82,12 @@ RowView CopyRows(const RowView& whole, int64_t T, int64_t heads,
 
 // Computes `problem` with a LossComputation fed blocks (the given
 // boundaries, in order; a problem that counts first is fed the counting pass
-// in `count_boundaries`), reading the problem's own tensors or copies of each
-// block's rows, and writing into the whole output buffers or into buffers of
-// each block's rows.
+// in `count_boundaries`), reading the whole tensors (`whole`) or copies of
+// each block's rows, and writing into the whole output buffers or into
+// buffers of each block's rows.
 Outputs RunInBlocks(Backend& backend, const IndexerKlProblem& problem,
-                    const Case& c, const std::vector<int64_t>& count_boundaries,
+                    const RowData& whole, const Case& c,
+                    const std::vector<int64_t>& count_boundaries,
                     const std::vector<int64_t>& boundaries, bool copy_rows) {
   Outputs out;
   out.grad.assign(GradBytes(c), std::byte{0xff});
@@ -99,21 +100,20 @@ Outputs RunInBlocks(Backend& backend, const IndexerKlProblem& problem,
     absl::StatusOr<AdmittedBlock> block =
         computation.Admit(rows.begin, rows.size(), counting);
     ASSERT_TRUE(block.ok()) << block.status();
-    RowData data = problem.rows;
+    RowData data = whole;
     std::vector<std::byte> target, scores, indices, mask;
     if (copy_rows) {
       data.target =
-          CopyRows(problem.rows.target, T, problem.per_head() ? problem.H : 1,
-                   L, rows.begin, rows.end, target);
+          CopyRows(whole.target, T, problem.per_head() ? problem.H : 1, L,
+                   rows.begin, rows.end, target);
       data.scores =
-          CopyRows(problem.rows.scores, T, 1, L, rows.begin, rows.end, scores);
-      if (problem.rows.indices.present()) {
-        data.indices = CopyRows(problem.rows.indices, T, 1, L, rows.begin,
-                                rows.end, indices);
+          CopyRows(whole.scores, T, 1, L, rows.begin, rows.end, scores);
+      if (whole.indices.present()) {
+        data.indices =
+            CopyRows(whole.indices, T, 1, L, rows.begin, rows.end, indices);
       }
-      if (problem.rows.mask.present()) {
-        data.mask =
-            CopyRows(problem.rows.mask, T, 1, c.S, rows.begin, rows.end, mask);
+      if (whole.mask.present()) {
+        data.mask = CopyRows(whole.mask, T, 1, c.S, rows.begin, rows.end, mask);
       }
     }
     std::vector<std::byte> block_grad(rows.size() * L * es, std::byte{0xff});
@@ -234,7 +234,10 @@ TEST(RowBlocks, InOrderBlocksReproduceTheWholeProblemBitForBit) {
     absl::StatusOr<IndexerKlProblem> problem =
         IndexerKlProblem::Create(encoded.inputs(), encoded.options());
     ASSERT_TRUE(problem.ok()) << problem.status();
-    const Outputs whole = RunWhole(SharedBackend(), *problem, c);
+    const absl::StatusOr<RowData> rows =
+        WholeRowData(*problem, encoded.inputs());
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    const Outputs whole = RunWhole(SharedBackend(), *problem, *rows, c);
     const std::vector<int64_t> one_block = {0, c.num_rows()};
     for (int trial = 0; trial < 3; ++trial) {
       for (bool copy_rows : {false, true}) {
@@ -248,14 +251,14 @@ TEST(RowBlocks, InOrderBlocksReproduceTheWholeProblemBitForBit) {
                      std::to_string(boundaries.size() - 1) + " blocks after " +
                      std::to_string(count_boundaries.size() - 1) +
                      " counting blocks");
-        ExpectIdentical(
-            whole, RunInBlocks(SharedBackend(), *problem, c, count_boundaries,
-                               boundaries, copy_rows));
+        ExpectIdentical(whole,
+                        RunInBlocks(SharedBackend(), *problem, *rows, c,
+                                    count_boundaries, boundaries, copy_rows));
       }
     }
     // One block with everything, in both passes.
-    ExpectIdentical(whole, RunInBlocks(SharedBackend(), *problem, c, one_block,
-                                       one_block, false));
+    ExpectIdentical(whole, RunInBlocks(SharedBackend(), *problem, *rows, c,
+                                       one_block, one_block, false));
   }
 }
 
@@ -270,15 +273,18 @@ TEST(RowBlocks, ThreadCountDoesNotChangeTheBits) {
     absl::StatusOr<IndexerKlProblem> problem =
         IndexerKlProblem::Create(encoded.inputs(), encoded.options());
     ASSERT_TRUE(problem.ok()) << problem.status();
-    const Outputs a = RunWhole(one, *problem, c);
-    ExpectIdentical(a, RunWhole(two, *problem, c));
-    ExpectIdentical(a, RunWhole(four, *problem, c));
+    const absl::StatusOr<RowData> rows =
+        WholeRowData(*problem, encoded.inputs());
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    const Outputs a = RunWhole(one, *problem, *rows, c);
+    ExpectIdentical(a, RunWhole(two, *problem, *rows, c));
+    ExpectIdentical(a, RunWhole(four, *problem, *rows, c));
     // Blocks alternating between backends, too.
     std::mt19937_64 rng(seed);
     const std::vector<int64_t> boundaries =
         RandomBoundaries(c.num_rows(), 60, rng);
     ExpectIdentical(
-        a, RunInBlocks(two, *problem, c, boundaries, boundaries, true));
+        a, RunInBlocks(two, *problem, *rows, c, boundaries, boundaries, true));
   }
 }
 
@@ -294,11 +300,14 @@ TEST(RowBlocks, ConcurrentCallsOnOneBackendAgree) {
   absl::StatusOr<IndexerKlProblem> problem =
       IndexerKlProblem::Create(encoded.inputs(), encoded.options());
   ASSERT_TRUE(problem.ok()) << problem.status();
-  const Outputs serial = RunWhole(SharedBackend(), *problem, c);
+  const absl::StatusOr<RowData> rows = WholeRowData(*problem, encoded.inputs());
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  const Outputs serial = RunWhole(SharedBackend(), *problem, *rows, c);
   std::vector<Outputs> results(4);
   std::vector<std::thread> threads;
   for (Outputs& out : results) {
-    threads.emplace_back([&] { out = RunWhole(SharedBackend(), *problem, c); });
+    threads.emplace_back(
+        [&] { out = RunWhole(SharedBackend(), *problem, *rows, c); });
   }
   for (std::thread& t : threads) t.join();
   for (const Outputs& out : results) ExpectIdentical(serial, out);
@@ -316,19 +325,20 @@ TEST(RowBlocks, ErrorInABlockNamesTheTensor) {
   absl::StatusOr<IndexerKlProblem> problem =
       IndexerKlProblem::Create(encoded.inputs(), encoded.options());
   ASSERT_TRUE(problem.ok()) << problem.status();
+  const absl::StatusOr<RowData> rows = WholeRowData(*problem, encoded.inputs());
+  ASSERT_TRUE(rows.ok()) << rows.status();
   std::vector<double> row_kl(c.num_rows());
   BlockOutputs outputs;
   outputs.row_kl = row_kl.data();
   LossAccumulator clean;
-  EXPECT_TRUE(
-      SharedBackend()
-          .ComputeRows(*problem, problem->rows, RowRange{0, 13}, outputs, clean)
-          .ok());
+  EXPECT_TRUE(SharedBackend()
+                  .ComputeRows(*problem, *rows, RowRange{0, 13}, outputs, clean)
+                  .ok());
   LossAccumulator dirty;
   outputs.row_kl = row_kl.data() + 10;
   ExpectInvalidStartingWith(
-      SharedBackend().ComputeRows(*problem, problem->rows, RowRange{10, 20},
-                                  outputs, dirty),
+      SharedBackend().ComputeRows(*problem, *rows, RowRange{10, 20}, outputs,
+                                  dirty),
       {"indexer_scores"});
 }
 

@@ -283,6 +283,11 @@ LibOutput RunLibrary(const Case& c, Backend* backend) {
     out.status = problem.status();
     return out;
   }
+  const absl::StatusOr<RowData> rows = WholeRowData(*problem, encoded.inputs());
+  if (!rows.ok()) {
+    out.status = rows.status();
+    return out;
+  }
   const int64_t elements = c.num_rows() * c.slots();
   LossOutputs outputs;
   if (c.options.want_grad) {
@@ -298,8 +303,9 @@ LibOutput RunLibrary(const Case& c, Backend* backend) {
     outputs.row_kl = out.row_kl.data();
     outputs.row_kl_size = c.num_rows();
   }
-  absl::StatusOr<IndexerKlResult> result = ComputeIndexerKl(
-      backend != nullptr ? *backend : SharedBackend(), *problem, outputs);
+  absl::StatusOr<IndexerKlResult> result =
+      ComputeIndexerKl(backend != nullptr ? *backend : SharedBackend(),
+                       *problem, *rows, outputs);
   if (!result.ok()) {
     out.status = result.status();
     return out;
@@ -323,7 +329,10 @@ double LibraryLoss(const Case& c, Backend* backend) {
 }
 
 absl::Status CreateStatus(const EncodedCase& encoded) {
-  return IndexerKlProblem::Create(encoded.inputs(), encoded.options()).status();
+  const absl::StatusOr<IndexerKlProblem> problem =
+      IndexerKlProblem::Create(encoded.inputs(), encoded.options());
+  if (!problem.ok()) return problem.status();
+  return WholeRowData(*problem, encoded.inputs()).status();
 }
 
 absl::Status RunStatus(const Case& c) { return RunLibrary(c).status; }

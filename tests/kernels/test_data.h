@@ -202,7 +202,8 @@ void ExpectInvalidStartingWith(const absl::Status& status,
 void ExpectInvalidNaming(const absl::Status& status,
                          std::initializer_list<std::string_view> fields);
 
-// The status of Create alone.
+// The status of validating a request before computing: Create, then
+// WholeRowData.
 absl::Status CreateStatus(const EncodedCase& encoded);
 // The status of Create followed by ComputeIndexerKl.
 absl::Status RunStatus(const Case& c);

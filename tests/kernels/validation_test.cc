@@ -474,6 +474,9 @@ TEST(Validate, RejectsOutputBuffersTooSmall) {
     const absl::StatusOr<IndexerKlProblem> problem =
         IndexerKlProblem::Create(encoded.inputs(), encoded.options());
     ASSERT_TRUE(problem.ok()) << problem.status();
+    const absl::StatusOr<RowData> row_data =
+        WholeRowData(*problem, encoded.inputs());
+    ASSERT_TRUE(row_data.ok()) << row_data.status();
     const int64_t grad_bytes = c.num_rows() * c.S * DTypeSize(grad_dtype);
     std::vector<std::byte> grad(grad_bytes);
     std::vector<double> row_kl(c.num_rows());
@@ -483,7 +486,8 @@ TEST(Validate, RejectsOutputBuffersTooSmall) {
       outputs.grad_byte_size = g_size;
       outputs.row_kl = kl;
       outputs.row_kl_size = kl_size;
-      return ComputeIndexerKl(SharedBackend(), *problem, outputs).status();
+      return ComputeIndexerKl(SharedBackend(), *problem, *row_data, outputs)
+          .status();
     };
     const int64_t rows = c.num_rows();
     EXPECT_TRUE(run(grad.data(), grad_bytes, row_kl.data(), rows).ok());

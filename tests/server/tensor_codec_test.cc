@@ -94,11 +94,13 @@ TEST(TensorCodec, StreamHeaderGivesShapesWithoutBytes) {
   EXPECT_EQ(in->attention_logits->data, nullptr);
   EXPECT_EQ(in->attention_logits->dtype, DType::kFloat16);
   EXPECT_EQ(in->indexer_scores.shape.size(), 3u);
-  absl::StatusOr<IndexerKlProblem> problem = IndexerKlProblem::Create(
-      *in, IndexerKlOptions(), IndexerKlProblem::RowTensors::kInBlocks);
+  absl::StatusOr<IndexerKlProblem> problem =
+      IndexerKlProblem::Create(*in, IndexerKlOptions());
   ASSERT_TRUE(problem.ok()) << problem.status();
   EXPECT_EQ(problem->H, 4);
-  EXPECT_FALSE(problem->rows.target.present());
+  // No bytes: the rows can only come in blocks.
+  EXPECT_EQ(WholeRowData(*problem, *in).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TensorCodec, BlockBytesViewTheBlock) {
