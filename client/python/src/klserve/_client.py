@@ -315,9 +315,8 @@ class Client:
                      **arguments: Any) -> LossResult:
         """The indexer KL loss of one problem (docs/spec.md).
 
-        Keyword arguments: the request's other tensors (attention_logits,
-        attention_weights, topk_indices, segment_ids_q, segment_ids_kv,
-        attention_mask, key_padding_mask, row_valid) and the fields of
+        Keyword arguments: the request's other tensors, named as in
+        ComputeLossRequest (klserve/_tensor_table.py), and the fields of
         klserve.ComputeLossOptions, which says what each option does;
         inspect.signature(Client.compute_loss) lists them all.
 
