@@ -100,17 +100,23 @@ def test_streamed_mean_valid_without_row_valid_counts_first(
         small_server, client):
     """N is known only after every row: the stream counts in a first pass
     (RowBlock.counting) and still answers as unary does, bit for bit."""
-    problem = big_problem(5)
-    batch, rows, keys = problem["indexer_scores"].shape
+    rng = np.random.default_rng(5)
+    batch, rows, keys = 2, 40, 256
+    weights = rng.random((batch, rows, keys)).astype(np.float32)
+    weights[1, 10] = 0  # a zero target
     key_padding = np.ones((batch, keys), bool)
     key_padding[0, :3] = False  # with q_offset 0: rows 0-2 see no key
-    problem["key_padding_mask"] = key_padding
-    problem["attention_logits"][1, :, 10, :] = -np.inf  # a zero target
+    problem = dict(
+        indexer_scores=rng.standard_normal((batch, rows, keys)).astype(
+            np.float32),
+        attention_weights=weights, key_padding_mask=key_padding)
     kwargs = dict(causal=True, q_offset=0, reduction="mean_valid",
                   scaling_factor=0.5)
     ref = indexer_kl_reference(**problem, **kwargs)
-    assert ref["denominator"] < batch * rows  # N is not B * T
-    with small_server.client(block_bytes=7 * 5120) as c:
+    assert ref["denominator"] == batch * rows - 4  # N is not B * T
+    # A row is 2 KiB (scores and weights, 256 keys of fp32): blocks of 7
+    # rows, crossing the batch entries' boundary (T = 40).
+    with small_server.client(block_bytes=7 * 2048) as c:
         r = c.compute_loss(**problem, **kwargs, stream=True,
                            want_row_kl=True)
     assert r.streamed
