@@ -1,6 +1,8 @@
 #include "server/limits.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+#include "proto/request_tensors.h"
 
 namespace klserve::server {
 
@@ -14,24 +16,12 @@ absl::Status CheckTensorBytes(absl::string_view field, int64_t bytes,
 
 absl::Status CheckInputBytes(const IndexerKlInputs& in,
                              const ServerOptions& options) {
-  const std::pair<const char*, const std::optional<TensorView>*> optional[] = {
-      {"attention_logits", &in.attention_logits},
-      {"attention_weights", &in.attention_weights},
-      {"topk_indices", &in.topk_indices},
-      {"segment_ids_q", &in.segment_ids_q},
-      {"segment_ids_kv", &in.segment_ids_kv},
-      {"attention_mask", &in.attention_mask},
-      {"key_padding_mask", &in.key_padding_mask},
-      {"row_valid", &in.row_valid}};
-  for (const auto& [field, view] : optional) {
-    if (!view->has_value()) continue;
-    if (absl::Status s = CheckTensorBytes(field, (*view)->byte_size, options);
-        !s.ok()) {
-      return s;
-    }
+  for (const RequestTensor& tensor : kRequestTensors) {
+    const TensorView* view = FindInput(in, tensor);
+    if (view == nullptr) continue;
+    RETURN_IF_ERROR(CheckTensorBytes(tensor.name, view->byte_size, options));
   }
-  return CheckTensorBytes("indexer_scores", in.indexer_scores.byte_size,
-                          options);
+  return absl::OkStatus();
 }
 
 absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,

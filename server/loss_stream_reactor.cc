@@ -1,12 +1,12 @@
 #include "server/loss_stream_reactor.h"
 
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/loss.h"
 #include "kernels/row_block.h"
 #include "kernels/status_macros.h"
+#include "proto/request_tensors.h"
 #include "server/grpc_status.h"
 #include "server/limits.h"
 #include "server/tensor_codec.h"
@@ -79,30 +79,19 @@ absl::Status LossStreamReactor::TakeBlock() {
   // A block carries only the tensors the header named, each in the field
   // the header named it in: bytes elsewhere would be ignored (or, for the
   // target, read in place of the named field) and give a wrong answer.
-  for (const auto& [field, named, bytes] :
-       {std::tuple{"attention_logits", header_.has_attention_logits(),
-                   block.attention_logits().size()},
-        std::tuple{"attention_weights", header_.has_attention_weights(),
-                   block.attention_weights().size()},
-        std::tuple{"topk_indices", header_.has_topk_indices(),
-                   block.topk_indices().size()},
-        std::tuple{"attention_mask", header_.has_attention_mask(),
-                   block.attention_mask().size()}}) {
-    if (!named && bytes > 0) {
+  for (const RequestTensor& tensor : PerRowTensors()) {
+    const size_t bytes = BlockBytes(block, tensor).size();
+    if (FindSpec(header_, tensor) == nullptr && bytes > 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, ": the StreamHeader has no ", field,
+          tensor.name, ": the StreamHeader has no ", tensor.name,
           ", so a block may not carry it (got ", bytes, " bytes)"));
     }
   }
   const ServerOptions& options = *context_.options;
-  for (const auto& [field, bytes] :
-       {std::pair{"attention_logits", block.attention_logits().size()},
-        std::pair{"attention_weights", block.attention_weights().size()},
-        std::pair{"indexer_scores", block.indexer_scores().size()},
-        std::pair{"topk_indices", block.topk_indices().size()},
-        std::pair{"attention_mask", block.attention_mask().size()}}) {
-    RETURN_IF_ERROR(
-        CheckTensorBytes(field, static_cast<int64_t>(bytes), options));
+  for (const RequestTensor& tensor : PerRowTensors()) {
+    RETURN_IF_ERROR(CheckTensorBytes(
+        tensor.name, static_cast<int64_t>(BlockBytes(block, tensor).size()),
+        options));
   }
   RETURN_IF_ERROR(CheckOutputBytes(*problem_, block.num_rows(),
                                    /*one_message=*/true, options));

@@ -2,11 +2,13 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
+#include "proto/request_tensors.h"
 #include "server/grpc_status.h"
 
 namespace klserve::server {
@@ -14,15 +16,6 @@ namespace {
 
 constexpr DType kWireDTypes[] = {DType::kFloat32, DType::kBFloat16,
                                  DType::kFloat16, DType::kInt32, DType::kBool};
-
-// Sets `slot` to a view of `tensor` when the message carries it.
-absl::Status MaybeView(absl::string_view field, bool present,
-                       const v1::Tensor& tensor,
-                       std::optional<TensorView>& slot) {
-  if (!present) return absl::OkStatus();
-  ASSIGN_OR_RETURN(slot, ViewOf(field, tensor));
-  return absl::OkStatus();
-}
 
 // A shape-only view for a tensor whose bytes come in blocks.
 absl::StatusOr<TensorView> SpecView(absl::string_view field,
@@ -34,24 +27,44 @@ absl::StatusOr<TensorView> SpecView(absl::string_view field,
   return view;
 }
 
-absl::Status MaybeSpec(absl::string_view field, bool present,
-                       const v1::TensorSpec& spec,
-                       std::optional<TensorView>& slot) {
-  if (!present) return absl::OkStatus();
-  ASSIGN_OR_RETURN(slot, SpecView(field, spec));
-  return absl::OkStatus();
+// A view of `tensor`, or nullopt for a tensor the message lacks (null).
+absl::StatusOr<std::optional<TensorView>> MaybeViewOf(
+    absl::string_view field, const v1::Tensor* tensor) {
+  if (tensor == nullptr) return std::nullopt;
+  return ViewOf(field, *tensor);
 }
 
-// The small tensors, which travel whole in both forms of request.
+absl::StatusOr<std::optional<TensorView>> ViewIn(
+    const v1::ComputeLossRequest& request, const RequestTensor& tensor) {
+  return MaybeViewOf(tensor.name, FindTensor(request, tensor));
+}
+
+// In a StreamHeader: a per-row tensor's spec (dtype and shape only) or a
+// small tensor whole.
+absl::StatusOr<std::optional<TensorView>> ViewIn(const v1::StreamHeader& header,
+                                                 const RequestTensor& tensor) {
+  if (tensor.role == TensorRole::kSmall) {
+    return MaybeViewOf(tensor.name, FindTensor(header, tensor));
+  }
+  const v1::TensorSpec* spec = FindSpec(header, tensor);
+  if (spec == nullptr) return std::nullopt;
+  return SpecView(tensor.name, *spec);
+}
+
+// The inputs `message` carries, each tensor viewed as ViewIn gives it.
 template <typename Message>
-absl::Status SmallTensors(const Message& m, IndexerKlInputs& in) {
-  RETURN_IF_ERROR(MaybeView("segment_ids_q", m.has_segment_ids_q(),
-                            m.segment_ids_q(), in.segment_ids_q));
-  RETURN_IF_ERROR(MaybeView("segment_ids_kv", m.has_segment_ids_kv(),
-                            m.segment_ids_kv(), in.segment_ids_kv));
-  RETURN_IF_ERROR(MaybeView("key_padding_mask", m.has_key_padding_mask(),
-                            m.key_padding_mask(), in.key_padding_mask));
-  return MaybeView("row_valid", m.has_row_valid(), m.row_valid(), in.row_valid);
+absl::StatusOr<IndexerKlInputs> InputsIn(const Message& message) {
+  IndexerKlInputs in;
+  for (const RequestTensor& tensor : kRequestTensors) {
+    ASSIGN_OR_RETURN(std::optional<TensorView> view, ViewIn(message, tensor));
+    if (view.has_value()) {
+      SetInput(tensor, *std::move(view), in);
+    } else if (IsRequired(tensor)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(tensor.name, ": required, got none"));
+    }
+  }
+  return in;
 }
 
 }  // namespace
@@ -122,42 +135,13 @@ absl::StatusOr<IndexerKlOptions> OptionsFrom(const v1::LossOptions& o) {
   return options;
 }
 
-absl::StatusOr<IndexerKlInputs> InputsFrom(const v1::ComputeLossRequest& r) {
-  IndexerKlInputs in;
-  RETURN_IF_ERROR(MaybeView("attention_logits", r.has_attention_logits(),
-                            r.attention_logits(), in.attention_logits));
-  RETURN_IF_ERROR(MaybeView("attention_weights", r.has_attention_weights(),
-                            r.attention_weights(), in.attention_weights));
-  if (!r.has_indexer_scores()) {
-    return absl::InvalidArgumentError("indexer_scores: required, got none");
-  }
-  ASSIGN_OR_RETURN(in.indexer_scores,
-                   ViewOf("indexer_scores", r.indexer_scores()));
-  RETURN_IF_ERROR(MaybeView("topk_indices", r.has_topk_indices(),
-                            r.topk_indices(), in.topk_indices));
-  RETURN_IF_ERROR(MaybeView("attention_mask", r.has_attention_mask(),
-                            r.attention_mask(), in.attention_mask));
-  RETURN_IF_ERROR(SmallTensors(r, in));
-  return in;
+absl::StatusOr<IndexerKlInputs> InputsFrom(
+    const v1::ComputeLossRequest& request) {
+  return InputsIn(request);
 }
 
-absl::StatusOr<IndexerKlInputs> InputsFrom(const v1::StreamHeader& h) {
-  IndexerKlInputs in;
-  RETURN_IF_ERROR(MaybeSpec("attention_logits", h.has_attention_logits(),
-                            h.attention_logits(), in.attention_logits));
-  RETURN_IF_ERROR(MaybeSpec("attention_weights", h.has_attention_weights(),
-                            h.attention_weights(), in.attention_weights));
-  if (!h.has_indexer_scores()) {
-    return absl::InvalidArgumentError("indexer_scores: required, got none");
-  }
-  ASSIGN_OR_RETURN(in.indexer_scores,
-                   SpecView("indexer_scores", h.indexer_scores()));
-  RETURN_IF_ERROR(MaybeSpec("topk_indices", h.has_topk_indices(),
-                            h.topk_indices(), in.topk_indices));
-  RETURN_IF_ERROR(MaybeSpec("attention_mask", h.has_attention_mask(),
-                            h.attention_mask(), in.attention_mask));
-  RETURN_IF_ERROR(SmallTensors(h, in));
-  return in;
+absl::StatusOr<IndexerKlInputs> InputsFrom(const v1::StreamHeader& header) {
+  return InputsIn(header);
 }
 
 RowBlockBytes BlockBytesOf(const v1::RowBlock& block) {

@@ -30,6 +30,7 @@
 #include "kernels/half.h"
 #include "kernels/loss.h"
 #include "kernels/problem.h"
+#include "proto/request_tensors.h"
 
 #ifndef KLSERVE_BIN
 #error "KLSERVE_BIN must be defined by the build"
@@ -521,34 +522,12 @@ Backend& TestBackend() {
 absl::StatusOr<v1::ComputeLossResponse> LibraryCompute(
     const v1::ComputeLossRequest& request) {
   IndexerKlInputs in;
-  const auto maybe = [](bool present, const v1::Tensor& t,
-                        std::optional<TensorView>& slot) -> absl::Status {
-    if (!present) return absl::OkStatus();
-    absl::StatusOr<TensorView> view = View(t);
+  for (const RequestTensor& tensor : kRequestTensors) {
+    const v1::Tensor* t = FindTensor(request, tensor);
+    if (t == nullptr) continue;
+    absl::StatusOr<TensorView> view = View(*t);
     if (!view.ok()) return view.status();
-    slot = *view;
-    return absl::OkStatus();
-  };
-  absl::StatusOr<TensorView> scores = View(request.indexer_scores());
-  if (!scores.ok()) return scores.status();
-  in.indexer_scores = *scores;
-  for (absl::Status s :
-       {maybe(request.has_attention_logits(), request.attention_logits(),
-              in.attention_logits),
-        maybe(request.has_attention_weights(), request.attention_weights(),
-              in.attention_weights),
-        maybe(request.has_topk_indices(), request.topk_indices(),
-              in.topk_indices),
-        maybe(request.has_segment_ids_q(), request.segment_ids_q(),
-              in.segment_ids_q),
-        maybe(request.has_segment_ids_kv(), request.segment_ids_kv(),
-              in.segment_ids_kv),
-        maybe(request.has_attention_mask(), request.attention_mask(),
-              in.attention_mask),
-        maybe(request.has_key_padding_mask(), request.key_padding_mask(),
-              in.key_padding_mask),
-        maybe(request.has_row_valid(), request.row_valid(), in.row_valid)}) {
-    if (!s.ok()) return s;
+    SetInput(tensor, *std::move(view), in);
   }
 
   // LossOptions as the proto documents them.
