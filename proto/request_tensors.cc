@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -58,6 +59,17 @@ Field* MutableField(Message& message, const FieldDescriptor* field) {
 }
 
 }  // namespace
+
+absl::Span<const std::reference_wrapper<const RequestTensor>> PerRowTensors() {
+  static const auto* const per_row = [] {
+    auto* out = new std::vector<std::reference_wrapper<const RequestTensor>>;
+    for (const RequestTensor& tensor : kRequestTensors) {
+      if (tensor.role == TensorRole::kPerRow) out->push_back(tensor);
+    }
+    return out;
+  }();
+  return *per_row;
+}
 
 const RequestTensor* FindRequestTensor(absl::string_view name) {
   for (const RequestTensor& tensor : kRequestTensors) {

@@ -13,12 +13,13 @@
 // Shared by the server and the client libraries; needs no kernels code
 // (IndexerKlInputs is named only through member pointers).
 
+#include <functional>
 #include <optional>
-#include <ranges>
 #include <string>
 #include <variant>
 
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "kernels/problem.h"
 #include "kernels/tensor_view.h"
 #include "klserve/v1/klserve.pb.h"
@@ -149,12 +150,10 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .mutable_block_bytes = nullptr},
 };
 
-// The per-row entries of kRequestTensors, in its order.
-inline auto PerRowTensors() {
-  return kRequestTensors | std::views::filter([](const RequestTensor& t) {
-           return t.role == TensorRole::kPerRow;
-         });
-}
+// The per-row entries of kRequestTensors, in its order. (Not a
+// std::views::filter: clang 14, which builds the fuzzer, cannot compile
+// libstdc++ 12's ranges.)
+absl::Span<const std::reference_wrapper<const RequestTensor>> PerRowTensors();
 
 // The entry named `name`, or null.
 const RequestTensor* FindRequestTensor(absl::string_view name);

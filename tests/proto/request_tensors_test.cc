@@ -5,10 +5,8 @@
 
 #include "proto/request_tensors.h"
 
-#include <cstddef>
 #include <iterator>
 #include <optional>
-#include <ranges>
 #include <set>
 #include <string>
 
@@ -90,9 +88,7 @@ TEST(RequestTensors, PerRowEntriesAndOnlyThoseHaveABlockForm) {
     EXPECT_EQ(!tensor.block_layout.empty(), per_row) << tensor.name;
     EXPECT_TRUE(!tensor.per_head || per_row) << tensor.name;
   }
-  EXPECT_EQ(
-      std::ranges::distance(PerRowTensors()),
-      static_cast<std::ptrdiff_t>(TableNames(TensorRole::kPerRow).size()));
+  EXPECT_EQ(PerRowTensors().size(), TableNames(TensorRole::kPerRow).size());
 }
 
 // Each accessor reaches the field of its entry's name: a distinct value
