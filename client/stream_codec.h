@@ -62,7 +62,7 @@ class RequestSlicer {
   struct Part {
     const RequestTensor* tensor = nullptr;
     const std::string* data = nullptr;
-    int64_t heads = 1;           // H for attention_logits, else 1
+    int64_t heads = 1;           // H for a per-head tensor, else 1
     int64_t head_row_bytes = 0;  // bytes of one row of one head
   };
 

@@ -7,8 +7,11 @@
 // cannot be left out of one of them. Adding a tensor is one entry here, its
 // field in proto/klserve/v1/klserve.proto (ComputeLossRequest, StreamHeader
 // and, when per-row, RowBlock), its member of IndexerKlInputs and its use in
-// the kernels; tests/proto/request_tensors_test.cc fails until the table and
-// the proto agree.
+// the kernels (for a per-row tensor also its slot in RowBlockBytes, filled
+// by server/tensor_codec.cc's BlockBytesOf), and its flag in client/klctl.cc
+// (a flag is a macro, so it is written out; klctl refuses a loss call while
+// one is missing). tests/proto/request_tensors_test.cc fails until the table
+// and the proto agree.
 //
 // Shared by the server and the client libraries; needs no kernels code
 // (IndexerKlInputs is named only through member pointers).
@@ -162,6 +165,9 @@ const RequestTensor* FindRequestTensor(absl::string_view name);
 absl::string_view DTypeRuleText(DTypeRule rule);
 
 bool IsRequired(const RequestTensor& tensor);
+
+// The accessors below take entries of kRequestTensors (they look the fields
+// up by the entry's place in it), and find the message fields by name.
 
 // The tensor in `request`, or null when the request does not carry it.
 const v1::Tensor* FindTensor(const v1::ComputeLossRequest& request,
