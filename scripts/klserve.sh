@@ -61,12 +61,13 @@ TEST_PACKAGES=(
 CONTAINER_PACKAGES=(podman runc debootstrap)
 # What the pytest tests import, installed into build/venv. The Python client
 # (client/python) is installed on top from this checkout on every run; it
-# needs grpcio, protobuf, numpy, ml_dtypes, and setuptools and grpcio-tools to
-# build (its stubs are generated from proto/ at install time). torch runs the
-# PyTorch tests (PyPI's wheel brings ~6 GB); pyyaml and kubernetes-validate
-# check the deploy/ manifests.
+# needs grpcio, grpcio-health-checking, protobuf, numpy, ml_dtypes, and
+# setuptools and grpcio-tools to build (its stubs are generated from proto/ at
+# install time). torch runs the PyTorch tests (PyPI's wheel brings ~6 GB);
+# pyyaml and kubernetes-validate check the deploy/ manifests.
 PYTHON_PACKAGES=(pytest pyyaml kubernetes-validate numpy tensorboard grpcio
-                 protobuf ml_dtypes setuptools grpcio-tools jax optax torch)
+                 grpcio-health-checking protobuf ml_dtypes setuptools
+                 grpcio-tools jax optax torch)
 
 log() { echo "klserve.sh: $*" >&2; }
 

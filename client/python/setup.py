@@ -24,6 +24,9 @@ from setuptools.command.sdist import sdist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_REL = os.path.join("klserve", "v1", "klserve.proto")
+# The grpc.health.v1 stubs, as gRPC publishes them: grpcio-tools ships no
+# health.proto to generate them from here.
+HEALTH_STUBS = "grpcio-health-checking"
 
 
 def proto_root():
@@ -84,7 +87,8 @@ def runtime_requirements():
     except Exception as e:  # metadata must not fail where stubs could not
         print("klserve: stub generation failed while reading versions:", e,
               file=sys.stderr)
-        return ["grpcio", "protobuf", "numpy", "ml_dtypes"]
+        return ["grpcio", "protobuf", "numpy", "ml_dtypes",
+                HEALTH_STUBS]
     m = re.search(
         r"ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,"
         r"\s*(\d+),\s*(\d+),\s*(\d+)", pb2)
@@ -94,7 +98,7 @@ def runtime_requirements():
     m = re.search(r"GRPC_GENERATED_VERSION\s*=\s*'([0-9.]+)'", pb2_grpc)
     if m:
         grpcio = "grpcio>=" + m.group(1)
-    return [grpcio, protobuf, "numpy", "ml_dtypes"]
+    return [grpcio, protobuf, "numpy", "ml_dtypes", HEALTH_STUBS]
 
 
 class BuildPyWithStubs(build_py):
@@ -127,6 +131,8 @@ class SdistWithProto(sdist):
 setup(
     package_dir={"": "src"},
     packages=["klserve"],
+    # PEP 561: the package's own type hints are for type checkers too.
+    package_data={"klserve": ["py.typed"]},
     install_requires=runtime_requirements(),
     cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProto},
 )

@@ -7,6 +7,10 @@ import numpy as np
 import pytest
 
 import klserve
+from klserve._stream import (RequestSlicer, ResponseAssembler,
+                             needs_counting_pass)
+from klserve._tensor_table import TENSORS
+from klserve.v1 import klserve_pb2 as pb2
 from reference import indexer_kl_reference
 from test_client import check
 
@@ -90,3 +94,105 @@ def test_streamed_error_names_the_field(small_server):
             c.compute_loss(**problem, stream=True)
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details.startswith("indexer_scores")
+
+
+def test_streamed_mean_valid_without_row_valid_counts_first(
+        small_server, client):
+    """N is known only after every row: the stream counts in a first pass
+    (RowBlock.counting) and still answers as unary does, bit for bit."""
+    rng = np.random.default_rng(5)
+    batch, rows, keys = 2, 40, 256
+    weights = rng.random((batch, rows, keys)).astype(np.float32)
+    weights[1, 10] = 0  # a zero target
+    key_padding = np.ones((batch, keys), bool)
+    key_padding[0, :3] = False  # with q_offset 0: rows 0-2 see no key
+    problem = dict(
+        indexer_scores=rng.standard_normal((batch, rows, keys)).astype(
+            np.float32),
+        attention_weights=weights, key_padding_mask=key_padding)
+    kwargs = dict(causal=True, q_offset=0, reduction="mean_valid",
+                  scaling_factor=0.5)
+    ref = indexer_kl_reference(**problem, **kwargs)
+    assert ref["denominator"] == batch * rows - 4  # N is not B * T
+    # A row is 2 KiB (scores and weights, 256 keys of fp32): blocks of 7
+    # rows, crossing the batch entries' boundary (T = 40).
+    with small_server.client(block_bytes=7 * 2048) as c:
+        r = c.compute_loss(**problem, **kwargs, stream=True,
+                           want_row_kl=True)
+    assert r.streamed
+    check(r, ref)
+    unary = client.compute_loss(**problem, **kwargs, want_row_kl=True)
+    assert unary.streamed is False
+    assert r.loss == unary.loss
+    assert r.denominator == unary.denominator
+    np.testing.assert_array_equal(r.grad.view(np.uint32),
+                                  unary.grad.view(np.uint32))
+    np.testing.assert_array_equal(r.row_kl, unary.row_kl)
+
+
+def sent_blocks(problem, reduction, block_rows):
+    """The RowBlocks the client would send for `problem` (no server)."""
+    tensors = {t.name: t.convert(t.name, problem[t.name]) for t in TENSORS
+               if t.name in problem}
+    options = pb2.LossOptions(reduction=reduction)
+    slicer = RequestSlicer(tensors)
+    return list(slicer.blocks(pb2, block_rows,
+                              needs_counting_pass(pb2, options, tensors)))
+
+
+def test_counting_pass_sends_every_row_twice_counting_first():
+    problem = big_problem(6, batch=2, rows=5, keys=8)
+    blocks = sent_blocks(problem, pb2.REDUCTION_MEAN_VALID, block_rows=4)
+    # 10 rows in blocks of 4: [0, 4) [4, 8) [8, 10), counted, then computed.
+    assert [(b.counting, b.row_begin, b.num_rows) for b in blocks] == [
+        (True, 0, 4), (True, 4, 4), (True, 8, 2),
+        (False, 0, 4), (False, 4, 4), (False, 8, 2)]
+    scores = problem["indexer_scores"].reshape(10, 8)
+    for b in blocks:
+        rows = scores[b.row_begin:b.row_begin + b.num_rows]
+        assert b.indexer_scores == rows.tobytes()
+
+
+def test_one_pass_unless_mean_valid_without_row_valid():
+    problem = big_problem(7, batch=2, rows=5, keys=8)
+    for reduction in (pb2.REDUCTION_MEAN, pb2.REDUCTION_SUM):
+        blocks = sent_blocks(problem, reduction, block_rows=4)
+        assert [(b.counting, b.row_begin) for b in blocks] == [
+            (False, 0), (False, 4), (False, 8)]
+    problem["row_valid"] = np.ones((2, 5), bool)
+    blocks = sent_blocks(problem, pb2.REDUCTION_MEAN_VALID, block_rows=4)
+    assert [b.counting for b in blocks] == [False] * 3
+
+
+def grad_block(row_begin, num_rows, grad=None):
+    block = pb2.GradBlock(row_begin=row_begin, num_rows=num_rows)
+    if grad is not None:
+        block.grad.CopyFrom(pb2.Tensor(dtype="FP32", shape=list(grad.shape),
+                                       data=grad.tobytes()))
+    return block
+
+
+def test_counting_pass_answers_are_read_and_discarded():
+    grad = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    assembler = ResponseAssembler(grad.shape, counting_pass=True)
+    assembler.add(grad_block(0, 4))
+    assembler.add(grad_block(4, 2))
+    flat = grad.reshape(6, 4)
+    assembler.add(grad_block(0, 5, flat[:5]))
+    assembler.add(grad_block(5, 1, flat[5:]))
+    got, row_kl = assembler.finish()
+    assert row_kl is None
+    np.testing.assert_array_equal(got, grad)
+
+
+def test_counting_pass_answer_with_a_gradient_breaks_the_protocol():
+    assembler = ResponseAssembler((1, 2, 3), counting_pass=True)
+    with pytest.raises(klserve.KlserveError) as info:
+        assembler.add(grad_block(0, 2, np.zeros((2, 3), np.float32)))
+    assert info.value.code == grpc.StatusCode.INTERNAL
+    assert "counting pass" in info.value.details
+    assembler = ResponseAssembler((1, 2, 3), counting_pass=True)
+    assembler.add(grad_block(0, 1))
+    with pytest.raises(klserve.KlserveError) as info:
+        assembler.finish()  # the result before the second pass
+    assert info.value.code == grpc.StatusCode.INTERNAL

@@ -5,6 +5,8 @@
     result = client.compute_loss(scores, attention_logits=logits, causal=True)
     result.loss, result.grad
 
+The call's keyword arguments are the request's tensors and the fields of
+`klserve.ComputeLossOptions`, which says what each does.
 `klserve.jax.indexer_kl_loss` makes the service a differentiable JAX
 function; `klserve.torch.IndexerKlLoss` a torch.autograd.Function. The loss
 itself is specified in docs/spec.md of the klserve repository; the wire
@@ -15,9 +17,10 @@ contract is proto/klserve/v1/klserve.proto (its generated stubs are
 from klserve._errors import KlserveError
 from klserve._client import (Client, LossResult, ServerInfo, StepResult,
                              default_client, set_default_client)
+from klserve._signature import ComputeLossOptions
 
 __version__ = "0.1.0"
 
-__all__ = ["Client", "KlserveError", "LossResult", "ServerInfo",
-           "StepResult", "default_client", "set_default_client",
+__all__ = ["Client", "ComputeLossOptions", "KlserveError", "LossResult",
+           "ServerInfo", "StepResult", "default_client", "set_default_client",
            "__version__"]

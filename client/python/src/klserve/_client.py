@@ -3,18 +3,29 @@ service (and grpc.health.v1.Health), the counterpart of the C++
 klserve::Client (client/client.h)."""
 
 import dataclasses
+import inspect
 import random
 import threading
 import time
-from typing import Dict, Optional
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
+                    Tuple, TypeVar)
 
 import grpc
 import numpy as np
+import numpy.typing as npt
+# The health stubs come from grpcio-health-checking, gRPC's own package of
+# them: grpcio-tools ships no health.proto to generate them from (only
+# protobuf's well-known types), and a copy of it in this tree would be one
+# more file to keep in step with gRPC's.
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from klserve._errors import KlserveError, explain_unavailable, invalid_argument
-from klserve._stream import RequestSlicer, ResponseAssembler
-from klserve._tensors import (bool_input, float_input, from_tensor,
-                              grad_wire_name, int32_input, to_tensor)
+from klserve._signature import (ComputeLossOptions, loss_signature,
+                                split_arguments)
+from klserve._stream import (RequestSlicer, ResponseAssembler,
+                             needs_counting_pass)
+from klserve._tensor_table import SCORES, TENSORS
+from klserve._tensors import from_tensor, grad_wire_name, to_tensor
 
 try:
     from klserve.v1 import klserve_pb2 as pb2
@@ -30,13 +41,9 @@ _REDUCTIONS = {"mean": pb2.REDUCTION_MEAN,
                "mean_valid": pb2.REDUCTION_MEAN_VALID,
                "sum": pb2.REDUCTION_SUM}
 
-# Field -> converter of the request's tensors.
-_FLOAT_FIELDS = ("attention_logits", "attention_weights", "indexer_scores")
-_INT_FIELDS = ("topk_indices", "segment_ids_q", "segment_ids_kv")
-_BOOL_FIELDS = ("attention_mask", "key_padding_mask", "row_valid")
 
-
-def _enum_option(field, value, names, allowed):
+def _enum_option(field: str, value: Any, names: Mapping[str, Any],
+                 allowed: str) -> Any:
     """An option given as a name (any case) or as the proto enum value."""
     if not isinstance(value, str):
         return value
@@ -44,10 +51,6 @@ def _enum_option(field, value, names, allowed):
         raise invalid_argument("options.%s: must be %s, got %r" %
                                (field, allowed, value))
     return names[value.lower()]
-
-
-_HEALTH_CHECK = "/grpc.health.v1.Health/Check"
-_HEALTH_SERVING = 1
 
 
 @dataclasses.dataclass
@@ -73,6 +76,7 @@ class LossResult:
 
 @dataclasses.dataclass(frozen=True)
 class ServerInfo:
+    """GetServerInfo's answer: what the server runs and its limits."""
     version: str
     backend: str
     device: str
@@ -80,8 +84,8 @@ class ServerInfo:
     max_message_bytes: int
     max_tensor_bytes: int
     max_concurrent_requests: int
-    input_dtypes: tuple
-    grad_dtypes: tuple
+    input_dtypes: Tuple[str, ...]
+    grad_dtypes: Tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,63 +96,17 @@ class StepResult:
     requests: int
 
 
-def _encode_health_request(service):
-    # grpc.health.v1.HealthCheckRequest { string service = 1; }
-    data = service.encode("utf-8")
-    if not data:
-        return b""
-    out = bytearray(b"\x0a")
-    n = len(data)
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            break
-    return bytes(out) + data
-
-
-def _decode_health_response(data):
-    # grpc.health.v1.HealthCheckResponse { ServingStatus status = 1; }
-    status, i = 0, 0
-    while i < len(data):
-        key, i = _varint(data, i)
-        field, wire_type = key >> 3, key & 7
-        if wire_type == 0:
-            value, i = _varint(data, i)
-            if field == 1:
-                status = value
-        elif wire_type == 2:
-            length, i = _varint(data, i)
-            i += length
-        elif wire_type == 1:
-            i += 8
-        elif wire_type == 5:
-            i += 4
-        else:
-            raise ValueError("bad HealthCheckResponse")
-    return status
-
-
-def _varint(data, i):
-    value, shift = 0, 0
-    while True:
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, i
-
-
 class _Attempt:
     """What one attempt tells the retry loop."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.may_retry = True  # cleared once a stream delivered a message
 
 
-def _read_file(field, path):
+_T = TypeVar("_T")
+
+
+def _read_file(field: str, path: str) -> bytes:
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -159,7 +117,9 @@ def _read_file(field, path):
     return data
 
 
-def _channel_credentials(ca_file, cert_file, key_file, server_name):
+def _channel_credentials(ca_file: Optional[str], cert_file: Optional[str],
+                         key_file: Optional[str], server_name: Optional[str]
+                         ) -> Optional[grpc.ChannelCredentials]:
     """TLS credentials, or None for plaintext."""
     if not ca_file:
         if cert_file or key_file or server_name:
@@ -175,7 +135,7 @@ def _channel_credentials(ca_file, cert_file, key_file, server_name):
                            if cert_file else None))
 
 
-def _token_metadata(token):
+def _token_metadata(token: Optional[str]) -> Tuple[Tuple[str, str], ...]:
     """The call metadata carrying the bearer token (none without one)."""
     if token is None:
         return ()
@@ -205,12 +165,18 @@ class Client:
     `authorization: Bearer <token>` on every call.
     """
 
-    def __init__(self, target="localhost:50051", *, deadline=120.0,
-                 max_message_bytes=1 << 30, max_attempts=5,
-                 initial_backoff=0.05, max_backoff=2.0,
-                 stream_threshold_bytes=64 << 20, block_bytes=4 << 20,
-                 channel_options=(), tls_ca_file=None, tls_cert_file=None,
-                 tls_key_file=None, tls_server_name=None, auth_token=None):
+    def __init__(self, target: str = "localhost:50051", *,
+                 deadline: float = 120.0, max_message_bytes: int = 1 << 30,
+                 max_attempts: int = 5, initial_backoff: float = 0.05,
+                 max_backoff: float = 2.0,
+                 stream_threshold_bytes: int = 64 << 20,
+                 block_bytes: int = 4 << 20,
+                 channel_options: Sequence[Tuple[str, Any]] = (),
+                 tls_ca_file: Optional[str] = None,
+                 tls_cert_file: Optional[str] = None,
+                 tls_key_file: Optional[str] = None,
+                 tls_server_name: Optional[str] = None,
+                 auth_token: Optional[str] = None) -> None:
         if not target:
             raise ValueError("target: must not be empty")
         if not (deadline > 0 and np.isfinite(deadline)):
@@ -236,7 +202,7 @@ class Client:
         self.max_backoff = float(max_backoff)
         self.stream_threshold_bytes = int(stream_threshold_bytes)
         self.block_bytes = int(block_bytes)
-        options = [
+        options: List[Tuple[str, Any]] = [
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.max_receive_message_length", self.max_message_bytes),
             # gRPC's own reconnect backoff (1 s at first, then growing) would
@@ -260,27 +226,25 @@ class Client:
             self._channel = grpc.secure_channel(target, credentials,
                                                 options=options)
         self._stub = pb2_grpc.IndexerKlStub(self._channel)
-        self._health = self._channel.unary_unary(
-            _HEALTH_CHECK, request_serializer=_encode_health_request,
-            response_deserializer=_decode_health_response)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
         self._random = random.Random()
         self._random_lock = threading.Lock()
 
     # -- lifetime ----------------------------------------------------------
 
-    def close(self):
+    def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
-        return False
 
     # -- retries -----------------------------------------------------------
 
-    def _with_retries(self, attempt_fn):
+    def _with_retries(self, attempt_fn: Callable[[float, _Attempt], _T]
+                      ) -> _T:
         """Runs attempt_fn(timeout_s, attempt) until it returns, raises
         anything but a retriable UNAVAILABLE, or attempts or time run out."""
         deadline = time.monotonic() + self.deadline
@@ -314,14 +278,15 @@ class Client:
 
     # -- simple calls ------------------------------------------------------
 
-    def health(self, service=""):
+    def health(self, service: str = "") -> bool:
         """grpc.health.v1.Health/Check: True when SERVING."""
-        status = self._with_retries(
-            lambda timeout, _: self._health(service, timeout=timeout,
-                                            metadata=self._metadata))
-        return status == _HEALTH_SERVING
+        request = health_pb2.HealthCheckRequest(service=service)
+        response = self._with_retries(
+            lambda timeout, _: self._health.Check(
+                request, timeout=timeout, metadata=self._metadata))
+        return response.status == health_pb2.HealthCheckResponse.SERVING
 
-    def server_info(self):
+    def server_info(self) -> ServerInfo:
         """GetServerInfo: version, backend, device and limits."""
         r = self._with_retries(lambda timeout, _: self._stub.GetServerInfo(
             pb2.GetServerInfoRequest(), timeout=timeout,
@@ -334,7 +299,7 @@ class Client:
             input_dtypes=tuple(r.input_dtypes),
             grad_dtypes=tuple(r.grad_dtypes))
 
-    def finish_step(self, run, step):
+    def finish_step(self, run: str, step: int) -> StepResult:
         """Publishes the run's step now; KlserveError NOT_FOUND when the
         server has no open step `step` for `run`."""
         request = pb2.FinishStepRequest(run=run, step=int(step))
@@ -346,18 +311,14 @@ class Client:
 
     # -- the loss ----------------------------------------------------------
 
-    def compute_loss(self, indexer_scores, *, attention_logits=None,
-                     attention_weights=None, topk_indices=None,
-                     segment_ids_q=None, segment_ids_kv=None,
-                     attention_mask=None, key_padding_mask=None,
-                     row_valid=None, causal=False, q_offset=None,
-                     num_keys=None, softmax_scale=None, flavor="exact",
-                     reduction="mean", scaling_factor=None, grad_dtype="fp32",
-                     want_grad=True, want_row_kl=False,
-                     want_diagnostics=False, recall_k=0, run=None, step=None,
-                     layer=None, microbatch=None, request_id="",
-                     stream=None):
+    def compute_loss(self, indexer_scores: npt.ArrayLike,
+                     **arguments: Any) -> LossResult:
         """The indexer KL loss of one problem (docs/spec.md).
+
+        Keyword arguments: the request's other tensors, named as in
+        ComputeLossRequest (klserve/_tensor_table.py), and the fields of
+        klserve.ComputeLossOptions, which says what each option does;
+        inspect.signature(Client.compute_loss) lists them all.
 
         Arrays are NumPy arrays (or anything np.asarray takes): the float
         inputs float32, float16 or bfloat16 (ml_dtypes.bfloat16; float64 is
@@ -365,76 +326,58 @@ class Client:
         int32), masks bool. Exactly one of attention_logits [B, H, T, S|K]
         and attention_weights [B, T, S|K] is the target; topk_indices
         [B, T, K] selects the sparse stage (num_keys = S is then required).
-        stream=None streams when the tensors' bytes exceed
-        stream_threshold_bytes; True or False forces it. Returns a
-        LossResult; raises KlserveError.
+        Returns a LossResult; raises KlserveError.
         """
-        tensors = {}
-        given = dict(indexer_scores=indexer_scores,
-                     attention_logits=attention_logits,
-                     attention_weights=attention_weights,
-                     topk_indices=topk_indices, segment_ids_q=segment_ids_q,
-                     segment_ids_kv=segment_ids_kv,
-                     attention_mask=attention_mask,
-                     key_padding_mask=key_padding_mask, row_valid=row_valid)
+        arrays, option_arguments = split_arguments("compute_loss", arguments)
+        call = ComputeLossOptions(**option_arguments)
         if indexer_scores is None:
-            raise invalid_argument("indexer_scores: must be given")
-        for field, value in given.items():
-            if value is None:
-                continue
-            if field in _FLOAT_FIELDS:
-                tensors[field] = float_input(field, value)
-            elif field in _INT_FIELDS:
-                tensors[field] = int32_input(field, value)
-            else:
-                tensors[field] = bool_input(field, value)
-
-        options = self._options(
-            causal=causal, q_offset=q_offset, num_keys=num_keys,
-            softmax_scale=softmax_scale, flavor=flavor, reduction=reduction,
-            scaling_factor=scaling_factor, grad_dtype=grad_dtype,
-            want_grad=want_grad, want_row_kl=want_row_kl,
-            want_diagnostics=want_diagnostics, recall_k=recall_k)
-        tags = None
-        if any(v is not None for v in (run, step, layer, microbatch)):
-            tags = pb2.Tags(run=run or "")
-            if step is not None:
-                tags.step = int(step)
-            if layer is not None:
-                tags.layer = int(layer)
-            if microbatch is not None:
-                tags.microbatch = int(microbatch)
-
-        total_bytes = sum(arr.nbytes for _, arr in tensors.values())
+            raise invalid_argument(SCORES + ": must be given")
+        arrays[SCORES] = indexer_scores
+        tensors = {t.name: t.convert(t.name, arrays[t.name])
+                   for t in TENSORS if t.name in arrays}
+        options = self._options(call)
+        tags = self._tags(call)
+        stream = call.stream
         if stream is None:
+            total_bytes = sum(arr.nbytes for _, arr in tensors.values())
             stream = total_bytes > self.stream_threshold_bytes
         if stream:
             return self._compute_streaming(tensors, options, tags,
-                                           request_id)
-        return self._compute_unary(tensors, options, tags, request_id)
+                                           call.request_id)
+        return self._compute_unary(tensors, options, tags, call.request_id)
 
     @staticmethod
-    def _options(*, causal, q_offset, num_keys, softmax_scale, flavor,
-                 reduction, scaling_factor, grad_dtype, want_grad,
-                 want_row_kl, want_diagnostics, recall_k):
-        flavor = _enum_option("flavor", flavor, _FLAVORS,
+    def _options(call: ComputeLossOptions) -> Any:
+        """The proto's LossOptions of a call."""
+        flavor = _enum_option("flavor", call.flavor, _FLAVORS,
                               "'exact' or 'maxtext'")
-        reduction = _enum_option("reduction", reduction, _REDUCTIONS,
+        reduction = _enum_option("reduction", call.reduction, _REDUCTIONS,
                                  "'mean', 'mean_valid' or 'sum'")
         options = pb2.LossOptions(
-            causal=bool(causal), num_keys=int(num_keys or 0),
+            causal=bool(call.causal), num_keys=int(call.num_keys or 0),
             flavor=int(flavor), reduction=int(reduction),
-            grad_dtype=grad_wire_name(grad_dtype), skip_grad=not want_grad,
-            want_row_kl=bool(want_row_kl),
-            want_diagnostics=bool(want_diagnostics),
-            recall_k=int(recall_k or 0))
-        if q_offset is not None:
-            options.q_offset = int(q_offset)
-        if softmax_scale is not None:
-            options.softmax_scale = float(softmax_scale)
-        if scaling_factor is not None:
-            options.scaling_factor = float(scaling_factor)
+            grad_dtype=grad_wire_name(call.grad_dtype),
+            skip_grad=not call.want_grad,
+            want_row_kl=bool(call.want_row_kl),
+            want_diagnostics=bool(call.want_diagnostics),
+            recall_k=int(call.recall_k or 0))
+        # Optional in the proto: unset means the spec's default.
+        for name, kind in (("q_offset", int), ("softmax_scale", float),
+                           ("scaling_factor", float)):
+            value = getattr(call, name)
+            if value is not None:
+                setattr(options, name, kind(value))
         return options
+
+    @staticmethod
+    def _tags(call: ComputeLossOptions) -> Optional[Any]:
+        """The proto's Tags of a call; None when it has none."""
+        numbers = {name: int(getattr(call, name))
+                   for name in ("step", "layer", "microbatch")
+                   if getattr(call, name) is not None}
+        if call.run is None and not numbers:
+            return None
+        return pb2.Tags(run=call.run or "", **numbers)
 
     def _compute_unary(self, tensors, options, tags, request_id):
         request = pb2.ComputeLossRequest(request_id=request_id,
@@ -457,15 +400,16 @@ class Client:
         slicer = RequestSlicer(tensors)
         block_rows = slicer.block_rows_for(self.block_bytes)
         header = slicer.make_header(pb2, request_id, tags, options)
+        counting_pass = needs_counting_pass(pb2, options, tensors)
 
         def requests():
             yield pb2.ComputeLossStreamRequest(header=header)
-            for block in slicer.blocks(pb2, block_rows):
+            for block in slicer.blocks(pb2, block_rows, counting_pass):
                 yield pb2.ComputeLossStreamRequest(block=block)
 
         def attempt(timeout, state):
-            assembler = ResponseAssembler(
-                tensors["indexer_scores"][1].shape)
+            assembler = ResponseAssembler(tensors[SCORES][1].shape,
+                                          counting_pass)
             result = None
             # grpc consumes the request iterator on its own thread, so
             # blocks go out while this thread reads the gradients.
@@ -503,7 +447,8 @@ class Client:
         return self._with_retries(attempt)
 
 
-def _result(response, grad, row_kl, streamed):
+def _result(response: Any, grad: Optional[np.ndarray],
+            row_kl: Optional[np.ndarray], streamed: bool) -> LossResult:
     r = response.result
     diagnostics = None
     if r.HasField("diagnostics"):
@@ -521,11 +466,17 @@ def _result(response, grad, row_kl, streamed):
         streamed=streamed)
 
 
-_default_client = None
+Client.compute_loss.__signature__ = loss_signature(  # type: ignore
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+     inspect.Parameter(SCORES, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                       annotation=npt.ArrayLike)],
+    returns=LossResult)
+
+_default_client: Optional[Client] = None
 _default_lock = threading.Lock()
 
 
-def default_client():
+def default_client() -> Client:
     """The Client that klserve.jax and klserve.torch use when given none:
     target $KLSERVE_TARGET, else localhost:50051; made on first use."""
     global _default_client
@@ -537,7 +488,7 @@ def default_client():
         return _default_client
 
 
-def set_default_client(client):
+def set_default_client(client: Client) -> None:
     """Makes `client` the default client."""
     global _default_client
     with _default_lock:

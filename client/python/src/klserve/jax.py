@@ -20,23 +20,22 @@ gets a zero cotangent, as in the spec, where no gradient flows into p.
 A plain forward evaluation (no differentiation) asks for the loss alone.
 """
 
+from typing import Any, Optional
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
-from klserve._client import default_client, set_default_client
+from klserve._client import Client, default_client, set_default_client
+from klserve._signature import (DECIDED_BY_WRAPPERS, split_arguments,
+                                wrapper_signature)
 from klserve._tensors import FLOAT_DTYPES, grad_wire_name, wire_name_of_float
 
-# Non-differentiable array inputs, sent as given.
-_ARRAY_INPUTS = ("attention_logits", "attention_weights", "topk_indices",
-                 "segment_ids_q", "segment_ids_kv", "attention_mask",
-                 "key_padding_mask", "row_valid")
 # Integer tags that may be traced values (e.g. the step inside a jitted
 # train step); they travel through the callback as operands.
 _TRACEABLE_TAGS = ("step", "layer", "microbatch")
-_OPTIONS = ("causal", "q_offset", "num_keys", "softmax_scale", "flavor",
-            "reduction", "scaling_factor", "grad_dtype", "stream",
-            "request_id")
+
 
 def _pure_callback(callback, result_shapes, *args):
     """jax.pure_callback, mapped one call per element under jax.vmap (JAX
@@ -50,28 +49,29 @@ def _pure_callback(callback, result_shapes, *args):
         return jax.pure_callback(callback, result_shapes, *args)
 
 
-def indexer_kl_loss(indexer_scores, *, attention_logits=None,
-                    attention_weights=None, topk_indices=None,
-                    segment_ids_q=None, segment_ids_kv=None,
-                    attention_mask=None, key_padding_mask=None,
-                    row_valid=None, run=None, step=None, layer=None,
-                    microbatch=None, client=None, **options):
+def indexer_kl_loss(indexer_scores: npt.ArrayLike, *,
+                    client: Optional[Client] = None,
+                    **arguments: Any) -> jax.Array:
     """The indexer KL loss (a scalar) computed by the service.
 
-    Arrays as in klserve.Client.compute_loss (JAX or NumPy arrays);
-    `options` are its keyword options: causal, q_offset, num_keys,
-    softmax_scale, flavor, reduction, scaling_factor, grad_dtype (default:
-    the scores' dtype, float32 for float64 scores), stream, request_id.
-    `run` is a static string; `step`, `layer` and `microbatch` may be Python
-    ints or traced integer scalars. The loss is float32 (float64 for float64
-    scores); differentiating it gives dL/d indexer_scores in their dtype.
+    Keyword arguments as in klserve.Client.compute_loss (the tensors, JAX or
+    NumPy arrays, and the fields of klserve.ComputeLossOptions), except
+    want_grad, want_row_kl, want_diagnostics and recall_k, which are
+    decided here; grad_dtype defaults to the scores' dtype (float32 for
+    float64 scores). `run` is a static string; `step`, `layer` and
+    `microbatch` may be Python ints or traced integer scalars. The loss is
+    float32 (float64 for float64 scores); differentiating it gives
+    dL/d indexer_scores in their dtype. Without `client`,
+    klserve.default_client().
     """
-    unknown = sorted(set(options) - set(_OPTIONS))
-    if unknown:
-        raise TypeError(
-            "indexer_kl_loss: unknown or unsupported options %s (supported: "
-            "%s; the gradient, row KL and diagnostics are decided here)" %
-            (unknown, ", ".join(_OPTIONS)))
+    arrays, options = split_arguments("indexer_kl_loss", arguments,
+                                      DECIDED_BY_WRAPPERS)
+    run = options.pop("run", None)
+    tags = {}
+    for name in _TRACEABLE_TAGS:
+        value = options.pop(name, None)
+        if value is not None:
+            tags[name] = jnp.asarray(value)
     scores = jnp.asarray(indexer_scores)
     if not jnp.issubdtype(scores.dtype, jnp.floating):
         raise TypeError("indexer_scores: must be a float array, got %s" %
@@ -83,17 +83,6 @@ def indexer_kl_loss(indexer_scores, *, attention_logits=None,
     grad_name = grad_wire_name(grad_name)
     grad_dtype = FLOAT_DTYPES[grad_name]
     client = client if client is not None else default_client()
-
-    arrays = {name: value for name, value in (
-        ("attention_logits", attention_logits),
-        ("attention_weights", attention_weights),
-        ("topk_indices", topk_indices), ("segment_ids_q", segment_ids_q),
-        ("segment_ids_kv", segment_ids_kv), ("attention_mask", attention_mask),
-        ("key_padding_mask", key_padding_mask), ("row_valid", row_valid))
-        if value is not None}
-    tags = {name: jnp.asarray(value) for name, value in (
-        ("step", step), ("layer", layer), ("microbatch", microbatch))
-        if value is not None}
 
     def call_service(want_grad, scores_np, arrays_np, tags_np):
         tag_values = {k: int(np.asarray(v)) for k, v in tags_np.items()}
@@ -137,6 +126,10 @@ def indexer_kl_loss(indexer_scores, *, attention_logits=None,
 
     loss_fn.defvjp(loss_fn_fwd, loss_fn_bwd)
     return loss_fn(scores, arrays, tags)
+
+
+indexer_kl_loss.__signature__ = wrapper_signature(  # type: ignore
+    npt.ArrayLike, jax.Array)
 
 
 __all__ = ["indexer_kl_loss", "default_client", "set_default_client"]

@@ -13,18 +13,22 @@ gradient. Only indexer_scores is differentiable: the target and the masks
 get no gradient, as in the spec, where no gradient flows into p.
 """
 
+from typing import Any, Mapping, Optional
+
 import ml_dtypes
 import numpy as np
 import torch
 
-from klserve._client import default_client
+from klserve._client import Client, default_client
+from klserve._signature import (DECIDED_BY_WRAPPERS, split_arguments,
+                                wrapper_signature)
 from klserve._tensors import grad_wire_name
 
 _TORCH_GRAD_NAMES = {torch.float32: "FP32", torch.bfloat16: "BF16",
                      torch.float16: "FP16", torch.float64: "FP32"}
 
 
-def to_numpy(value):
+def to_numpy(value: Any) -> np.ndarray:
     """A tensor (any device) or array-like as a NumPy array; bfloat16
     becomes ml_dtypes.bfloat16."""
     if not isinstance(value, torch.Tensor):
@@ -38,7 +42,8 @@ def to_numpy(value):
     return tensor.numpy()
 
 
-def from_numpy(array, dtype, device):
+def from_numpy(array: np.ndarray, dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor:
     """A NumPy array (ml_dtypes.bfloat16 included) as a tensor."""
     if array.dtype == np.dtype(ml_dtypes.bfloat16):
         tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
@@ -50,24 +55,24 @@ def from_numpy(array, dtype, device):
 class IndexerKlLoss(torch.autograd.Function):
     """IndexerKlLoss.apply(indexer_scores, inputs, client, options) -> loss.
 
-    `inputs`: dict of the other arrays (attention_logits or
+    `inputs`: dict of the other tensors (attention_logits or
     attention_weights, topk_indices, segment ids, masks) as tensors or
     arrays; `client`: a klserve.Client (None: klserve.default_client());
-    `options`: dict of
-    Client.compute_loss keyword options and tags. The loss is a 0-d float32
+    `options`: dict of fields of klserve.ComputeLossOptions but want_grad,
+    want_row_kl, want_diagnostics and recall_k, which are decided here
+    (grad_dtype defaults to the scores' dtype). The loss is a 0-d float32
     tensor (float64 for float64 scores) on the scores' device.
     """
 
     @staticmethod
-    def forward(ctx, indexer_scores, inputs, client, options):
-        options = dict(options or {})
+    def forward(ctx: Any, indexer_scores: torch.Tensor,
+                inputs: Optional[Mapping[str, Any]], client: Optional[Client],
+                options: Optional[Mapping[str, Any]]) -> torch.Tensor:
+        arrays, options = split_arguments(
+            "IndexerKlLoss", {**(inputs or {}), **(options or {})},
+            DECIDED_BY_WRAPPERS)
         if client is None:
             client = default_client()
-        for name in ("want_grad", "want_row_kl", "want_diagnostics",
-                     "recall_k"):
-            if name in options:
-                raise TypeError("IndexerKlLoss: option %r is decided here"
-                                % name)
         want_grad = bool(ctx.needs_input_grad[0])
         grad_name = options.pop("grad_dtype", None)
         grad_name = grad_wire_name(
@@ -75,8 +80,7 @@ class IndexerKlLoss(torch.autograd.Function):
             else _TORCH_GRAD_NAMES.get(indexer_scores.dtype, "FP32"))
         result = client.compute_loss(
             to_numpy(indexer_scores),
-            **{k: to_numpy(v) for k, v in (inputs or {}).items()
-               if v is not None},
+            **{k: to_numpy(v) for k, v in arrays.items()},
             grad_dtype=grad_name, want_grad=want_grad, **options)
         loss_dtype = (torch.float64 if indexer_scores.dtype == torch.float64
                       else torch.float32)
@@ -88,30 +92,30 @@ class IndexerKlLoss(torch.autograd.Function):
                             device=indexer_scores.device)
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
         (grad,) = ctx.saved_tensors
         d_scores = (grad.float() * grad_output.float()).to(grad.dtype)
         return d_scores, None, None, None
 
 
-def indexer_kl_loss(indexer_scores, *, attention_logits=None,
-                    attention_weights=None, topk_indices=None,
-                    segment_ids_q=None, segment_ids_kv=None,
-                    attention_mask=None, key_padding_mask=None,
-                    row_valid=None, client=None, **options):
-    """IndexerKlLoss with keyword arguments; options and tags as in
-    klserve.Client.compute_loss. Without `client`, klserve.default_client()
-    ($KLSERVE_TARGET, else localhost:50051)."""
+def indexer_kl_loss(indexer_scores: torch.Tensor, *,
+                    client: Optional[Client] = None,
+                    **arguments: Any) -> torch.Tensor:
+    """IndexerKlLoss with keyword arguments: as in
+    klserve.Client.compute_loss (the tensors and the fields of
+    klserve.ComputeLossOptions), except want_grad, want_row_kl,
+    want_diagnostics and recall_k, which are decided here. Without
+    `client`, klserve.default_client() ($KLSERVE_TARGET, else
+    localhost:50051)."""
     if client is None:
         client = default_client()
-    inputs = dict(attention_logits=attention_logits,
-                  attention_weights=attention_weights,
-                  topk_indices=topk_indices, segment_ids_q=segment_ids_q,
-                  segment_ids_kv=segment_ids_kv,
-                  attention_mask=attention_mask,
-                  key_padding_mask=key_padding_mask, row_valid=row_valid)
-    return IndexerKlLoss.apply(indexer_scores, inputs, client, options)
+    arrays, options = split_arguments("indexer_kl_loss", arguments,
+                                      DECIDED_BY_WRAPPERS)
+    return IndexerKlLoss.apply(indexer_scores, arrays, client, options)
 
+
+indexer_kl_loss.__signature__ = wrapper_signature(  # type: ignore
+    torch.Tensor, torch.Tensor)
 
 
 __all__ = ["IndexerKlLoss", "indexer_kl_loss", "to_numpy", "from_numpy"]

@@ -1,0 +1,128 @@
+"""The loss call's keyword arguments, stated once for Client.compute_loss and
+the JAX and PyTorch wrappers: the request's tensors (the tensor table) and
+the fields of ComputeLossOptions."""
+
+import dataclasses
+import inspect
+from typing import Any, Dict, FrozenSet, Iterable, Optional, Tuple, Union
+
+import numpy.typing as npt
+
+from klserve._tensor_table import SCORES, TENSORS
+
+# The tensors other than the scores: the scores are the call's first
+# argument (and, in the wrappers, the one that is differentiated).
+ARRAY_ARGUMENTS = tuple(t.name for t in TENSORS if t.name != SCORES)
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeLossOptions:
+    """Every keyword argument of the loss call that is not a tensor
+    (docs/spec.md defines what they do to the loss).
+
+    causal: the causal cut, key s visible to query t when
+        s <= t + q_offset; q_offset defaults to S - T.
+    num_keys: S; required with topk_indices (the sparse stage).
+    softmax_scale: multiplies the attention logits (default 1).
+    flavor: "exact" or "maxtext" (or the proto enum value).
+    reduction: "mean", "mean_valid" or "sum" (or the proto enum value).
+    scaling_factor: c, the loss's factor (default 1).
+    grad_dtype: the gradient's dtype: a NumPy dtype or "fp32", "bf16",
+        "fp16". The JAX and PyTorch wrappers default it to the scores'
+        dtype (float32 for float64 scores).
+    want_grad, want_row_kl, want_diagnostics, recall_k: what the answer
+        carries (the gradient; each row's KL; the entropies and, with
+        recall_k > 0, the top-k recall). The wrappers decide these.
+    run, step, layer, microbatch: tags the server aggregates per step
+        (docs/metrics.md).
+    request_id: echoed in the answer.
+    stream: None streams when the tensors' bytes exceed the client's
+        stream_threshold_bytes; True or False forces it.
+    """
+    causal: bool = False
+    q_offset: Optional[int] = None
+    num_keys: Optional[int] = None
+    softmax_scale: Optional[float] = None
+    flavor: Union[str, int] = "exact"
+    reduction: Union[str, int] = "mean"
+    scaling_factor: Optional[float] = None
+    grad_dtype: Optional[npt.DTypeLike] = "fp32"
+    want_grad: bool = True
+    want_row_kl: bool = False
+    want_diagnostics: bool = False
+    recall_k: int = 0
+    run: Optional[str] = None
+    step: Optional[int] = None
+    layer: Optional[int] = None
+    microbatch: Optional[int] = None
+    request_id: str = ""
+    stream: Optional[bool] = None
+
+
+OPTION_FIELDS = tuple(dataclasses.fields(ComputeLossOptions))
+
+# What the answer must carry for differentiation; the JAX and PyTorch
+# wrappers set these themselves.
+DECIDED_BY_WRAPPERS: FrozenSet[str] = frozenset(
+    ("want_grad", "want_row_kl", "want_diagnostics", "recall_k"))
+
+
+def split_arguments(caller: str, arguments: Dict[str, Any],
+                    decided: Iterable[str] = ()
+                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(arrays, options) from a loss call's keyword arguments: the tensors
+    given (None left out) and the options. TypeError, as for any Python
+    call, for a name that is neither, or one the caller decides itself."""
+    decided = frozenset(decided)
+    option_names = {f.name for f in OPTION_FIELDS} - decided
+    unknown = sorted(set(arguments) - set(ARRAY_ARGUMENTS) - option_names)
+    if unknown:
+        raise TypeError(
+            "%s: unexpected keyword arguments %s (it takes the tensors %s "
+            "and the fields of klserve.ComputeLossOptions%s)" % (
+                caller, unknown, ", ".join(ARRAY_ARGUMENTS),
+                " but " + ", ".join(sorted(decided)) if decided else ""))
+    arrays = {name: value for name, value in arguments.items()
+              if name in ARRAY_ARGUMENTS and value is not None}
+    options = {name: value for name, value in arguments.items()
+               if name in option_names}
+    return arrays, options
+
+
+def loss_signature(leading: Iterable[inspect.Parameter],
+                   trailing: Iterable[inspect.Parameter] = (),
+                   decided: Iterable[str] = (),
+                   defaults: Optional[Dict[str, Any]] = None,
+                   returns: Any = inspect.Signature.empty
+                   ) -> inspect.Signature:
+    """The signature a loss call shows to help() and inspect: `leading`
+    (self, the scores), every array argument, every option but `decided`
+    (with `defaults` overriding ComputeLossOptions'), then `trailing`."""
+    decided = frozenset(decided)
+    defaults = defaults or {}
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    params = list(leading)
+    params += [inspect.Parameter(name, keyword, default=None,
+                                 annotation=Optional[npt.ArrayLike])
+               for name in ARRAY_ARGUMENTS]
+    params += [inspect.Parameter(f.name, keyword,
+                                 default=defaults.get(f.name, f.default),
+                                 annotation=f.type)
+               for f in OPTION_FIELDS if f.name not in decided]
+    params += list(trailing)
+    return inspect.Signature(params, return_annotation=returns)
+
+
+def wrapper_signature(scores_annotation: Any,
+                      returns: Any) -> inspect.Signature:
+    """The signature of the JAX and PyTorch wrappers: the scores, the loss
+    call's keyword arguments but DECIDED_BY_WRAPPERS (grad_dtype defaulting
+    to the scores' dtype), and the client."""
+    return loss_signature(
+        [inspect.Parameter(SCORES, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                           annotation=scores_annotation)],
+        [inspect.Parameter("client", inspect.Parameter.KEYWORD_ONLY,
+                           default=None,
+                           annotation="Optional[klserve.Client]")],
+        decided=DECIDED_BY_WRAPPERS, defaults={"grad_dtype": None},
+        returns=returns)
