@@ -2,7 +2,7 @@
 // run's series, the HTTP endpoint on a real socket, and Debian's promtool
 // linting a populated exposition.
 
-#include "server/metrics.h"
+#include "server/metrics/metrics.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,7 +1,7 @@
-// The token file reader and the constant-time comparison of server/auth.h
+// The token file reader and the constant-time comparison of server/service/auth.h
 // (the RPC-level check is in tests/integration/security_test.cc).
 
-#include "server/auth.h"
+#include "server/service/auth.h"
 
 #include <gtest/gtest.h>
 
