@@ -23,38 +23,37 @@ LossReporter::~LossReporter() {
   Shutdown();
 }
 
-absl::Status LossReporter::CheckTags(const v1::Tags& tags) const {
-  if (tags.run().empty()) return absl::OkStatus();
-  if (absl::Status status = CheckRunName(tags.run(), "tags.run");
-      !status.ok()) {
+absl::Status LossReporter::CheckTags(const LossTags& tags) const {
+  if (tags.run.empty()) return absl::OkStatus();
+  if (absl::Status status = CheckRunName(tags.run, "tags.run"); !status.ok()) {
     return status;
   }
-  if (!tags.has_step()) {
+  if (!tags.step.has_value()) {
     return absl::InvalidArgumentError(
         "tags.step: required when tags.run is set (steps are aggregated per "
         "run)");
   }
-  if (tags.has_layer() &&
-      (tags.layer() < 0 || tags.layer() >= options_.max_layers_per_run)) {
+  if (tags.layer.has_value() &&
+      (*tags.layer < 0 || *tags.layer >= options_.max_layers_per_run)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tags.layer: must be in [0, ", options_.max_layers_per_run, "), got ",
-        tags.layer(),
+        *tags.layer,
         " (--max_layers_per_run bounds the layers of a run: each adds "
         "Prometheus series)"));
   }
   return absl::OkStatus();
 }
 
-absl::Status LossReporter::Add(const v1::Tags& tags,
+absl::Status LossReporter::Add(const LossTags& tags,
                                const IndexerKlResult& result,
                                double scaling_factor) {
-  if (tags.run().empty()) return absl::OkStatus();
+  if (tags.run.empty()) return absl::OkStatus();
   if (absl::Status status = CheckTags(tags); !status.ok()) return status;
   StepSample sample;
-  sample.run = tags.run();
-  sample.step = tags.step();
-  if (tags.has_layer()) sample.layer = tags.layer();
-  sample.microbatch = tags.microbatch();
+  sample.run = tags.run;
+  sample.step = *tags.step;
+  sample.layer = tags.layer;
+  sample.microbatch = tags.microbatch;
   sample.kl_sum = result.kl_sum;
   sample.rows = result.denominator;
   sample.scaling_factor = scaling_factor;

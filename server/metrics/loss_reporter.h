@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/loss.h"
-#include "klserve/v1/klserve.pb.h"
+#include "server/metrics/loss_tags.h"
 #include "server/metrics/metrics.h"
 #include "server/metrics/step_aggregator.h"
 #include "server/tensorboard/tensorboard_writer.h"
@@ -57,10 +57,10 @@ class LossReporter {
   // field, for a run name CheckRunName refuses, a missing step, or a layer
   // outside [0, max_layers_per_run). Untagged requests are not aggregated,
   // so their step and layer are not checked.
-  absl::Status CheckTags(const v1::Tags& tags) const;
+  absl::Status CheckTags(const LossTags& tags) const;
 
   // A request's loss. Untagged requests (no run) are not aggregated.
-  absl::Status Add(const v1::Tags& tags, const IndexerKlResult& result,
+  absl::Status Add(const LossTags& tags, const IndexerKlResult& result,
                    double scaling_factor);
 
   // The FinishStep RPC: publishes the run's open step now. INVALID_ARGUMENT

@@ -8,6 +8,7 @@
 #include "server/service/echo_reactor.h"
 #include "server/service/limits.h"
 #include "server/service/loss_stream_reactor.h"
+#include "server/service/loss_tags_from.h"
 #include "server/service/version.h"
 
 namespace klserve::server {
@@ -29,7 +30,7 @@ absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
   // instead of when the call ends, so a large request is held once, not
   // twice.
   bytes.Clear();
-  RETURN_IF_ERROR(ctx.reporter->CheckTags(request.tags()));
+  RETURN_IF_ERROR(ctx.reporter->CheckTags(LossTagsFrom(request.tags())));
   ASSIGN_OR_RETURN(const IndexerKlOptions options,
                    OptionsFrom(request.options()));
   ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(request));
@@ -66,7 +67,8 @@ absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
   RETURN_IF_ERROR(EncodeMessage(response, out));
   rows = problem.num_rows();
   // Tags were checked above: this cannot fail.
-  ctx.reporter->Add(request.tags(), result, options.scaling_factor)
+  ctx.reporter
+      ->Add(LossTagsFrom(request.tags()), result, options.scaling_factor)
       .IgnoreError();
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@
 #include "server/codec/tensor_codec.h"
 #include "server/codec/wire_messages.h"
 #include "server/service/limits.h"
+#include "server/service/loss_tags_from.h"
 
 namespace klserve::server {
 
@@ -29,7 +30,7 @@ absl::Status LossStreamReactor::TakeHeader() {
   }
   header_ = std::move(*incoming_.mutable_header());
   incoming_.Clear();
-  RETURN_IF_ERROR(context_.reporter->CheckTags(header_.tags()));
+  RETURN_IF_ERROR(context_.reporter->CheckTags(LossTagsFrom(header_.tags())));
   ASSIGN_OR_RETURN(const IndexerKlOptions options,
                    OptionsFrom(header_.options()));
   ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(header_));
@@ -219,7 +220,9 @@ void LossStreamReactor::SendResult() {
     return;
   }
   // Tags were checked with the header: this cannot fail.
-  context_.reporter->Add(header_.tags(), loss, problem_->options.scaling_factor)
+  context_.reporter
+      ->Add(LossTagsFrom(header_.tags()), loss,
+            problem_->options.scaling_factor)
       .IgnoreError();
   result_sent_ = true;
   Queue(*std::move(encoded));
