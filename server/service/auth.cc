@@ -1,8 +1,6 @@
 #include "server/service/auth.h"
 
 #include <cstddef>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -10,32 +8,6 @@
 #include "server/service/method_names.h"
 
 namespace klserve::server {
-
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--auth_token_file: cannot read \"", path, "\""));
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  std::string token = buffer.str();
-  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) {
-    token.pop_back();
-  }
-  if (token.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--auth_token_file: \"", path, "\" holds no token"));
-  }
-  for (const char c : token) {
-    if (c < 0x20 || c > 0x7e) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--auth_token_file: the token in \"", path,
-          "\" must be printable ASCII (it goes in a gRPC header)"));
-    }
-  }
-  return token;
-}
 
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   // The lengths differing is the one thing an early answer could reveal;

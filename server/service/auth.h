@@ -1,7 +1,8 @@
 #ifndef KLSERVE_SERVER_SERVICE_AUTH_H_
 #define KLSERVE_SERVER_SERVICE_AUTH_H_
 
-// Bearer-token authentication (--auth_token_file).
+// Bearer-token authentication (--auth_token_file, read by
+// auth/token_file.h).
 //
 // The token is checked by gRPC's auth filter on a call's headers, before any
 // of its message is read and before a handler or an admission slot is
@@ -14,18 +15,11 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/security/auth_metadata_processor.h"
 #include "server/metrics/metrics.h"
 
 namespace klserve::server {
-
-// Reads a token file: its whole content, trailing "\n" / "\r\n" (any run of
-// them) stripped. INVALID_ARGUMENT naming the file when it cannot be read,
-// is empty, or the token holds bytes that cannot go in a gRPC header value
-// (anything outside printable ASCII).
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 // True when `a` and `b` are equal, in time that depends only on their
 // lengths (every byte is compared; no early exit on the first difference).
