@@ -85,6 +85,11 @@ Metrics::Metrics(const MetricsOptions& options)
                         .Add({})),
       last_step_(GaugeFamily(*registry_, "klserve_indexer_last_step",
                              "The last finished step of the run.")),
+      microbatches_(GaugeFamily(
+          *registry_, "klserve_indexer_microbatches",
+          "Distinct microbatch tags among the samples of the run's last "
+          "finished step (an absent tag counts as 0); fewer than the job "
+          "sends per step means samples were late or lost.")),
       loss_(GaugeFamily(*registry_, "klserve_indexer_loss",
                         "Indexer KL loss of the last finished step, times the "
                         "scaling factor; layer=\"all\" is the mean over "
@@ -191,6 +196,7 @@ Metrics::RunSeries& Metrics::SeriesOf(const std::string& run) {
   auto [it, inserted] = runs_.try_emplace(run);
   if (inserted) {
     it->second.last_step = &last_step_.Add({{"run", run}});
+    it->second.microbatches = &microbatches_.Add({{"run", run}});
     // The counters of rare events start at 0 with the run, so that a
     // dashboard shows 0 rather than "No data" until one happens.
     it->second.nonfinite_steps = &nonfinite_steps_.Add({{"run", run}});
@@ -230,6 +236,7 @@ void Metrics::PublishStep(const FinishedStep& step) {
   absl::MutexLock lock(&runs_mu_);
   RunSeries& series = SeriesOf(run);
   series.last_step->Set(static_cast<double>(step.step));
+  series.microbatches->Set(static_cast<double>(step.microbatches));
 
   const bool finite = std::isfinite(step.loss);
   SetLayer(run, series, std::string(kAllLayersLabel), step.loss,
@@ -281,6 +288,7 @@ void Metrics::RemoveRun(absl::string_view run) {
   if (it == runs_.end()) return;
   RunSeries& s = it->second;
   last_step_.Remove(s.last_step);
+  microbatches_.Remove(s.microbatches);
   if (s.distribution != nullptr) loss_distribution_.Remove(s.distribution);
   nonfinite_steps_.Remove(s.nonfinite_steps);
   if (s.entropy_p != nullptr) entropy_p_.Remove(s.entropy_p);

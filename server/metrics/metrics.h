@@ -69,6 +69,7 @@ struct MetricsOptions {
 // the server accepts (CheckRunName) as they are; `layer` a layer number,
 // "none" for untagged samples, "all" for the step's mean over layers):
 //   klserve_indexer_last_step{run}                    gauge
+//   klserve_indexer_microbatches{run}                 gauge, the last step
 //   klserve_indexer_loss{run,layer}                   gauge, the last step
 //   klserve_indexer_loss_unscaled{run,layer}          gauge, before c
 //   klserve_indexer_loss_sum_total{run,layer}         counter, sum of losses
@@ -141,6 +142,7 @@ class Metrics {
   };
   struct RunSeries {
     prometheus::Gauge* last_step = nullptr;
+    prometheus::Gauge* microbatches = nullptr;
     prometheus::Histogram* distribution = nullptr;
     prometheus::Counter* nonfinite_steps = nullptr;  // from the start
     prometheus::Gauge* entropy_p = nullptr;
@@ -178,6 +180,7 @@ class Metrics {
   prometheus::Counter& runs_removed_;
 
   prometheus::Family<prometheus::Gauge>& last_step_;
+  prometheus::Family<prometheus::Gauge>& microbatches_;
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& loss_unscaled_;
   prometheus::Family<prometheus::Counter>& loss_sum_;
