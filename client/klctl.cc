@@ -7,9 +7,7 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -28,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "auth/token_file.h"
 #include "client/bench_load.h"
 #include "client/client.h"
 #include "client/npy.h"
@@ -185,18 +184,7 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient(ClientOptions* out) {
   options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file);
       !path.empty()) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream token;
-    if (in) token << in.rdbuf();
-    options.auth_token = token.str();
-    while (!options.auth_token.empty() && (options.auth_token.back() == '\n' ||
-                                           options.auth_token.back() == '\r')) {
-      options.auth_token.pop_back();
-    }
-    if (!in || options.auth_token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--auth_token_file: cannot read a token from \"", path, "\""));
-    }
+    ASSIGN_OR_RETURN(options.auth_token, ReadTokenFile(path));
   }
   if (out != nullptr) *out = options;
   return Client::Create(std::move(options));

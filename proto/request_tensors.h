@@ -8,7 +8,7 @@
 // field in proto/klserve/v1/klserve.proto (ComputeLossRequest, StreamHeader
 // and, when per-row, RowBlock), its member of IndexerKlInputs and its use in
 // the kernels (for a per-row tensor also its slot in RowBlockBytes, filled
-// by server/tensor_codec.cc's BlockBytesOf), and its flag in client/klctl.cc
+// by server/codec/tensor_codec.cc's BlockBytesOf), and its flag in client/klctl.cc
 // (a flag is a macro, so it is written out; klctl refuses a loss call while
 // one is missing). tests/proto/request_tensors_test.cc fails until the table
 // and the proto agree.

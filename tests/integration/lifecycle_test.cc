@@ -594,7 +594,8 @@ TEST(CommandLineTest, HelpExitsZeroAndListsEveryFlag) {
   const CommandResult help = RunCommand({KLSERVE_BIN, "--help"});
   EXPECT_EQ(help.exit_code, 0) << help.err;
   const std::string text = help.out + help.err;
-  EXPECT_TRUE(absl::StrContains(text, "Flags from server/klserve_main.cc"))
+  EXPECT_TRUE(
+      absl::StrContains(text, "Flags from server/service/klserve_main.cc"))
       << text;
   for (const char* flag :
        {"--listen", "--max_open_streams", "--stream_idle_timeout",
