@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "auth/token_file.h"
@@ -17,6 +18,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "kernels/status_macros.h"
 #include "server/service/backend_selection.h"
+#include "server/service/listen_addresses.h"
 #include "server/service/method_names.h"
 #include "server/service/version.h"
 
@@ -151,6 +153,8 @@ absl::Duration WatchdogPeriod(const ServerOptions& options) {
 absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
     const ServerOptions& options) {
   RETURN_IF_ERROR(ValidateOptions(options));
+  ASSIGN_OR_RETURN(const std::vector<ListenAddress> addresses,
+                   ParseListenAddresses(options.listen));
   std::unique_ptr<KlServer> s(new KlServer(options));
   ASSIGN_OR_RETURN(s->backend_, SelectBackend(options.backend, options.threads,
                                               options.isa));
@@ -212,7 +216,14 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   grpc::ResourceQuota quota("klserve");
   quota.Resize(static_cast<size_t>(options.transport_memory_bytes));
   builder.SetResourceQuota(quota);
-  builder.AddListeningPort(options.listen, credentials, &s->port_);
+  // gRPC writes each address's port here when it binds (1 for a socket).
+  std::vector<int> bound(addresses.size(), 0);
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    if (addresses[i].is_unix()) {
+      RETURN_IF_ERROR(ClaimSocketPath(addresses[i].socket_path));
+    }
+    builder.AddListeningPort(addresses[i].address, credentials, &bound[i]);
+  }
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(s->service_.get());
@@ -223,9 +234,22 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
       s->open_calls_.CountingFactory(std::string(kIndexerKlPrefix)));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("--listen: cannot serve on ", options.listen));
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    if (s->server_ == nullptr || bound[i] == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("--listen: cannot serve on ", addresses[i].address));
+    }
+  }
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    const ListenAddress& address = addresses[i];
+    if (address.is_unix()) {
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<SocketFile> file,
+          SocketFile::Bound(address.socket_path, options.unix_socket_mode));
+      s->socket_files_.push_back(std::move(file));
+    } else if (s->port_ == 0) {
+      s->port_ = bound[i];
+    }
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   const std::string metrics_at =
@@ -237,16 +261,26 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
       options.tensorboard_dir.empty()
           ? std::string("no TensorBoard files")
           : absl::StrCat("TensorBoard files in ", options.tensorboard_dir);
-  std::fprintf(
-      stderr,
-      "klserve: serving on port %d (%s, %s%s), backend %s (%s), %s, %s\n",
-      s->port_, options.listen.c_str(),
+  const std::string security = absl::StrCat(
       options.tls_cert_file.empty()
           ? "plaintext"
           : (options.tls_client_ca_file.empty() ? "TLS" : "mutual TLS"),
-      s->auth_ != nullptr ? ", token required" : "",
-      std::string(s->backend_->name()).c_str(), s->backend_->device().c_str(),
-      metrics_at.c_str(), tensorboard_at.c_str());
+      s->auth_ != nullptr ? ", token required" : "");
+  // "port 50051 (127.0.0.1:50051, plaintext)" for TCP, the form scripts
+  // read; "unix:/run/klserve.sock (plaintext)" for a socket.
+  std::vector<std::string> serving;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    serving.push_back(
+        addresses[i].is_unix()
+            ? absl::StrCat(addresses[i].address, " (", security, ")")
+            : absl::StrCat("port ", bound[i], " (", addresses[i].address, ", ",
+                           security, ")"));
+  }
+  std::fprintf(stderr, "klserve: serving on %s, backend %s (%s), %s, %s\n",
+               absl::StrJoin(serving, " and ").c_str(),
+               std::string(s->backend_->name()).c_str(),
+               s->backend_->device().c_str(), metrics_at.c_str(),
+               tensorboard_at.c_str());
   return s;
 }
 

@@ -2,6 +2,7 @@
 #define KLSERVE_SERVER_SERVICE_KL_SERVER_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
@@ -14,6 +15,7 @@
 #include "server/service/loss_service.h"
 #include "server/service/open_calls.h"
 #include "server/service/server_options.h"
+#include "server/service/socket_file.h"
 #include "server/service/stream_watchdog.h"
 
 namespace klserve::server {
@@ -23,13 +25,15 @@ namespace klserve::server {
 // resource model its options bound.
 class KlServer {
  public:
-  // Picks the backend, binds `options.listen` and starts serving. Errors:
-  // INVALID_ARGUMENT for a bad option, UNAVAILABLE when the address cannot
-  // be bound.
+  // Picks the backend, binds every address of `options.listen` and starts
+  // serving. Errors: INVALID_ARGUMENT for a bad option, UNAVAILABLE when an
+  // address cannot be bound or another server serves on its socket,
+  // FAILED_PRECONDITION when a socket path holds something else.
   static absl::StatusOr<std::unique_ptr<KlServer>> Start(
       const ServerOptions& options);
   ~KlServer();
 
+  // The first TCP address's port; 0 when serving on sockets only.
   int port() const { return port_; }
   // The /metrics port, 0 when not serving metrics.
   int metrics_port() const { return metrics_->port(); }
@@ -61,6 +65,8 @@ class KlServer {
   std::unique_ptr<StreamWatchdog> watchdog_;
   std::unique_ptr<LossService> service_;
   OpenCalls open_calls_;  // fed by the server's interceptor
+  // Removed after the server has stopped (destroyed after server_).
+  std::vector<std::unique_ptr<SocketFile>> socket_files_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

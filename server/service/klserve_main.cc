@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/service/kl_server.h"
@@ -31,8 +33,15 @@ const klserve::server::ServerOptions& Defaults() {
 }  // namespace
 
 ABSL_FLAG(std::string, listen, Defaults().listen,
-          "HOST:PORT to serve gRPC on (port 0 picks a free one); loopback by "
-          "default, 0.0.0.0:50051 serves other hosts (see docs/security.md)");
+          "comma-separated addresses to serve gRPC on: HOST:PORT (port 0 "
+          "picks a free one; loopback by default, 0.0.0.0:50051 serves other "
+          "hosts, see docs/security.md) or unix:/absolute/path, a Unix-domain "
+          "socket for jobs on the same node");
+ABSL_FLAG(std::string, unix_socket_mode,
+          absl::StrFormat("%04o", Defaults().unix_socket_mode),
+          "octal permission bits of each --listen=unix: socket; connecting "
+          "needs write permission (0600: klserve's user only, 0660: its "
+          "group too)");
 ABSL_FLAG(std::string, backend, Defaults().backend,
           "auto (CUDA when usable, else CPU), cpu or cuda");
 ABSL_FLAG(int, threads, Defaults().threads,
@@ -133,6 +142,19 @@ int main(int argc, char** argv) {
 
   klserve::server::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  {
+    const std::string mode = absl::GetFlag(FLAGS_unix_socket_mode);
+    char* end = nullptr;
+    const long bits = std::strtol(mode.c_str(), &end, 8);
+    if (mode.empty() || *end != '\0' || bits < 0 || bits > 0777) {
+      std::fprintf(stderr,
+                   "klserve: --unix_socket_mode: must be octal permission "
+                   "bits from 0 to 0777 (e.g. 0600), got \"%s\"\n",
+                   mode.substr(0, 64).c_str());
+      return 1;
+    }
+    options.unix_socket_mode = static_cast<mode_t>(bits);
+  }
   options.backend = absl::GetFlag(FLAGS_backend);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.isa = absl::GetFlag(FLAGS_isa);

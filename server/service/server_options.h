@@ -1,6 +1,8 @@
 #ifndef KLSERVE_SERVER_SERVICE_SERVER_OPTIONS_H_
 #define KLSERVE_SERVER_SERVICE_SERVER_OPTIONS_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 
@@ -11,9 +13,14 @@ namespace klserve::server {
 // Everything the server is configured with. main.cc fills it from flags;
 // tests build one directly.
 struct ServerOptions {
-  // Address to serve gRPC on; port 0 picks a free one (see KlServer::port).
-  // Loopback by default: serving other hosts is a choice (docs/security.md).
+  // Addresses to serve gRPC on, comma-separated: HOST:PORT (port 0 picks a
+  // free one, see KlServer::port) or unix:/absolute/path for a Unix-domain
+  // socket, for a job on the same node. Loopback by default: serving other
+  // hosts is a choice (docs/security.md).
   std::string listen = "127.0.0.1:50051";
+  // Permission bits of each socket file; connecting needs write permission,
+  // so 0600 lets only klserve's user in, 0660 its group too.
+  mode_t unix_socket_mode = 0600;
   // "auto" (CUDA when usable, else CPU), "cpu" or "cuda".
   std::string backend = "auto";
   // CPU backend threads; 0 = one per core.

@@ -137,7 +137,7 @@ std::unique_ptr<Client> MakeClient(const std::string& target, int max_attempts,
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const std::vector<std::string>& flags, absl::Duration timeout,
-    const ClientOptions& probe) {
+    const ClientOptions& probe, const ListenOn& listen) {
   absl::Status last_error;
   // The port is free when picked but could be taken before the server binds
   // it; another port then gets another try.
@@ -145,12 +145,20 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     std::unique_ptr<ServerProcess> server(new ServerProcess());
     server->port_ = PickFreePort();
     if (server->port_ == 0) return absl::InternalError("no free port");
-    server->target_ = absl::StrCat("127.0.0.1:", server->port_);
+    std::vector<std::string> addresses;
+    if (listen.loopback) {
+      addresses.push_back(absl::StrCat("127.0.0.1:", server->port_));
+    }
+    for (const std::string& path : listen.sockets) {
+      addresses.push_back("unix:" + path);
+    }
+    if (addresses.empty()) return absl::InvalidArgumentError("no address");
+    server->target_ = addresses.front();
     server->log_path_ = MakeTempFile("server");
     int metrics_port = PickFreePort();
     while (metrics_port == server->port_) metrics_port = PickFreePort();
     std::vector<std::string> argv = {
-        KLSERVE_BIN, "--listen=" + server->target_, "--threads=2",
+        KLSERVE_BIN, "--listen=" + absl::StrJoin(addresses, ","), "--threads=2",
         // Loopback only, and tests running at once must not collide on the
         // default metrics port.
         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)};

@@ -599,7 +599,8 @@ TEST(CommandLineTest, HelpExitsZeroAndListsEveryFlag) {
       << text;
   for (const char* flag :
        {"--listen", "--max_open_streams", "--stream_idle_timeout",
-        "--enable_echo", "--max_layers_per_run", "--auth_token_file"}) {
+        "--enable_echo", "--max_layers_per_run", "--auth_token_file",
+        "--unix_socket_mode"}) {
     EXPECT_TRUE(absl::StrContains(text, flag)) << flag;
   }
   const CommandResult unknown = RunCommand({KLSERVE_BIN, "--no_such_flag"});
