@@ -62,7 +62,8 @@ v1::Tensor FloatTensor(const std::string& dtype, std::vector<int64_t> shape,
   return tensor;
 }
 
-// A refusal for lack of a slot, as the server words it (server/admission.cc).
+// A refusal for lack of a slot, as the server words it
+// (server/service/admission.cc).
 bool IsSlotRefusal(const absl::Status& status) {
   return status.code() == absl::StatusCode::kResourceExhausted &&
          absl::StrContains(status.message(), "retry later");

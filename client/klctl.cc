@@ -7,14 +7,14 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -26,12 +26,14 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "auth/token_file.h"
 #include "client/bench_load.h"
 #include "client/client.h"
 #include "client/npy.h"
 #include "client/tensor_util.h"
 #include "kernels/status_macros.h"
 #include "klserve/v1/klserve.pb.h"
+#include "proto/request_tensors.h"
 
 // Connection.
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address HOST:PORT");
@@ -58,16 +60,26 @@ ABSL_FLAG(std::string, auth_token_file, "",
 // health.
 ABSL_FLAG(std::string, service, "", "health: the service to ask about");
 
-// loss: inputs (.npy files).
-ABSL_FLAG(std::string, attention_logits, "", "loss: [B,H,T,S|K] .npy");
-ABSL_FLAG(std::string, attention_weights, "", "loss: [B,T,S|K] .npy");
-ABSL_FLAG(std::string, indexer_scores, "", "loss: [B,T,S|K] .npy (required)");
-ABSL_FLAG(std::string, topk_indices, "", "loss: [B,T,K] int32 .npy");
-ABSL_FLAG(std::string, segment_ids_q, "", "loss: [B,T] int32 .npy");
-ABSL_FLAG(std::string, segment_ids_kv, "", "loss: [B,S] int32 .npy");
-ABSL_FLAG(std::string, attention_mask, "", "loss: [B,T,S] bool .npy");
-ABSL_FLAG(std::string, key_padding_mask, "", "loss: [B,S] bool .npy");
-ABSL_FLAG(std::string, row_valid, "", "loss: [B,T] bool .npy");
+// loss: inputs (.npy files), one flag for each of the request's tensors,
+// named after it (LossRequestFromFlags finds them by name).
+namespace {
+// A loss input flag's help: the tensor's layout and dtypes.
+std::string InputHelp(absl::string_view name) {
+  const klserve::RequestTensor& tensor = *klserve::FindRequestTensor(name);
+  return absl::StrCat("loss: ", tensor.layout, " ",
+                      klserve::DTypeRuleText(tensor.dtype), " .npy",
+                      klserve::IsRequired(tensor) ? " (required)" : "");
+}
+}  // namespace
+ABSL_FLAG(std::string, attention_logits, "", InputHelp("attention_logits"));
+ABSL_FLAG(std::string, attention_weights, "", InputHelp("attention_weights"));
+ABSL_FLAG(std::string, indexer_scores, "", InputHelp("indexer_scores"));
+ABSL_FLAG(std::string, topk_indices, "", InputHelp("topk_indices"));
+ABSL_FLAG(std::string, segment_ids_q, "", InputHelp("segment_ids_q"));
+ABSL_FLAG(std::string, segment_ids_kv, "", InputHelp("segment_ids_kv"));
+ABSL_FLAG(std::string, attention_mask, "", InputHelp("attention_mask"));
+ABSL_FLAG(std::string, key_padding_mask, "", InputHelp("key_padding_mask"));
+ABSL_FLAG(std::string, row_valid, "", InputHelp("row_valid"));
 
 // loss: LossOptions.
 ABSL_FLAG(bool, causal, false, "loss: key s valid only if s <= t + q_offset");
@@ -172,18 +184,7 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient(ClientOptions* out) {
   options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file);
       !path.empty()) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream token;
-    if (in) token << in.rdbuf();
-    options.auth_token = token.str();
-    while (!options.auth_token.empty() && (options.auth_token.back() == '\n' ||
-                                           options.auth_token.back() == '\r')) {
-      options.auth_token.pop_back();
-    }
-    if (!in || options.auth_token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--auth_token_file: cannot read a token from \"", path, "\""));
-    }
+    ASSIGN_OR_RETURN(options.auth_token, ReadTokenFile(path));
   }
   if (out != nullptr) *out = options;
   return Client::Create(std::move(options));
@@ -235,58 +236,47 @@ absl::Status FinishStep() {
   return absl::OkStatus();
 }
 
-// Reads the .npy named by a flag into `tensor`; an unset flag leaves it
-// unset.
-absl::Status ReadInput(const absl::Flag<std::string>& flag,
-                       absl::string_view name,
-                       v1::Tensor* (*field)(v1::ComputeLossRequest*),
-                       v1::ComputeLossRequest* request) {
-  const std::string path = absl::GetFlag(flag);
-  if (path.empty()) return absl::OkStatus();
-  absl::StatusOr<v1::Tensor> tensor = ReadNpy(path);
-  if (!tensor.ok()) {
-    return absl::Status(
-        tensor.status().code(),
-        absl::StrCat("--", name, ": ", tensor.status().message()));
+// The path given by the loss input flag named after `tensor` (empty when
+// unset).
+absl::StatusOr<std::string> InputPath(const RequestTensor& tensor) {
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(tensor.name);
+  if (flag != nullptr) {
+    if (auto path = flag->TryGet<std::string>()) return *std::move(path);
   }
-  *field(request) = *std::move(tensor);
+  return absl::InternalError(absl::StrCat("klctl defines no string flag --",
+                                          tensor.name, " for the request's ",
+                                          tensor.name));
+}
+
+// Reads the .npy at `path` (given by the flag --`name`) into `tensor`.
+absl::Status ReadInput(absl::string_view name, const std::string& path,
+                       v1::Tensor* tensor) {
+  absl::StatusOr<v1::Tensor> read = ReadNpy(path);
+  if (!read.ok()) {
+    return absl::Status(
+        read.status().code(),
+        absl::StrCat("--", name, ": ", read.status().message()));
+  }
+  *tensor = *std::move(read);
   return absl::OkStatus();
 }
 
 absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
   v1::ComputeLossRequest request;
-  struct Input {
-    const absl::Flag<std::string>& flag;
-    const char* name;
-    v1::Tensor* (*field)(v1::ComputeLossRequest*);
-  };
-  const Input inputs[] = {
-      {FLAGS_attention_logits, "attention_logits",
-       [](v1::ComputeLossRequest* r) { return r->mutable_attention_logits(); }},
-      {FLAGS_attention_weights, "attention_weights",
-       [](v1::ComputeLossRequest* r) {
-         return r->mutable_attention_weights();
-       }},
-      {FLAGS_indexer_scores, "indexer_scores",
-       [](v1::ComputeLossRequest* r) { return r->mutable_indexer_scores(); }},
-      {FLAGS_topk_indices, "topk_indices",
-       [](v1::ComputeLossRequest* r) { return r->mutable_topk_indices(); }},
-      {FLAGS_segment_ids_q, "segment_ids_q",
-       [](v1::ComputeLossRequest* r) { return r->mutable_segment_ids_q(); }},
-      {FLAGS_segment_ids_kv, "segment_ids_kv",
-       [](v1::ComputeLossRequest* r) { return r->mutable_segment_ids_kv(); }},
-      {FLAGS_attention_mask, "attention_mask",
-       [](v1::ComputeLossRequest* r) { return r->mutable_attention_mask(); }},
-      {FLAGS_key_padding_mask, "key_padding_mask",
-       [](v1::ComputeLossRequest* r) { return r->mutable_key_padding_mask(); }},
-      {FLAGS_row_valid, "row_valid",
-       [](v1::ComputeLossRequest* r) { return r->mutable_row_valid(); }},
-  };
-  if (absl::GetFlag(FLAGS_indexer_scores).empty()) {
-    return absl::InvalidArgumentError("--indexer_scores: required");
+  std::vector<std::string> paths;
+  for (const RequestTensor& tensor : kRequestTensors) {
+    ASSIGN_OR_RETURN(std::string path, InputPath(tensor));
+    if (path.empty() && IsRequired(tensor)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", tensor.name, ": required"));
+    }
+    paths.push_back(std::move(path));
   }
-  for (const Input& input : inputs) {
-    RETURN_IF_ERROR(ReadInput(input.flag, input.name, input.field, &request));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (paths[i].empty()) continue;
+    const RequestTensor& tensor = kRequestTensors[i];
+    RETURN_IF_ERROR(
+        ReadInput(tensor.name, paths[i], MutableTensor(request, tensor)));
   }
 
   v1::LossOptions* options = request.mutable_options();

@@ -62,39 +62,25 @@ absl::StatusOr<RequestSlicer> RequestSlicer::Create(
   slicer.rows_per_batch_ = scores.shape(1);
   slicer.row_width_ = scores.shape(2);
 
-  struct Field {
-    PartIndex index;
-    const char* name;
-    bool present;
-    const v1::Tensor* tensor;
-  };
-  // The scores first: they fix B and T, so a bad scores tensor is named as
-  // such rather than as the target that disagrees with it.
-  const Field fields[] = {
-      {kScores, "indexer_scores", true, &scores},
-      {kLogits, "attention_logits", request.has_attention_logits(),
-       &request.attention_logits()},
-      {kWeights, "attention_weights", request.has_attention_weights(),
-       &request.attention_weights()},
-      {kTopk, "topk_indices", request.has_topk_indices(),
-       &request.topk_indices()},
-      {kMask, "attention_mask", request.has_attention_mask(),
-       &request.attention_mask()},
-  };
-  for (const Field& field : fields) {
-    if (!field.present) continue;
-    const bool per_head = field.index == kLogits;
-    RETURN_IF_ERROR(
-        CheckRowShape(field.name, *field.tensor, per_head ? 4 : 3,
-                      per_head ? 2 : 1, slicer.batch_, slicer.rows_per_batch_,
-                      per_head ? "[B, H, T, S or K]" : "[B, T, S or K]"));
-    const auto& shape = field.tensor->shape();
-    Part& part = slicer.parts_[field.index];
-    part.data = &field.tensor->data();
-    part.heads = per_head ? shape[1] : 1;
-    ASSIGN_OR_RETURN(const int64_t element_bytes,
-                     WireDTypeSize(field.tensor->dtype()));
-    part.head_row_bytes = shape[shape.size() - 1] * element_bytes;
+  // The scores (the one required tensor) first: they fix B and T, so a bad
+  // scores tensor is named as such rather than as the target that disagrees
+  // with it.
+  for (const bool required : {true, false}) {
+    for (const RequestTensor& tensor : PerRowTensors()) {
+      const v1::Tensor* t = FindTensor(request, tensor);
+      if (IsRequired(tensor) != required || t == nullptr) continue;
+      RETURN_IF_ERROR(CheckRowShape(
+          tensor.name, *t, tensor.per_head ? 4 : 3, tensor.per_head ? 2 : 1,
+          slicer.batch_, slicer.rows_per_batch_,
+          tensor.per_head ? "[B, H, T, S or K]" : "[B, T, S or K]"));
+      const auto& shape = t->shape();
+      Part part{.tensor = &tensor,
+                .data = &t->data(),
+                .heads = tensor.per_head ? shape[1] : 1};
+      ASSIGN_OR_RETURN(const int64_t element_bytes, WireDTypeSize(t->dtype()));
+      part.head_row_bytes = shape[shape.size() - 1] * element_bytes;
+      slicer.parts_.push_back(part);
+    }
   }
   return slicer;
 }
@@ -105,30 +91,14 @@ v1::StreamHeader RequestSlicer::MakeHeader() const {
   header.set_request_id(request.request_id());
   if (request.has_tags()) *header.mutable_tags() = request.tags();
   if (request.has_options()) *header.mutable_options() = request.options();
-  if (request.has_attention_logits()) {
-    *header.mutable_attention_logits() = SpecOf(request.attention_logits());
-  }
-  if (request.has_attention_weights()) {
-    *header.mutable_attention_weights() = SpecOf(request.attention_weights());
-  }
-  *header.mutable_indexer_scores() = SpecOf(request.indexer_scores());
-  if (request.has_topk_indices()) {
-    *header.mutable_topk_indices() = SpecOf(request.topk_indices());
-  }
-  if (request.has_attention_mask()) {
-    *header.mutable_attention_mask() = SpecOf(request.attention_mask());
-  }
-  if (request.has_segment_ids_q()) {
-    *header.mutable_segment_ids_q() = request.segment_ids_q();
-  }
-  if (request.has_segment_ids_kv()) {
-    *header.mutable_segment_ids_kv() = request.segment_ids_kv();
-  }
-  if (request.has_key_padding_mask()) {
-    *header.mutable_key_padding_mask() = request.key_padding_mask();
-  }
-  if (request.has_row_valid()) {
-    *header.mutable_row_valid() = request.row_valid();
+  for (const RequestTensor& tensor : kRequestTensors) {
+    const v1::Tensor* t = FindTensor(request, tensor);
+    if (t == nullptr) continue;
+    if (tensor.role == TensorRole::kPerRow) {
+      *MutableSpec(header, tensor) = SpecOf(*t);
+    } else {
+      *MutableTensor(header, tensor) = *t;
+    }
   }
   return header;
 }
@@ -160,16 +130,13 @@ void RequestSlicer::FillBlock(int64_t row_begin, int64_t num_rows,
          row_begin + num_rows <= this->num_rows());
   block->set_row_begin(row_begin);
   block->set_num_rows(num_rows);
-  std::string* outputs[kNumParts] = {
-      block->mutable_attention_logits(), block->mutable_attention_weights(),
-      block->mutable_indexer_scores(), block->mutable_topk_indices(),
-      block->mutable_attention_mask()};
-  for (int i = 0; i < kNumParts; ++i) {
-    if (parts_[i].data == nullptr) {
-      outputs[i]->clear();
-    } else {
-      FillPart(parts_[i], row_begin, num_rows, outputs[i]);
-    }
+  // Fields of tensors the request lacks stay empty.
+  for (const RequestTensor& tensor : PerRowTensors()) {
+    tensor.mutable_block_bytes(*block)->clear();
+  }
+  for (const Part& part : parts_) {
+    FillPart(part, row_begin, num_rows,
+             part.tensor->mutable_block_bytes(*block));
   }
 }
 

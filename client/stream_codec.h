@@ -8,11 +8,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "klserve/v1/klserve.pb.h"
+#include "proto/request_tensors.h"
 
 namespace klserve {
 
@@ -63,11 +65,11 @@ class RequestSlicer {
  private:
   // One per-row tensor present in the request.
   struct Part {
+    const RequestTensor* tensor = nullptr;
     const std::string* data = nullptr;
-    int64_t heads = 1;           // H for attention_logits, else 1
+    int64_t heads = 1;           // H for a per-head tensor, else 1
     int64_t head_row_bytes = 0;  // bytes of one row of one head
   };
-  enum PartIndex { kLogits, kWeights, kScores, kTopk, kMask, kNumParts };
 
   explicit RequestSlicer(const v1::ComputeLossRequest& request)
       : request_(&request) {}
@@ -80,7 +82,7 @@ class RequestSlicer {
   int64_t batch_ = 0;
   int64_t rows_per_batch_ = 0;
   int64_t row_width_ = 0;
-  Part parts_[kNumParts];
+  std::vector<Part> parts_;
 };
 
 // Rebuilds a ComputeLossResponse from the GradBlocks of a stream.

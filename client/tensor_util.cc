@@ -3,6 +3,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proto/request_tensors.h"
 
 namespace klserve {
 
@@ -65,14 +66,12 @@ absl::Status CheckTensorBytes(absl::string_view field,
 }
 
 int64_t RequestTensorBytes(const v1::ComputeLossRequest& request) {
-  const v1::Tensor* tensors[] = {
-      &request.attention_logits(), &request.attention_weights(),
-      &request.indexer_scores(),   &request.topk_indices(),
-      &request.segment_ids_q(),    &request.segment_ids_kv(),
-      &request.attention_mask(),   &request.key_padding_mask(),
-      &request.row_valid()};
   int64_t total = 0;
-  for (const v1::Tensor* tensor : tensors) total += tensor->data().size();
+  for (const RequestTensor& tensor : kRequestTensors) {
+    if (const v1::Tensor* t = FindTensor(request, tensor)) {
+      total += t->data().size();
+    }
+  }
   return total;
 }
 

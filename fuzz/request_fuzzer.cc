@@ -16,7 +16,7 @@
 #include "kernels/loss.h"
 #include "kernels/problem.h"
 #include "klserve/v1/klserve.pb.h"
-#include "server/tensor_codec.h"
+#include "server/codec/tensor_codec.h"
 
 namespace {
 
@@ -64,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
 
-  // Outputs sized as the server sizes them (server/loss_service.cc).
+  // Outputs sized as the server sizes them (server/service/loss_service.cc).
   std::vector<std::byte> grad;
   std::vector<double> row_kl;
   LossOutputs outputs;

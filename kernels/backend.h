@@ -48,9 +48,6 @@ class Backend {
   // Host threads it computes with.
   virtual int threads() const = 0;
 
-  // Whether this backend can compute `problem` (shapes, dtypes, memory).
-  virtual bool Supports(const IndexerKlProblem& problem) const = 0;
-
   // Computes rows `rows` of `problem` reading the per-row tensors from
   // `data` (the problem's own `rows`, or a block of rows sent separately),
   // writes the outputs and folds the rows, in order, into `accumulator`.

@@ -22,7 +22,6 @@ class CpuBackend final : public Backend {
   std::string_view name() const override { return "cpu"; }
   std::string device() const override;
   int threads() const override { return pool_.num_threads(); }
-  bool Supports(const IndexerKlProblem&) const override { return true; }
   absl::Status ComputeRows(const IndexerKlProblem& problem, const RowData& data,
                            RowRange rows, const BlockOutputs& outputs,
                            LossAccumulator& accumulator) override;

@@ -13,7 +13,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "kernels/cuda/copy_plan.h"
 #include "kernels/cuda/device_buffers.h"
 #include "kernels/cuda/device_row_result.h"
 #include "kernels/cuda/row_fold.h"
@@ -97,13 +96,11 @@ class CudaBackend final : public Backend {
             std::llround(static_cast<double>(properties.totalGlobalMem) /
                          (int64_t{1} << 30)),
             " GiB")),
-        memory_bytes_(static_cast<int64_t>(properties.totalGlobalMem)),
         pool_(device) {}
 
   std::string_view name() const override { return "cuda"; }
   std::string device() const override { return description_; }
   int threads() const override { return 1; }
-  bool Supports(const IndexerKlProblem& problem) const override;
   absl::Status ComputeRows(const IndexerKlProblem& problem, const RowData& data,
                            RowRange rows, const BlockOutputs& outputs,
                            LossAccumulator& accumulator) override;
@@ -111,21 +108,8 @@ class CudaBackend final : public Backend {
  private:
   const int device_;
   const std::string description_;
-  const int64_t memory_bytes_;
   PipelinePool pool_;
 };
-
-bool CudaBackend::Supports(const IndexerKlProblem& p) const {
-  // One row at a time must fit comfortably: a chunk holds at least one.
-  RowData dtypes;
-  dtypes.target.dtype = p.target_dtype;
-  dtypes.scores.dtype = p.scores_dtype;
-  const int64_t row_bytes =
-      cuda::LayoutChunkInputs(p, dtypes, 1).bytes +
-      cuda::LayoutChunkOutputs(p, true, DType::kFloat32, 1).bytes +
-      cuda::LayoutChunkScratch(p, 1).bytes;
-  return p.row_length < (int64_t{1} << 31) && row_bytes <= memory_bytes_ / 4;
-}
 
 absl::Status CudaBackend::ComputeRows(const IndexerKlProblem& p,
                                       const RowData& data, RowRange rows,

@@ -30,6 +30,7 @@
 #include "kernels/half.h"
 #include "kernels/loss.h"
 #include "kernels/problem.h"
+#include "proto/request_tensors.h"
 
 #ifndef KLSERVE_BIN
 #error "KLSERVE_BIN must be defined by the build"
@@ -136,7 +137,7 @@ std::unique_ptr<Client> MakeClient(const std::string& target, int max_attempts,
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const std::vector<std::string>& flags, absl::Duration timeout,
-    const ClientOptions& probe) {
+    const ClientOptions& probe, const ListenOn& listen) {
   absl::Status last_error;
   // The port is free when picked but could be taken before the server binds
   // it; another port then gets another try.
@@ -144,12 +145,20 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     std::unique_ptr<ServerProcess> server(new ServerProcess());
     server->port_ = PickFreePort();
     if (server->port_ == 0) return absl::InternalError("no free port");
-    server->target_ = absl::StrCat("127.0.0.1:", server->port_);
+    std::vector<std::string> addresses;
+    if (listen.loopback) {
+      addresses.push_back(absl::StrCat("127.0.0.1:", server->port_));
+    }
+    for (const std::string& path : listen.sockets) {
+      addresses.push_back("unix:" + path);
+    }
+    if (addresses.empty()) return absl::InvalidArgumentError("no address");
+    server->target_ = addresses.front();
     server->log_path_ = MakeTempFile("server");
     int metrics_port = PickFreePort();
     while (metrics_port == server->port_) metrics_port = PickFreePort();
     std::vector<std::string> argv = {
-        KLSERVE_BIN, "--listen=" + server->target_, "--threads=2",
+        KLSERVE_BIN, "--listen=" + absl::StrJoin(addresses, ","), "--threads=2",
         // Loopback only, and tests running at once must not collide on the
         // default metrics port.
         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)};
@@ -521,34 +530,12 @@ Backend& TestBackend() {
 absl::StatusOr<v1::ComputeLossResponse> LibraryCompute(
     const v1::ComputeLossRequest& request) {
   IndexerKlInputs in;
-  const auto maybe = [](bool present, const v1::Tensor& t,
-                        std::optional<TensorView>& slot) -> absl::Status {
-    if (!present) return absl::OkStatus();
-    absl::StatusOr<TensorView> view = View(t);
+  for (const RequestTensor& tensor : kRequestTensors) {
+    const v1::Tensor* t = FindTensor(request, tensor);
+    if (t == nullptr) continue;
+    absl::StatusOr<TensorView> view = View(*t);
     if (!view.ok()) return view.status();
-    slot = *view;
-    return absl::OkStatus();
-  };
-  absl::StatusOr<TensorView> scores = View(request.indexer_scores());
-  if (!scores.ok()) return scores.status();
-  in.indexer_scores = *scores;
-  for (absl::Status s :
-       {maybe(request.has_attention_logits(), request.attention_logits(),
-              in.attention_logits),
-        maybe(request.has_attention_weights(), request.attention_weights(),
-              in.attention_weights),
-        maybe(request.has_topk_indices(), request.topk_indices(),
-              in.topk_indices),
-        maybe(request.has_segment_ids_q(), request.segment_ids_q(),
-              in.segment_ids_q),
-        maybe(request.has_segment_ids_kv(), request.segment_ids_kv(),
-              in.segment_ids_kv),
-        maybe(request.has_attention_mask(), request.attention_mask(),
-              in.attention_mask),
-        maybe(request.has_key_padding_mask(), request.key_padding_mask(),
-              in.key_padding_mask),
-        maybe(request.has_row_valid(), request.row_valid(), in.row_valid)}) {
-    if (!s.ok()) return s;
+    SetInput(tensor, *std::move(view), in);
   }
 
   // LossOptions as the proto documents them.

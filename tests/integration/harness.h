@@ -41,6 +41,13 @@ inline constexpr absl::Duration kCallDeadline = absl::Seconds(30);
 // ---------------------------------------------------------------------------
 // The server process.
 
+// Where a ServerProcess listens: its free loopback port and, or instead,
+// Unix-domain sockets at these absolute paths.
+struct ListenOn {
+  bool loopback = true;
+  std::vector<std::string> sockets;
+};
+
 class ServerProcess {
  public:
   // Starts `KLSERVE_BIN --listen=127.0.0.1:<free port> --threads=2
@@ -49,11 +56,13 @@ class ServerProcess {
   // waits up to `timeout` for health SERVING. Fails if the process exits
   // first (the error carries its log). The health probe is a Client with
   // `probe` (its target, attempts and deadline replaced): a TLS server needs
-  // a probe with TLS options.
+  // a probe with TLS options. `listen` adds sockets; target() is then the
+  // loopback address, or the first socket ("unix:/path") without loopback.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
       const std::vector<std::string>& flags = {},
       absl::Duration timeout = absl::Seconds(20),
-      const ClientOptions& probe = ClientOptions());
+      const ClientOptions& probe = ClientOptions(),
+      const ListenOn& listen = ListenOn());
 
   // SIGKILLs the process if it is still running, and reaps it.
   ~ServerProcess();

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "proto/request_tensors.h"
 #include "tests/integration/harness.h"
 
 #ifndef KLCTL_BIN
@@ -155,30 +156,10 @@ class KlctlTest : public ServerTest {
     absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(request);
     ASSERT_TRUE(expected.ok()) << expected.status();
     std::vector<std::string> args = {"loss"};
-    const std::pair<const char*, const v1::Tensor*> inputs[] = {
-        {"attention_logits", request.has_attention_logits()
-                                 ? &request.attention_logits()
-                                 : nullptr},
-        {"attention_weights", request.has_attention_weights()
-                                  ? &request.attention_weights()
-                                  : nullptr},
-        {"indexer_scores", &request.indexer_scores()},
-        {"topk_indices",
-         request.has_topk_indices() ? &request.topk_indices() : nullptr},
-        {"segment_ids_q",
-         request.has_segment_ids_q() ? &request.segment_ids_q() : nullptr},
-        {"segment_ids_kv",
-         request.has_segment_ids_kv() ? &request.segment_ids_kv() : nullptr},
-        {"attention_mask",
-         request.has_attention_mask() ? &request.attention_mask() : nullptr},
-        {"key_padding_mask", request.has_key_padding_mask()
-                                 ? &request.key_padding_mask()
-                                 : nullptr},
-        {"row_valid", request.has_row_valid() ? &request.row_valid() : nullptr},
-    };
-    for (const auto& [name, tensor] : inputs) {
-      if (tensor != nullptr) {
-        args.push_back(absl::StrCat("--", name, "=", Write(name, *tensor)));
+    for (const RequestTensor& tensor : kRequestTensors) {
+      if (const v1::Tensor* t = FindTensor(request, tensor)) {
+        const std::string name(tensor.name);
+        args.push_back(absl::StrCat("--", name, "=", Write(name, *t)));
       }
     }
     const std::string grad_path = OutPath("grad");
@@ -354,11 +335,11 @@ TEST(KlctlBenchTest, RefusalsPastTheServersLimitAreRetried) {
       ServerProcess::Start({"--max_concurrent_requests=1"});
   ASSERT_TRUE(server.ok()) << server.status();
   const CommandResult run = RunCommand(
-      {KLCTL_BIN, "bench", "--target=" + (*server)->target(),
-       "--concurrency=6", "--count=60", "--stream=never", "--shape=1,64,256",
-       "--duration=20s"},
+      {KLCTL_BIN, "bench", "--target=" + (*server)->target(), "--concurrency=6",
+       "--count=60", "--stream=never", "--shape=1,64,256", "--duration=20s"},
       absl::Seconds(40));
-  ASSERT_EQ(run.exit_code, 0) << "stdout:\n" << run.out << "\nstderr:\n"
+  ASSERT_EQ(run.exit_code, 0) << "stdout:\n"
+                              << run.out << "\nstderr:\n"
                               << run.err;
   EXPECT_TRUE(absl::StrContains(run.out, "requests: 60")) << run.out;
 }

@@ -594,11 +594,13 @@ TEST(CommandLineTest, HelpExitsZeroAndListsEveryFlag) {
   const CommandResult help = RunCommand({KLSERVE_BIN, "--help"});
   EXPECT_EQ(help.exit_code, 0) << help.err;
   const std::string text = help.out + help.err;
-  EXPECT_TRUE(absl::StrContains(text, "Flags from server/klserve_main.cc"))
+  EXPECT_TRUE(
+      absl::StrContains(text, "Flags from server/service/klserve_main.cc"))
       << text;
   for (const char* flag :
        {"--listen", "--max_open_streams", "--stream_idle_timeout",
-        "--enable_echo", "--max_layers_per_run", "--auth_token_file"}) {
+        "--enable_echo", "--max_layers_per_run", "--auth_token_file",
+        "--unix_socket_mode"}) {
     EXPECT_TRUE(absl::StrContains(text, flag)) << flag;
   }
   const CommandResult unknown = RunCommand({KLSERVE_BIN, "--no_such_flag"});

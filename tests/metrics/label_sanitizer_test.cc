@@ -1,7 +1,7 @@
 // Label values from clients: printable ASCII, bounded, never empty, and long
 // names that differ only at the end stay distinct.
 
-#include "server/label_sanitizer.h"
+#include "server/metrics/label_sanitizer.h"
 
 #include <string>
 

@@ -2,7 +2,7 @@
 // run's series, the HTTP endpoint on a real socket, and Debian's promtool
 // linting a populated exposition.
 
-#include "server/metrics.h"
+#include "server/metrics/metrics.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -220,6 +220,26 @@ TEST(Metrics, PublishesAStepPerLayerAndForAllLayers) {
             4.25);
   EXPECT_EQ(ValueOf(text, "klserve_indexer_topk_recall", {{"run", "run-a"}}),
             0.875);
+}
+
+// The microbatch tags a step's samples carried, as the aggregator counted
+// them: a job that sends 4 per step sees 4, and a step finished early (by
+// the idle timeout, say) with some missing shows fewer.
+TEST(Metrics, PublishesTheMicrobatchesOfTheLastStep) {
+  auto m = MakeMetrics();
+  ASSERT_NE(m, nullptr);
+  FinishedStep full = TwoLayerStep("mb", 1);
+  full.microbatches = 4;
+  m->PublishStep(full);
+  EXPECT_EQ(
+      ValueOf(m->Scrape(), "klserve_indexer_microbatches", {{"run", "mb"}}),
+      4.0);
+  FinishedStep short_step = TwoLayerStep("mb", 2);
+  short_step.microbatches = 3;
+  m->PublishStep(short_step);
+  EXPECT_EQ(
+      ValueOf(m->Scrape(), "klserve_indexer_microbatches", {{"run", "mb"}}),
+      3.0);
 }
 
 TEST(Metrics, SumsAndCountsAccumulateOverSteps) {

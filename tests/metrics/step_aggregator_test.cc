@@ -3,7 +3,7 @@
 // life of a step (newer step, FinishStep, idle timeout, eviction, late
 // samples).
 
-#include "server/step_aggregator.h"
+#include "server/metrics/step_aggregator.h"
 
 #include <cmath>
 #include <string>

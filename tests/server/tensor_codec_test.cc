@@ -1,7 +1,7 @@
 // The translation between wire messages and the kernels' views: views point
 // into the messages (no copies) and malformed fields name themselves.
 
-#include "server/tensor_codec.h"
+#include "server/codec/tensor_codec.h"
 
 #include <cstring>
 #include <string>

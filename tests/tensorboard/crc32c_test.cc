@@ -1,7 +1,7 @@
 // CRC-32C against published vectors, and the table and SSE4.2 paths against
 // each other and against a bit-at-a-time reference written here.
 
-#include "server/crc32c.h"
+#include "server/tensorboard/crc32c.h"
 
 #include <cstdint>
 #include <random>

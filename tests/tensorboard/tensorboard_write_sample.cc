@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "server/tensorboard_writer.h"
+#include "server/tensorboard/tensorboard_writer.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 // event_file_reader.h: framing, both CRCs, the event fields, run-name
 // checks and I/O errors.
 
-#include "server/tensorboard_writer.h"
+#include "server/tensorboard/tensorboard_writer.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "server/run_name.h"
+#include "server/tensorboard/run_name.h"
 #include "tests/tensorboard/event_file_reader.h"
 
 namespace klserve::server {

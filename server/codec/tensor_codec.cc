@@ -1,0 +1,225 @@
+#include "server/codec/tensor_codec.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+#include "proto/request_tensors.h"
+#include "server/codec/grpc_status.h"
+
+namespace klserve::server {
+namespace {
+
+constexpr DType kWireDTypes[] = {DType::kFloat32, DType::kBFloat16,
+                                 DType::kFloat16, DType::kInt32, DType::kBool};
+
+// A shape-only view for a tensor whose bytes come in blocks.
+absl::StatusOr<TensorView> SpecView(absl::string_view field,
+                                    const v1::TensorSpec& spec) {
+  TensorView view;
+  ASSIGN_OR_RETURN(view.dtype,
+                   ParseDType(absl::StrCat(field, ".dtype"), spec.dtype()));
+  view.shape.assign(spec.shape().begin(), spec.shape().end());
+  return view;
+}
+
+// A view of `tensor`, or nullopt for a tensor the message lacks (null).
+absl::StatusOr<std::optional<TensorView>> MaybeViewOf(
+    absl::string_view field, const v1::Tensor* tensor) {
+  if (tensor == nullptr) return std::nullopt;
+  return ViewOf(field, *tensor);
+}
+
+absl::StatusOr<std::optional<TensorView>> ViewIn(
+    const v1::ComputeLossRequest& request, const RequestTensor& tensor) {
+  return MaybeViewOf(tensor.name, FindTensor(request, tensor));
+}
+
+// In a StreamHeader: a per-row tensor's spec (dtype and shape only) or a
+// small tensor whole.
+absl::StatusOr<std::optional<TensorView>> ViewIn(const v1::StreamHeader& header,
+                                                 const RequestTensor& tensor) {
+  if (tensor.role == TensorRole::kSmall) {
+    return MaybeViewOf(tensor.name, FindTensor(header, tensor));
+  }
+  const v1::TensorSpec* spec = FindSpec(header, tensor);
+  if (spec == nullptr) return std::nullopt;
+  return SpecView(tensor.name, *spec);
+}
+
+// The inputs `message` carries, each tensor viewed as ViewIn gives it.
+template <typename Message>
+absl::StatusOr<IndexerKlInputs> InputsIn(const Message& message) {
+  IndexerKlInputs in;
+  for (const RequestTensor& tensor : kRequestTensors) {
+    ASSIGN_OR_RETURN(std::optional<TensorView> view, ViewIn(message, tensor));
+    if (view.has_value()) {
+      SetInput(tensor, *std::move(view), in);
+    } else if (IsRequired(tensor)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(tensor.name, ": required, got none"));
+    }
+  }
+  return in;
+}
+
+}  // namespace
+
+absl::StatusOr<DType> ParseDType(absl::string_view field,
+                                 absl::string_view name) {
+  for (DType dtype : kWireDTypes) {
+    if (name == DTypeName(dtype)) return dtype;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": must be one of FP32, BF16, FP16, INT32, BOOL, got ",
+      QuoteForMessage(name)));
+}
+
+absl::StatusOr<TensorView> ViewOf(absl::string_view field,
+                                  const v1::Tensor& tensor) {
+  TensorView view;
+  ASSIGN_OR_RETURN(view.dtype,
+                   ParseDType(absl::StrCat(field, ".dtype"), tensor.dtype()));
+  view.shape.assign(tensor.shape().begin(), tensor.shape().end());
+  view.data = tensor.data().data();
+  view.byte_size = static_cast<int64_t>(tensor.data().size());
+  return view;
+}
+
+absl::StatusOr<IndexerKlOptions> OptionsFrom(const v1::LossOptions& o) {
+  IndexerKlOptions options;
+  options.causal = o.causal();
+  if (o.has_q_offset()) options.q_offset = o.q_offset();
+  options.num_keys = o.num_keys();
+  if (o.has_softmax_scale()) options.softmax_scale = o.softmax_scale();
+  switch (o.flavor()) {
+    case v1::FLAVOR_UNSPECIFIED:
+    case v1::FLAVOR_EXACT:
+      options.flavor = Flavor::kExact;
+      break;
+    case v1::FLAVOR_MAXTEXT:
+      options.flavor = Flavor::kMaxText;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("options.flavor: unknown value ", o.flavor()));
+  }
+  switch (o.reduction()) {
+    case v1::REDUCTION_UNSPECIFIED:
+    case v1::REDUCTION_MEAN:
+      options.reduction = Reduction::kMean;
+      break;
+    case v1::REDUCTION_MEAN_VALID:
+      options.reduction = Reduction::kMeanValid;
+      break;
+    case v1::REDUCTION_SUM:
+      options.reduction = Reduction::kSum;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("options.reduction: unknown value ", o.reduction()));
+  }
+  if (o.has_scaling_factor()) options.scaling_factor = o.scaling_factor();
+  options.want_grad = !o.skip_grad();
+  if (!o.grad_dtype().empty()) {
+    ASSIGN_OR_RETURN(options.grad_dtype,
+                     ParseDType("grad_dtype", o.grad_dtype()));
+  }
+  options.want_row_kl = o.want_row_kl();
+  options.want_diagnostics = o.want_diagnostics();
+  options.recall_k = o.recall_k();
+  return options;
+}
+
+absl::StatusOr<IndexerKlInputs> InputsFrom(
+    const v1::ComputeLossRequest& request) {
+  return InputsIn(request);
+}
+
+absl::StatusOr<IndexerKlInputs> InputsFrom(const v1::StreamHeader& header) {
+  return InputsIn(header);
+}
+
+RowBlockBytes BlockBytesOf(const v1::RowBlock& block) {
+  const auto bytes = [](const std::string& s) {
+    return std::pair<const void*, int64_t>(s.data(),
+                                           static_cast<int64_t>(s.size()));
+  };
+  RowBlockBytes out;
+  const std::string& target = !block.attention_logits().empty()
+                                  ? block.attention_logits()
+                                  : block.attention_weights();
+  std::tie(out.target, out.target_bytes) = bytes(target);
+  std::tie(out.scores, out.scores_bytes) = bytes(block.indexer_scores());
+  std::tie(out.indices, out.indices_bytes) = bytes(block.topk_indices());
+  std::tie(out.mask, out.mask_bytes) = bytes(block.attention_mask());
+  return out;
+}
+
+void ResultTo(const IndexerKlResult& result, v1::LossResult* out) {
+  out->set_loss(result.loss);
+  out->set_unscaled_loss(result.unscaled_loss);
+  out->set_denominator(result.denominator);
+  out->set_rows_counted(result.rows_counted);
+  out->set_rows_fully_masked(result.rows_fully_masked);
+  out->set_rows_zero_target(result.rows_zero_target);
+  if (result.diagnostics) {
+    v1::Diagnostics* d = out->mutable_diagnostics();
+    d->set_mean_entropy_p(result.diagnostics->mean_entropy_p);
+    d->set_mean_entropy_q(result.diagnostics->mean_entropy_q);
+    if (result.diagnostics->topk_recall) {
+      d->set_topk_recall(*result.diagnostics->topk_recall);
+    }
+  }
+}
+
+void WidestResultTo(v1::LossResult* out) {
+  // Doubles encode to a fixed 8 bytes; an int64 varint is longest (10
+  // bytes) for a negative value.
+  constexpr int64_t kWidestInt = std::numeric_limits<int64_t>::min();
+  IndexerKlResult widest;
+  widest.loss = widest.unscaled_loss = 1;
+  widest.denominator = widest.rows_counted = widest.rows_fully_masked =
+      widest.rows_zero_target = kWidestInt;
+  widest.diagnostics.emplace();
+  widest.diagnostics->mean_entropy_p = widest.diagnostics->mean_entropy_q = 1;
+  widest.diagnostics->topk_recall = 1;
+  ResultTo(widest, out);
+}
+
+namespace {
+
+std::byte* AllocateBytes(absl::string_view dtype_name, int64_t element_size,
+                         std::initializer_list<int64_t> shape,
+                         v1::Tensor* out) {
+  out->set_dtype(std::string(dtype_name));
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    out->add_shape(d);
+    count *= d;
+  }
+  std::string* data = out->mutable_data();
+  data->resize(count * element_size);
+  return reinterpret_cast<std::byte*>(data->data());
+}
+
+}  // namespace
+
+std::byte* AllocateTensor(DType dtype, std::initializer_list<int64_t> shape,
+                          v1::Tensor* out) {
+  return AllocateBytes(DTypeName(dtype), DTypeSize(dtype), shape, out);
+}
+
+double* AllocateFloat64Tensor(std::initializer_list<int64_t> shape,
+                              v1::Tensor* out) {
+  // std::string's buffer is aligned for double (heap: 16 bytes; in-object
+  // storage: 8).
+  return reinterpret_cast<double*>(
+      AllocateBytes("FP64", sizeof(double), shape, out));
+}
+
+}  // namespace klserve::server

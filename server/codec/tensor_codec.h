@@ -1,0 +1,64 @@
+#ifndef KLSERVE_SERVER_CODEC_TENSOR_CODEC_H_
+#define KLSERVE_SERVER_CODEC_TENSOR_CODEC_H_
+
+// Translation between the wire messages and the kernels' types. Views point
+// into the messages' bytes, never copies: the server keeps each request
+// message alive until the computation that reads it has finished (for a
+// stream, until the block's gradient has been produced).
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/dtype.h"
+#include "kernels/loss.h"
+#include "kernels/problem.h"
+#include "kernels/row_block.h"
+#include "klserve/v1/klserve.pb.h"
+
+namespace klserve::server {
+
+// "FP32", "BF16", "FP16", "INT32" or "BOOL". INVALID_ARGUMENT names `field`.
+absl::StatusOr<DType> ParseDType(absl::string_view field,
+                                 absl::string_view name);
+
+// A view of tensor.data(); `tensor` must outlive every use of the view.
+absl::StatusOr<TensorView> ViewOf(absl::string_view field,
+                                  const v1::Tensor& tensor);
+
+absl::StatusOr<IndexerKlOptions> OptionsFrom(const v1::LossOptions& options);
+
+// The inputs of a whole problem, viewing the request's bytes.
+absl::StatusOr<IndexerKlInputs> InputsFrom(
+    const v1::ComputeLossRequest& request);
+
+// The inputs of a streamed problem: per-row tensors give dtype and shape
+// only (their bytes come in blocks); the small tensors view the header's
+// bytes.
+absl::StatusOr<IndexerKlInputs> InputsFrom(const v1::StreamHeader& header);
+
+// A block's bytes, viewed in place.
+RowBlockBytes BlockBytesOf(const v1::RowBlock& block);
+
+void ResultTo(const IndexerKlResult& result, v1::LossResult* out);
+
+// Sets `out` to a result each of whose fields takes the most bytes it can,
+// diagnostics included: a message holding it encodes to at least as many
+// bytes as it will once ResultTo has set the real one. For checking a
+// response against the message limit before computing it.
+void WidestResultTo(v1::LossResult* out);
+
+// Sets `out` to a tensor of `dtype` and `shape` and returns its bytes, to be
+// filled by the caller.
+std::byte* AllocateTensor(DType dtype, std::initializer_list<int64_t> shape,
+                          v1::Tensor* out);
+
+// The same for an FP64 tensor (row_kl; FP64 is an output-only dtype).
+double* AllocateFloat64Tensor(std::initializer_list<int64_t> shape,
+                              v1::Tensor* out);
+
+}  // namespace klserve::server
+
+#endif  // KLSERVE_SERVER_CODEC_TENSOR_CODEC_H_

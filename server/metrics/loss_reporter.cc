@@ -1,0 +1,200 @@
+#include "server/metrics/loss_reporter.h"
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/tensorboard/run_name.h"
+
+namespace klserve::server {
+
+LossReporter::LossReporter(Metrics* metrics, LossReporterOptions options)
+    : metrics_(metrics),
+      options_(std::move(options)),
+      aggregator_(options_.steps),
+      ticker_([this] { Tick(); }) {}
+
+LossReporter::~LossReporter() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  ticker_.join();
+  Shutdown();
+}
+
+absl::Status LossReporter::CheckTags(const LossTags& tags) const {
+  if (tags.run.empty()) return absl::OkStatus();
+  if (absl::Status status = CheckRunName(tags.run, "tags.run"); !status.ok()) {
+    return status;
+  }
+  if (!tags.step.has_value()) {
+    return absl::InvalidArgumentError(
+        "tags.step: required when tags.run is set (steps are aggregated per "
+        "run)");
+  }
+  if (tags.layer.has_value() &&
+      (*tags.layer < 0 || *tags.layer >= options_.max_layers_per_run)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tags.layer: must be in [0, ", options_.max_layers_per_run, "), got ",
+        *tags.layer,
+        " (--max_layers_per_run bounds the layers of a run: each adds "
+        "Prometheus series)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LossReporter::Add(const LossTags& tags,
+                               const IndexerKlResult& result,
+                               double scaling_factor) {
+  if (tags.run.empty()) return absl::OkStatus();
+  if (absl::Status status = CheckTags(tags); !status.ok()) return status;
+  StepSample sample;
+  sample.run = tags.run;
+  sample.step = *tags.step;
+  sample.layer = tags.layer;
+  sample.microbatch = tags.microbatch;
+  sample.kl_sum = result.kl_sum;
+  sample.rows = result.denominator;
+  sample.scaling_factor = scaling_factor;
+  if (result.diagnostics) {
+    SampleDiagnostics& d = sample.diagnostics.emplace();
+    const double counted = static_cast<double>(result.rows_counted);
+    d.rows_counted = result.rows_counted;
+    d.entropy_p_sum = result.diagnostics->mean_entropy_p * counted;
+    d.entropy_q_sum = result.diagnostics->mean_entropy_q * counted;
+    if (result.diagnostics->topk_recall) {
+      d.recall_sum = *result.diagnostics->topk_recall * counted;
+    }
+  }
+  absl::StatusOr<AddResult> added = aggregator_.Add(sample, absl::Now());
+  if (!added.ok()) return added.status();
+  if (added->late) metrics_->CountLateSample(sample.run);
+  Publish(added->finished);
+  for (const std::string& run : added->evicted_runs) {
+    metrics_->RemoveRun(run);
+    absl::MutexLock lock(&mu_);
+    writers_.erase(run);  // closes its file
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FinishedStep> LossReporter::FinishStep(absl::string_view run,
+                                                      int64_t step) {
+  if (absl::Status status = CheckRunName(run, "run"); !status.ok()) {
+    return status;
+  }
+  absl::StatusOr<FinishedStep> finished = aggregator_.Finish(run, step);
+  if (finished.ok()) Publish({*finished});
+  return finished;
+}
+
+void LossReporter::Publish(const std::vector<FinishedStep>& steps) {
+  for (const FinishedStep& step : steps) {
+    metrics_->PublishStep(step);
+    if (!options_.tensorboard_dir.empty()) WriteTensorBoard(step);
+  }
+}
+
+bool LossReporter::TakeTensorBoardRun(const std::string& run) {
+  if (tensorboard_runs_.contains(run)) return true;
+  if (static_cast<int>(tensorboard_runs_.size()) <
+      options_.max_tensorboard_runs) {
+    tensorboard_runs_.insert(run);
+    return true;
+  }
+  // Once per process: a caller sending new run names would otherwise fill
+  // the log instead of the disk.
+  if (!tensorboard_limit_logged_) {
+    tensorboard_limit_logged_ = true;
+    std::fprintf(stderr,
+                 "klserve: TensorBoard: %d runs have a directory "
+                 "(--max_tensorboard_runs); run \"%s\" and later new runs "
+                 "get no event file (Prometheus is unaffected; counted in "
+                 "klserve_tensorboard_skipped_steps_total)\n",
+                 options_.max_tensorboard_runs, run.c_str());
+  }
+  return false;
+}
+
+// Past --max_tensorboard_runs a new run's steps are skipped, not refused:
+// the loss still reaches Prometheus and the training job sees no error,
+// while a caller inventing run names cannot fill the disk with directories.
+// No directory is ever deleted to make room, so no researcher's data goes.
+void LossReporter::WriteTensorBoard(const FinishedStep& step) {
+  absl::MutexLock lock(&mu_);
+  auto it = writers_.find(step.run);
+  if (it == writers_.end()) {
+    if (!TakeTensorBoardRun(step.run)) {
+      metrics_->CountTensorBoardSkippedStep();
+      return;
+    }
+    it = writers_.emplace(step.run, nullptr).first;
+  }
+  std::unique_ptr<TensorBoardWriter>& writer = it->second;
+  absl::Status status;
+  if (writer == nullptr) {
+    absl::StatusOr<std::unique_ptr<TensorBoardWriter>> opened =
+        TensorBoardWriter::Open(options_.tensorboard_dir, step.run);
+    if (opened.ok()) {
+      writer = *std::move(opened);
+    } else {
+      status = opened.status();
+    }
+  }
+  if (writer != nullptr) {
+    const absl::Time now = absl::Now();
+    const auto scalar = [&](absl::string_view tag, double value) {
+      if (status.ok()) status = writer->AddScalar(tag, step.step, value, now);
+    };
+    scalar("indexer_loss", step.loss);
+    for (const LayerLoss& layer : step.layers) {
+      if (layer.layer) {
+        scalar(absl::StrCat("indexer_loss/layer_", *layer.layer), layer.loss);
+      }
+    }
+    if (step.mean_entropy_p) scalar("indexer_entropy_p", *step.mean_entropy_p);
+    if (step.mean_entropy_q) scalar("indexer_entropy_q", *step.mean_entropy_q);
+    if (step.topk_recall) scalar("indexer_topk_recall", *step.topk_recall);
+  }
+  if (!status.ok()) {
+    metrics_->CountTensorBoardError();
+    std::fprintf(stderr, "klserve: TensorBoard, run \"%s\": %s\n",
+                 step.run.c_str(), status.ToString().c_str());
+    writers_.erase(step.run);  // reopen a fresh file next time
+  }
+}
+
+void LossReporter::Tick() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.tick);
+      if (stopping_) return;
+    }
+    Publish(aggregator_.FinishIdle(absl::Now()));
+    absl::MutexLock lock(&mu_);
+    for (auto& [run, writer] : writers_) {
+      if (absl::Status status = writer->Flush(); !status.ok()) {
+        metrics_->CountTensorBoardError();
+        std::fprintf(stderr, "klserve: TensorBoard flush, run \"%s\": %s\n",
+                     run.c_str(), status.ToString().c_str());
+      }
+    }
+  }
+}
+
+void LossReporter::Shutdown() {
+  Publish(aggregator_.FinishAll());
+  absl::MutexLock lock(&mu_);
+  for (auto& [run, writer] : writers_) {
+    if (absl::Status status = writer->Close(); !status.ok()) {
+      metrics_->CountTensorBoardError();
+      std::fprintf(stderr, "klserve: TensorBoard close, run \"%s\": %s\n",
+                   run.c_str(), status.ToString().c_str());
+    }
+  }
+  writers_.clear();
+}
+
+}  // namespace klserve::server

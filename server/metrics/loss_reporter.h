@@ -1,0 +1,101 @@
+#ifndef KLSERVE_SERVER_METRICS_LOSS_REPORTER_H_
+#define KLSERVE_SERVER_METRICS_LOSS_REPORTER_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kernels/loss.h"
+#include "server/metrics/loss_tags.h"
+#include "server/metrics/metrics.h"
+#include "server/metrics/step_aggregator.h"
+#include "server/tensorboard/tensorboard_writer.h"
+
+namespace klserve::server {
+
+struct LossReporterOptions {
+  StepAggregatorOptions steps;
+  // tags.layer must be in [0, max_layers_per_run). Each layer of a run adds
+  // 4 Prometheus series for as long as the run is tracked, so this, with
+  // max_runs, bounds the series a caller can create. A range rather than a
+  // count of distinct layers: it is checked on the request alone, before
+  // computing, with no state and no race between concurrent requests of a
+  // run; layers are numbered 0..L-1 in practice (DeepSeek-V3: 61).
+  int max_layers_per_run = 256;
+  // Where each run's TensorBoard event file goes; empty writes none.
+  std::string tensorboard_dir;
+  // Runs given a TensorBoard directory in this process's lifetime. A run
+  // past the bound still gets its Prometheus series but no event file (see
+  // WriteTensorBoard). Directories are never deleted: they hold
+  // researchers' data, and a run evicted from the aggregator writes a new
+  // event file into its own directory when it comes back.
+  int max_tensorboard_runs = 1024;
+  // How often idle steps are finished and event files flushed.
+  absl::Duration tick = absl::Seconds(1);
+};
+
+// Turns tagged requests into per-step losses: accumulates them by run, step
+// and layer (StepAggregator), and publishes each finished step to
+// Prometheus (Metrics) and to the run's TensorBoard event file. A background
+// thread finishes idle steps and flushes the files. A TensorBoard write
+// failure is logged and counted, never returned to the RPC. Thread-safe.
+class LossReporter {
+ public:
+  LossReporter(Metrics* metrics, LossReporterOptions options);
+  // Stops the background thread and publishes what is still open.
+  ~LossReporter();
+
+  // Checked before a request computes, so that a refused request is counted
+  // nowhere. For a tagged request (run set): INVALID_ARGUMENT, naming the
+  // field, for a run name CheckRunName refuses, a missing step, or a layer
+  // outside [0, max_layers_per_run). Untagged requests are not aggregated,
+  // so their step and layer are not checked.
+  absl::Status CheckTags(const LossTags& tags) const;
+
+  // A request's loss. Untagged requests (no run) are not aggregated.
+  absl::Status Add(const LossTags& tags, const IndexerKlResult& result,
+                   double scaling_factor);
+
+  // The FinishStep RPC: publishes the run's open step now. INVALID_ARGUMENT
+  // (naming `run`) for a run name CheckRunName refuses.
+  absl::StatusOr<FinishedStep> FinishStep(absl::string_view run, int64_t step);
+
+  // Publishes every open step and flushes and closes the event files (on
+  // drain). Idempotent.
+  void Shutdown();
+
+ private:
+  void Publish(const std::vector<FinishedStep>& steps);
+  void WriteTensorBoard(const FinishedStep& step);
+  // Whether `run` may have a TensorBoard directory: it has one already, or
+  // fewer than max_tensorboard_runs runs do (it then takes one).
+  bool TakeTensorBoardRun(const std::string& run)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Tick();
+
+  Metrics* const metrics_;
+  const LossReporterOptions options_;
+  StepAggregator aggregator_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<TensorBoardWriter>> writers_
+      ABSL_GUARDED_BY(mu_);
+  // Every run given a TensorBoard directory so far; at most
+  // max_tensorboard_runs names, kept after eviction so that a returning run
+  // keeps its directory.
+  absl::flat_hash_set<std::string> tensorboard_runs_ ABSL_GUARDED_BY(mu_);
+  bool tensorboard_limit_logged_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread ticker_;
+};
+
+}  // namespace klserve::server
+
+#endif  // KLSERVE_SERVER_METRICS_LOSS_REPORTER_H_

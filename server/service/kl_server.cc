@@ -1,0 +1,314 @@
+#include "server/service/kl_server.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "auth/token_file.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
+#include "grpcpp/security/server_credentials.h"
+#include "kernels/status_macros.h"
+#include "server/service/backend_selection.h"
+#include "server/service/listen_addresses.h"
+#include "server/service/method_names.h"
+#include "server/service/version.h"
+
+namespace klserve::server {
+namespace {
+
+absl::StatusOr<std::string> ReadPemFile(absl::string_view flag,
+                                        const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  if (in) buffer << in.rdbuf();
+  if (!in || buffer.str().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": cannot read \"", path, "\" (or empty)"));
+  }
+  return buffer.str();
+}
+
+// The transport: plaintext, TLS, or mutual TLS. `with_token`: credentials
+// that take the token check.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TransportCredentials(
+    const ServerOptions& options, bool with_token) {
+  const bool cert = !options.tls_cert_file.empty();
+  const bool key = !options.tls_key_file.empty();
+  if (cert != key) {
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key: set both (TLS) or neither (plaintext)");
+  }
+  if (!cert) {
+    if (!options.tls_client_ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_client_ca: needs --tls_cert and --tls_key");
+    }
+    // gRPC 1.51's plaintext credentials take no AuthMetadataProcessor (it
+    // aborts); the xDS credentials do, and with no xDS configuration they
+    // serve their fallback, plaintext here. They are the only way to check
+    // a token on a call's headers before its message is read.
+    return with_token
+               ? grpc::XdsServerCredentials(grpc::InsecureServerCredentials())
+               : grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions ssl(
+      GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain,
+                   ReadPemFile("tls_cert", options.tls_cert_file));
+  ASSIGN_OR_RETURN(pair.private_key,
+                   ReadPemFile("tls_key", options.tls_key_file));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!options.tls_client_ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                     ReadPemFile("tls_client_ca", options.tls_client_ca_file));
+    ssl.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+// The gRPC port's credentials: plaintext, TLS, or mutual TLS, with the
+// token check when `auth` is set.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
+    const ServerOptions& options, std::shared_ptr<TokenAuth> auth) {
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   TransportCredentials(options, auth != nullptr));
+  if (auth != nullptr) credentials->SetAuthMetadataProcessor(std::move(auth));
+  return credentials;
+}
+
+// Every option's own rule; the cross-checks (TLS files) come with their use.
+absl::Status ValidateOptions(const ServerOptions& options) {
+  const auto at_least = [](absl::string_view flag, int64_t value,
+                           int64_t least) -> absl::Status {
+    if (value >= least) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": must be >= ", least, ", got ", value));
+  };
+  const auto positive = [](absl::string_view flag,
+                           absl::Duration value) -> absl::Status {
+    if (value > absl::ZeroDuration() && value < absl::InfiniteDuration()) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": must be a positive, finite duration, got ",
+                     absl::FormatDuration(value)));
+  };
+  RETURN_IF_ERROR(
+      at_least("max_concurrent_requests", options.max_concurrent_requests, 1));
+  RETURN_IF_ERROR(at_least("max_open_streams", options.max_open_streams, 1));
+  RETURN_IF_ERROR(at_least("max_streams_per_connection",
+                           options.max_streams_per_connection, 1));
+  // gRPC counts message sizes in int.
+  constexpr int64_t kGrpcMaxMessage = (int64_t{1} << 31) - 1;
+  if (options.max_message_bytes < 1 ||
+      options.max_message_bytes > kGrpcMaxMessage) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_message_bytes: must be in [1, ", kGrpcMaxMessage,
+                     "], got ", options.max_message_bytes));
+  }
+  RETURN_IF_ERROR(at_least("max_tensor_bytes", options.max_tensor_bytes, 1));
+  // Below a few MiB gRPC could not hold one connection's buffers.
+  RETURN_IF_ERROR(at_least("transport_memory_bytes",
+                           options.transport_memory_bytes, int64_t{16} << 20));
+  RETURN_IF_ERROR(at_least("max_runs", options.max_runs, 1));
+  RETURN_IF_ERROR(
+      at_least("max_layers_per_run", options.max_layers_per_run, 1));
+  RETURN_IF_ERROR(
+      at_least("max_tensorboard_runs", options.max_tensorboard_runs, 1));
+  RETURN_IF_ERROR(positive("stream_idle_timeout", options.stream_idle_timeout));
+  RETURN_IF_ERROR(positive("max_stream_duration", options.max_stream_duration));
+  RETURN_IF_ERROR(positive("max_connection_age", options.max_connection_age));
+  // gRPC takes the connection age and its grace in int milliseconds.
+  constexpr absl::Duration kGrpcMaxMillis = absl::Milliseconds(INT32_MAX);
+  if (options.max_connection_age > kGrpcMaxMillis ||
+      options.max_stream_duration > kGrpcMaxMillis) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_connection_age, --max_stream_duration: at most ",
+                     absl::FormatDuration(kGrpcMaxMillis)));
+  }
+  return absl::OkStatus();
+}
+
+// How often the watchdog looks: a small part of the shortest timeout, so a
+// stream ends within an eighth of its timeout of when it should.
+absl::Duration WatchdogPeriod(const ServerOptions& options) {
+  return std::clamp(
+      std::min(options.stream_idle_timeout, options.max_stream_duration) / 8,
+      absl::Milliseconds(10), absl::Seconds(1));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
+    const ServerOptions& options) {
+  RETURN_IF_ERROR(ValidateOptions(options));
+  ASSIGN_OR_RETURN(const std::vector<ListenAddress> addresses,
+                   ParseListenAddresses(options.listen));
+  std::unique_ptr<KlServer> s(new KlServer(options));
+  ASSIGN_OR_RETURN(s->backend_, SelectBackend(options.backend, options.threads,
+                                              options.isa));
+  MetricsOptions metrics;
+  metrics.listen_address = options.metrics_listen;
+  metrics.version = std::string(kVersion);
+  metrics.backend = std::string(s->backend_->name());
+  metrics.device = s->backend_->device();
+  ASSIGN_OR_RETURN(s->metrics_, Metrics::Create(metrics));
+  for (absl::string_view method : kIndexerKlMethods) {
+    s->metrics_->RegisterMethod(method);
+  }
+  if (!options.auth_token_file.empty()) {
+    ASSIGN_OR_RETURN(std::string token, ReadTokenFile(options.auth_token_file));
+    s->auth_ = std::make_shared<TokenAuth>(std::move(token), s->metrics_.get());
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   ListenCredentials(options, s->auth_));
+  LossReporterOptions reporting;
+  reporting.steps.max_runs = options.max_runs;
+  reporting.steps.idle_timeout = options.step_idle_timeout;
+  reporting.max_layers_per_run = options.max_layers_per_run;
+  reporting.tensorboard_dir = options.tensorboard_dir;
+  reporting.max_tensorboard_runs = options.max_tensorboard_runs;
+  s->reporter_ =
+      std::make_unique<LossReporter>(s->metrics_.get(), std::move(reporting));
+  s->requests_ = std::make_unique<Admission>(
+      options.max_concurrent_requests, "requests in flight",
+      "max_concurrent_requests", s->metrics_.get());
+  s->streams_ =
+      std::make_unique<Admission>(options.max_open_streams, "streams open",
+                                  "max_open_streams", s->metrics_.get());
+  s->executor_ =
+      std::make_unique<ComputeExecutor>(options.max_concurrent_requests);
+  s->watchdog_ = std::make_unique<StreamWatchdog>(WatchdogPeriod(options));
+  s->service_ = std::make_unique<LossService>(
+      ServiceContext{s->backend_.get(), s->executor_.get(), s->requests_.get(),
+                     s->streams_.get(), s->watchdog_.get(), s->metrics_.get(),
+                     s->reporter_.get(), &s->options_});
+
+  grpc::EnableDefaultHealthCheckService(true);
+  // With a token set, reflection needs it like every method but health.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  // gRPC binds with SO_REUSEPORT by default: a second klserve on the same
+  // --listen would start and take half the calls. Off, it cannot bind.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             options.max_streams_per_connection);
+  builder.AddChannelArgument(
+      GRPC_ARG_MAX_CONNECTION_AGE_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
+  // A call still open when its connection is closed was open for at least
+  // this long after the GOAWAY: a stream within --max_stream_duration has
+  // had the time it was promised.
+  builder.AddChannelArgument(
+      GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options.max_stream_duration)));
+  grpc::ResourceQuota quota("klserve");
+  quota.Resize(static_cast<size_t>(options.transport_memory_bytes));
+  builder.SetResourceQuota(quota);
+  // gRPC writes each address's port here when it binds (1 for a socket).
+  std::vector<int> bound(addresses.size(), 0);
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    if (addresses[i].is_unix()) {
+      RETURN_IF_ERROR(ClaimSocketPath(addresses[i].socket_path));
+    }
+    builder.AddListeningPort(addresses[i].address, credentials, &bound[i]);
+  }
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.RegisterService(s->service_.get());
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(
+      s->open_calls_.CountingFactory(std::string(kIndexerKlPrefix)));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  s->server_ = builder.BuildAndStart();
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    if (s->server_ == nullptr || bound[i] == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("--listen: cannot serve on ", addresses[i].address));
+    }
+  }
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    const ListenAddress& address = addresses[i];
+    if (address.is_unix()) {
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<SocketFile> file,
+          SocketFile::Bound(address.socket_path, options.unix_socket_mode));
+      s->socket_files_.push_back(std::move(file));
+    } else if (s->port_ == 0) {
+      s->port_ = bound[i];
+    }
+  }
+  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  const std::string metrics_at =
+      s->metrics_->port() == 0
+          ? std::string("metrics off")
+          : absl::StrCat("metrics on port ", s->metrics_->port(), " (",
+                         options.metrics_listen, ")");
+  const std::string tensorboard_at =
+      options.tensorboard_dir.empty()
+          ? std::string("no TensorBoard files")
+          : absl::StrCat("TensorBoard files in ", options.tensorboard_dir);
+  const std::string security = absl::StrCat(
+      options.tls_cert_file.empty()
+          ? "plaintext"
+          : (options.tls_client_ca_file.empty() ? "TLS" : "mutual TLS"),
+      s->auth_ != nullptr ? ", token required" : "");
+  // "port 50051 (127.0.0.1:50051, plaintext)" for TCP, the form scripts
+  // read; "unix:/run/klserve.sock (plaintext)" for a socket.
+  std::vector<std::string> serving;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    serving.push_back(
+        addresses[i].is_unix()
+            ? absl::StrCat(addresses[i].address, " (", security, ")")
+            : absl::StrCat("port ", bound[i], " (", addresses[i].address, ", ",
+                           security, ")"));
+  }
+  std::fprintf(stderr, "klserve: serving on %s, backend %s (%s), %s, %s\n",
+               absl::StrJoin(serving, " and ").c_str(),
+               std::string(s->backend_->name()).c_str(),
+               s->backend_->device().c_str(), metrics_at.c_str(),
+               tensorboard_at.c_str());
+  return s;
+}
+
+KlServer::~KlServer() {
+  if (server_ != nullptr) server_->Shutdown();
+}
+
+void KlServer::Drain() {
+  const absl::Time deadline = absl::Now() + options_.drain_timeout;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  requests_->StartDraining();
+  streams_->StartDraining();
+  // Admitted calls are open calls: this waits for the work in flight, then
+  // for the answers and refusals still on their way out.
+  if (!open_calls_.WaitNone(deadline)) {
+    std::fprintf(stderr,
+                 "klserve: requests still in flight after the drain timeout; "
+                 "cancelling them\n");
+  }
+  // Stops taking calls. One that slipped in after the count reached zero
+  // gets a moment to be refused; then whatever is left (a health Watch, work
+  // past the drain deadline) is cancelled.
+  constexpr absl::Duration kLastRefusals = absl::Milliseconds(500);
+  server_->Shutdown(
+      absl::ToChronoTime(std::min(deadline, absl::Now() + kLastRefusals)));
+  reporter_->Shutdown();
+}
+
+void KlServer::Wait() { server_->Wait(); }
+
+}  // namespace klserve::server

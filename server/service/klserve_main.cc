@@ -1,0 +1,201 @@
+// klserve: the indexer KL loss service. See README.md and
+// proto/klserve/v1/klserve.proto.
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
+#include "absl/flags/internal/usage.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "server/service/kl_server.h"
+#include "server/service/server_options.h"
+
+namespace {
+
+// Every flag's default is ServerOptions'.
+const klserve::server::ServerOptions& Defaults() {
+  static const klserve::server::ServerOptions defaults;
+  return defaults;
+}
+
+}  // namespace
+
+ABSL_FLAG(std::string, listen, Defaults().listen,
+          "comma-separated addresses to serve gRPC on: HOST:PORT (port 0 "
+          "picks a free one; loopback by default, 0.0.0.0:50051 serves other "
+          "hosts, see docs/security.md) or unix:/absolute/path, a Unix-domain "
+          "socket for jobs on the same node");
+ABSL_FLAG(std::string, unix_socket_mode,
+          absl::StrFormat("%04o", Defaults().unix_socket_mode),
+          "octal permission bits of each --listen=unix: socket; connecting "
+          "needs write permission (0600: klserve's user only, 0660: its "
+          "group too)");
+ABSL_FLAG(std::string, backend, Defaults().backend,
+          "auto (CUDA when usable, else CPU), cpu or cuda");
+ABSL_FLAG(int, threads, Defaults().threads,
+          "CPU backend threads; 0 = one per core");
+ABSL_FLAG(std::string, isa, Defaults().isa,
+          "CPU kernels' instruction set: auto (the best this CPU runs), "
+          "avx512, avx2 or baseline; every one gives the same bits, and one "
+          "this CPU cannot run is refused");
+ABSL_FLAG(int64_t, max_message_bytes, Defaults().max_message_bytes,
+          "largest gRPC message either way; larger problems must stream");
+ABSL_FLAG(int, max_concurrent_requests, Defaults().max_concurrent_requests,
+          "unary ComputeLoss requests computing or queued at once (also the "
+          "compute threads); more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_open_streams, Defaults().max_open_streams,
+          "ComputeLossStream and Echo calls open at once, apart from "
+          "--max_concurrent_requests; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(absl::Duration, stream_idle_timeout, Defaults().stream_idle_timeout,
+          "end a stream (DEADLINE_EXCEEDED) whose client sends nothing the "
+          "server waits for, or takes no answer, for this long");
+ABSL_FLAG(absl::Duration, max_stream_duration, Defaults().max_stream_duration,
+          "the longest a stream may stay open");
+ABSL_FLAG(int, max_streams_per_connection,
+          Defaults().max_streams_per_connection,
+          "HTTP/2 streams (calls) one connection may have open at once");
+ABSL_FLAG(int64_t, transport_memory_bytes, Defaults().transport_memory_bytes,
+          "memory gRPC may hold for all connections (a grpc::ResourceQuota)");
+ABSL_FLAG(absl::Duration, max_connection_age, Defaults().max_connection_age,
+          "ask a connection to reconnect after this long; it is closed "
+          "--max_stream_duration later");
+ABSL_FLAG(bool, enable_echo, Defaults().enable_echo,
+          "serve the Echo RPC (klctl bench --mode=echo); off, it gets "
+          "UNIMPLEMENTED");
+ABSL_FLAG(int64_t, max_tensor_bytes, Defaults().max_tensor_bytes,
+          "largest tensor a request may carry or ask for (stream blocks count "
+          "one at a time)");
+ABSL_FLAG(absl::Duration, drain_timeout, Defaults().drain_timeout,
+          "on SIGTERM/SIGINT, how long requests in flight may take to finish");
+ABSL_FLAG(std::string, metrics_listen, Defaults().metrics_listen,
+          "HOST:PORT serving Prometheus /metrics; empty serves none");
+ABSL_FLAG(std::string, tensorboard_dir, Defaults().tensorboard_dir,
+          "directory for per-run TensorBoard event files; empty writes none");
+ABSL_FLAG(int, max_runs, Defaults().max_runs,
+          "runs whose per-step loss series are kept (the run idle longest is "
+          "dropped first)");
+ABSL_FLAG(int, max_layers_per_run, Defaults().max_layers_per_run,
+          "tags.layer must be in [0, N): bounds the per-layer loss series of "
+          "each run; other layers are refused with INVALID_ARGUMENT");
+ABSL_FLAG(int, max_tensorboard_runs, Defaults().max_tensorboard_runs,
+          "runs given a TensorBoard directory while the server runs; later "
+          "new runs get Prometheus metrics but no event file");
+ABSL_FLAG(absl::Duration, step_idle_timeout, Defaults().step_idle_timeout,
+          "a step with no request for this long is finished and published");
+
+ABSL_FLAG(std::string, tls_cert, Defaults().tls_cert_file,
+          "PEM server certificate chain; with --tls_key, serve TLS only");
+ABSL_FLAG(std::string, tls_key, Defaults().tls_key_file,
+          "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, Defaults().tls_client_ca_file,
+          "PEM CA bundle: require client certificates signed by it (mutual "
+          "TLS; needs --tls_cert and --tls_key)");
+ABSL_FLAG(std::string, auth_token_file, Defaults().auth_token_file,
+          "file holding a bearer token every RPC must send as "
+          "'authorization: Bearer <token>' (health is exempt)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves the indexer KL loss over gRPC.\n  klserve [--listen=HOST:PORT] "
+      "[--backend=auto|cpu|cuda] [--threads=N] [--isa=auto|avx512|avx2|"
+      "baseline] ...");
+  // --help names the file each flag is defined in: by its name in the
+  // repository, not by the path of the checkout that built the binary.
+  absl::FlagsUsageConfig usage;
+  usage.normalize_filename = [](absl::string_view file) {
+    const size_t at = file.rfind("server/");
+    return std::string(at == absl::string_view::npos ? file : file.substr(at));
+  };
+  absl::SetFlagsUsageConfig(usage);
+  // absl::ParseCommandLine exits 1 after printing the help that was asked
+  // for, which scripts read as a failure; its two halves, run here, let
+  // --help exit 0. (absl's internal API: Debian pins absl's version.)
+  absl::flags_internal::ParseCommandLineImpl(
+      argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
+      absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
+      absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
+  if (const int usage = absl::flags_internal::HandleUsageFlags(
+          std::cout, absl::ProgramUsageMessage());
+      usage != -1) {
+    return usage == 1 ? 0 : usage;  // 1: a help flag was handled
+  }
+
+  // SIGTERM and SIGINT go to one thread that drains; every other thread,
+  // including gRPC's and the backend's (started below), inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  klserve::server::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  {
+    const std::string mode = absl::GetFlag(FLAGS_unix_socket_mode);
+    char* end = nullptr;
+    const long bits = std::strtol(mode.c_str(), &end, 8);
+    if (mode.empty() || *end != '\0' || bits < 0 || bits > 0777) {
+      std::fprintf(stderr,
+                   "klserve: --unix_socket_mode: must be octal permission "
+                   "bits from 0 to 0777 (e.g. 0600), got \"%s\"\n",
+                   mode.substr(0, 64).c_str());
+      return 1;
+    }
+    options.unix_socket_mode = static_cast<mode_t>(bits);
+  }
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.isa = absl::GetFlag(FLAGS_isa);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_concurrent_requests =
+      absl::GetFlag(FLAGS_max_concurrent_requests);
+  options.max_open_streams = absl::GetFlag(FLAGS_max_open_streams);
+  options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  options.max_stream_duration = absl::GetFlag(FLAGS_max_stream_duration);
+  options.max_streams_per_connection =
+      absl::GetFlag(FLAGS_max_streams_per_connection);
+  options.transport_memory_bytes = absl::GetFlag(FLAGS_transport_memory_bytes);
+  options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  options.enable_echo = absl::GetFlag(FLAGS_enable_echo);
+  options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
+  options.max_runs = absl::GetFlag(FLAGS_max_runs);
+  options.max_layers_per_run = absl::GetFlag(FLAGS_max_layers_per_run);
+  options.max_tensorboard_runs = absl::GetFlag(FLAGS_max_tensorboard_runs);
+  options.step_idle_timeout = absl::GetFlag(FLAGS_step_idle_timeout);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+
+  absl::StatusOr<std::unique_ptr<klserve::server::KlServer>> server =
+      klserve::server::KlServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "klserve: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::thread drainer([&signals, s = server->get()] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    std::fprintf(stderr, "klserve: signal %d, draining\n", signal);
+    s->Drain();
+  });
+  (*server)->Wait();
+  drainer.join();
+  std::fprintf(stderr, "klserve: stopped\n");
+  return 0;
+}

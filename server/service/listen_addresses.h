@@ -1,0 +1,29 @@
+#ifndef KLSERVE_SERVER_SERVICE_LISTEN_ADDRESSES_H_
+#define KLSERVE_SERVER_SERVICE_LISTEN_ADDRESSES_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace klserve::server {
+
+// One address of --listen: a TCP "HOST:PORT" or a Unix-domain socket
+// "unix:/absolute/path" (also written "unix:///absolute/path").
+struct ListenAddress {
+  std::string address;      // as gRPC takes it
+  std::string socket_path;  // the socket's path; empty for TCP
+  bool is_unix() const { return !socket_path.empty(); }
+};
+
+// Splits --listen at commas. INVALID_ARGUMENT naming --listen for an empty
+// list or entry, an address given twice, a relative socket path (it would
+// depend on the directory klserve starts in), or one too long for a socket
+// address (107 bytes).
+absl::StatusOr<std::vector<ListenAddress>> ParseListenAddresses(
+    absl::string_view flag);
+
+}  // namespace klserve::server
+
+#endif  // KLSERVE_SERVER_SERVICE_LISTEN_ADDRESSES_H_

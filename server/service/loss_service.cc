@@ -1,0 +1,207 @@
+#include "server/service/loss_service.h"
+
+#include "kernels/loss.h"
+#include "kernels/status_macros.h"
+#include "server/codec/grpc_status.h"
+#include "server/codec/tensor_codec.h"
+#include "server/codec/wire_messages.h"
+#include "server/service/echo_reactor.h"
+#include "server/service/limits.h"
+#include "server/service/loss_stream_reactor.h"
+#include "server/service/loss_tags_from.h"
+#include "server/service/version.h"
+
+namespace klserve::server {
+namespace {
+
+// The field a too-large response is blamed on: its largest part.
+const char* LargestOutput(const IndexerKlOptions& options) {
+  if (options.want_grad) return "grad";
+  return options.want_row_kl ? "row_kl" : "request_id";
+}
+
+// The whole unary computation, on an executor thread: `bytes` in, `out`
+// encoded; `rows_computed` gets the rows computed.
+absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
+                          grpc::ByteBuffer& out, int64_t& rows_computed) {
+  v1::ComputeLossRequest request;
+  RETURN_IF_ERROR(ParseMessage(bytes, "ComputeLoss request", request));
+  // The parsed request is all that is read from here on: its bytes go now
+  // instead of when the call ends, so a large request is held once, not
+  // twice.
+  bytes.Clear();
+  RETURN_IF_ERROR(ctx.reporter->CheckTags(LossTagsFrom(request.tags())));
+  ASSIGN_OR_RETURN(const IndexerKlOptions options,
+                   OptionsFrom(request.options()));
+  ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(request));
+  RETURN_IF_ERROR(CheckInputBytes(inputs, *ctx.options));
+  ASSIGN_OR_RETURN(const IndexerKlProblem problem,
+                   IndexerKlProblem::Create(inputs, options));
+  ASSIGN_OR_RETURN(const RowData rows, WholeRowData(problem, inputs));
+  RETURN_IF_ERROR(CheckOutputBytes(problem, problem.num_rows(),
+                                   /*one_message=*/true, *ctx.options));
+  v1::ComputeLossResponse response;
+  response.set_request_id(request.request_id());
+  LossOutputs outputs;
+  if (options.want_grad) {
+    outputs.grad = AllocateTensor(options.grad_dtype,
+                                  {problem.B, problem.T, problem.row_length},
+                                  response.mutable_grad());
+    outputs.grad_byte_size =
+        static_cast<int64_t>(response.grad().data().size());
+  }
+  if (options.want_row_kl) {
+    outputs.row_kl = AllocateFloat64Tensor({problem.B, problem.T},
+                                           response.mutable_row_kl());
+    outputs.row_kl_size = problem.num_rows();
+  }
+  // Decided before computing, so that a response gRPC would refuse to send
+  // is never computed or counted.
+  WidestResultTo(response.mutable_result());
+  RETURN_IF_ERROR(CheckMessageBytes(
+      LargestOutput(options), static_cast<int64_t>(response.ByteSizeLong()),
+      "send the problem with ComputeLossStream", *ctx.options));
+  response.clear_result();
+  ASSIGN_OR_RETURN(const IndexerKlResult result,
+                   ComputeIndexerKl(*ctx.backend, problem, rows, outputs));
+  ResultTo(result, response.mutable_result());
+  RETURN_IF_ERROR(EncodeMessage(response, out));
+  rows_computed = problem.num_rows();
+  // Tags were checked above: this cannot fail.
+  ctx.reporter
+      ->Add(LossTagsFrom(request.tags()), result, options.scaling_factor)
+      .IgnoreError();
+  return absl::OkStatus();
+}
+
+// Finishes a unary call and records it in the request metrics.
+void FinishUnary(const ServiceContext& ctx, grpc::ServerUnaryReactor* reactor,
+                 absl::string_view method, absl::Time start,
+                 const absl::Status& status, int64_t bytes_in,
+                 int64_t bytes_out, int64_t rows) {
+  ctx.metrics->RecordRequest(method, absl::StatusCodeToString(status.code()),
+                             absl::ToDoubleSeconds(absl::Now() - start),
+                             bytes_in, bytes_out, rows);
+  reactor->Finish(ToGrpcStatus(status));
+}
+
+// A stream refused before it started: finishes at once with `status`.
+class RefusedStream final
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit RefusedStream(const grpc::Status& status) { this->Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* LossService::ComputeLoss(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  const auto bytes_in = static_cast<int64_t>(request->Length());
+  // gRPC hands over a call whose client reset it, message or not: it gets
+  // no slot and no compute task (a flood of resets would fill both).
+  if (context->IsCancelled()) {
+    FinishUnary(context_, reactor, "ComputeLoss", start,
+                absl::CancelledError("cancelled by the client"), bytes_in, 0,
+                0);
+    return reactor;
+  }
+  if (absl::Status admitted = context_.requests->Enter(); !admitted.ok()) {
+    FinishUnary(context_, reactor, "ComputeLoss", start, admitted, bytes_in, 0,
+                0);
+    return reactor;
+  }
+  // The request and response belong to gRPC until Finish, so the task may
+  // use them in place; the request's bytes are the call's to drop once
+  // parsed, which is why they are taken as mutable.
+  auto* request_bytes = const_cast<grpc::ByteBuffer*>(request);
+  context_.executor->Submit([ctx = context_, context, request_bytes, response,
+                             reactor, start, bytes_in] {
+    absl::Status status;
+    int64_t rows = 0;
+    if (context->IsCancelled()) {
+      status = absl::CancelledError("cancelled before computing");
+    } else {
+      status = ComputeUnary(ctx, *request_bytes, *response, rows);
+    }
+    ctx.requests->Leave();
+    FinishUnary(ctx, reactor, "ComputeLoss", start, status, bytes_in,
+                status.ok() ? static_cast<int64_t>(response->Length()) : 0,
+                rows);
+  });
+  return reactor;
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+LossService::ComputeLossStream(grpc::CallbackServerContext* context) {
+  return LossStreamReactor::Start(context_, context);
+}
+
+grpc::ServerUnaryReactor* LossService::GetServerInfo(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  const absl::Time start = absl::Now();
+  const absl::Status status = [&]() -> absl::Status {
+    v1::GetServerInfoRequest parsed;
+    RETURN_IF_ERROR(ParseMessage(*request, "GetServerInfo request", parsed));
+    const ServerOptions& options = *context_.options;
+    v1::GetServerInfoResponse info;
+    info.set_version(std::string(kVersion));
+    info.set_backend(std::string(context_.backend->name()));
+    info.set_device(context_.backend->device());
+    info.set_threads(context_.backend->threads());
+    info.set_max_message_bytes(options.max_message_bytes);
+    info.set_max_tensor_bytes(options.max_tensor_bytes);
+    info.set_max_concurrent_requests(options.max_concurrent_requests);
+    info.set_max_open_streams(options.max_open_streams);
+    for (const char* dtype : {"FP32", "BF16", "FP16"}) {
+      info.add_input_dtypes(dtype);
+      info.add_grad_dtypes(dtype);
+    }
+    return EncodeMessage(info, *response);
+  }();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  FinishUnary(context_, reactor, "GetServerInfo", start, status,
+              static_cast<int64_t>(request->Length()),
+              static_cast<int64_t>(response->Length()), 0);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* LossService::FinishStep(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  const absl::Time start = absl::Now();
+  const absl::Status status = [&]() -> absl::Status {
+    v1::FinishStepRequest parsed;
+    RETURN_IF_ERROR(ParseMessage(*request, "FinishStep request", parsed));
+    ASSIGN_OR_RETURN(const FinishedStep step, context_.reporter->FinishStep(
+                                                  parsed.run(), parsed.step()));
+    v1::FinishStepResponse finished;
+    finished.set_indexer_loss(step.loss);
+    finished.set_indexer_loss_unscaled(step.unscaled_loss);
+    finished.set_requests(step.samples);
+    return EncodeMessage(finished, *response);
+  }();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  FinishUnary(context_, reactor, "FinishStep", start, status,
+              static_cast<int64_t>(request->Length()),
+              static_cast<int64_t>(response->Length()), 0);
+  return reactor;
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* LossService::Echo(
+    grpc::CallbackServerContext* context) {
+  if (!context_.options->enable_echo) {
+    const absl::Status off = absl::UnimplementedError(
+        "Echo: off on this server (start klserve with --enable_echo)");
+    context_.metrics->RecordRequest(
+        "Echo", absl::StatusCodeToString(off.code()), 0, 0, 0, 0);
+    return new RefusedStream(ToGrpcStatus(off));
+  }
+  return EchoReactor::Start(context_, context);
+}
+
+}  // namespace klserve::server

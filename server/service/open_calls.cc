@@ -1,0 +1,60 @@
+#include "server/service/open_calls.h"
+
+#include <utility>
+
+#include "absl/strings/match.h"
+
+namespace klserve::server {
+
+// Lives as long as its call: gRPC creates it when the call reaches the
+// service and destroys it with the call.
+class OpenCalls::Counter final : public grpc::experimental::Interceptor {
+ public:
+  explicit Counter(OpenCalls* calls) : calls_(calls) {
+    absl::MutexLock lock(&calls_->mu_);
+    ++calls_->open_;
+  }
+  ~Counter() override {
+    absl::MutexLock lock(&calls_->mu_);
+    --calls_->open_;
+  }
+
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
+    methods->Proceed();
+  }
+
+ private:
+  OpenCalls* const calls_;
+};
+
+class OpenCalls::Factory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  Factory(OpenCalls* calls, std::string method_prefix)
+      : calls_(calls), method_prefix_(std::move(method_prefix)) {}
+
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    if (!absl::StartsWith(info->method(), method_prefix_)) return nullptr;
+    return new Counter(calls_);
+  }
+
+ private:
+  OpenCalls* const calls_;
+  const std::string method_prefix_;
+};
+
+bool OpenCalls::WaitNone(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithDeadline(absl::Condition(
+                                   +[](int* n) { return *n == 0; }, &open_),
+                               deadline);
+}
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+OpenCalls::CountingFactory(std::string method_prefix) {
+  return std::make_unique<Factory>(this, std::move(method_prefix));
+}
+
+}  // namespace klserve::server

@@ -1,0 +1,105 @@
+#ifndef KLSERVE_SERVER_SERVICE_SERVER_OPTIONS_H_
+#define KLSERVE_SERVER_SERVICE_SERVER_OPTIONS_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace klserve::server {
+
+// Everything the server is configured with. main.cc fills it from flags;
+// tests build one directly.
+struct ServerOptions {
+  // Addresses to serve gRPC on, comma-separated: HOST:PORT (port 0 picks a
+  // free one, see KlServer::port) or unix:/absolute/path for a Unix-domain
+  // socket, for a job on the same node. Loopback by default: serving other
+  // hosts is a choice (docs/security.md).
+  std::string listen = "127.0.0.1:50051";
+  // Permission bits of each socket file; connecting needs write permission,
+  // so 0600 lets only klserve's user in, 0660 its group too.
+  mode_t unix_socket_mode = 0600;
+  // "auto" (CUDA when usable, else CPU), "cpu" or "cuda".
+  std::string backend = "auto";
+  // CPU backend threads; 0 = one per core.
+  int threads = 0;
+  // The CPU kernels' ISA variant: "auto" (the best this CPU runs), "avx512",
+  // "avx2" or "baseline" (kernels/cpu/isa.h); all give the same bits.
+  std::string isa = "auto";
+  // Largest message received or sent. A problem larger than this goes
+  // through ComputeLossStream. gRPC caps messages below 2 GiB.
+  int64_t max_message_bytes = int64_t{256} << 20;
+  // Unary ComputeLoss requests computing or queued at once; more get
+  // RESOURCE_EXHAUSTED. Also the number of compute threads.
+  int max_concurrent_requests = 8;
+  // ComputeLossStream and Echo calls open at once; more get
+  // RESOURCE_EXHAUSTED. Counted apart from the unary requests: a stream
+  // spends most of its life waiting on its client, and must not hold a
+  // compute slot while it does. Each holds at most 3 messages.
+  int max_open_streams = 16;
+  // A stream whose client sends nothing the server waits for, or takes no
+  // answer the server is sending, for this long is ended
+  // (DEADLINE_EXCEEDED), and its slot freed.
+  absl::Duration stream_idle_timeout = absl::Seconds(30);
+  // The longest a stream may stay open, whatever it does.
+  absl::Duration max_stream_duration = absl::Minutes(30);
+  // HTTP/2 streams (calls) one connection may have open at once
+  // (SETTINGS_MAX_CONCURRENT_STREAMS); more are refused by gRPC.
+  int max_streams_per_connection = 32;
+  // Memory gRPC may hold for all connections together: buffers of messages
+  // being received or sent and per-call state (a grpc::ResourceQuota). Near
+  // it, gRPC shrinks its read windows and then refuses new calls.
+  int64_t transport_memory_bytes = int64_t{4} << 30;
+  // A connection is asked to reconnect (HTTP/2 GOAWAY) after this long
+  // (+-10%), and closed max_stream_duration later with whatever is still
+  // open on it: the bound on how long a call gRPC is still receiving (a
+  // unary request sent in part) can be held.
+  absl::Duration max_connection_age = absl::Minutes(10);
+  // Serves the Echo RPC (a transport benchmark for klctl bench); off, Echo
+  // gets UNIMPLEMENTED. A tiny Echo request asks for a reply of up to
+  // max_message_bytes, so it stays off where callers are not trusted.
+  bool enable_echo = false;
+  // Largest single tensor a request may carry or ask for (a stream's blocks
+  // count one at a time).
+  int64_t max_tensor_bytes = int64_t{1} << 30;
+  // How long SIGTERM waits for requests in flight before cancelling them.
+  absl::Duration drain_timeout = absl::Seconds(30);
+  // Prometheus /metrics address (9464: clear of Prometheus's 9090 and the
+  // Pushgateway's 9091); empty serves none.
+  std::string metrics_listen = "127.0.0.1:9464";
+  // Where each run's TensorBoard event file goes; empty writes none.
+  std::string tensorboard_dir;
+  // Runs whose per-step series are kept; the run idle longest goes first.
+  int max_runs = 64;
+  // tags.layer must be in [0, max_layers_per_run); bounds each run's
+  // per-layer series (LossReporterOptions).
+  int max_layers_per_run = 128;
+  // Runs given a TensorBoard directory over the process's lifetime; later
+  // new runs get Prometheus series only (LossReporterOptions).
+  int max_tensorboard_runs = 1024;
+  // A step with no request for this long is finished and published.
+  absl::Duration step_idle_timeout = absl::Minutes(5);
+
+  // Transport security (docs/security.md). With both tls_cert_file and
+  // tls_key_file set, the gRPC port speaks TLS only (plaintext clients are
+  // refused); with neither, plaintext only. Setting one without the other
+  // is an error. PEM files, read once at start.
+  std::string tls_cert_file;  // server certificate chain
+  std::string tls_key_file;   // its private key
+  // PEM CA bundle: when set (TLS only), clients must present a certificate
+  // signed by one of these CAs (mutual TLS); without one the handshake fails.
+  std::string tls_client_ca_file;
+  // A file holding a bearer token (trailing newlines stripped; empty is an
+  // error). When set, every IndexerKl RPC must carry the metadata
+  // "authorization: Bearer <token>" or gets UNAUTHENTICATED, checked on
+  // the call's headers before its message is read; grpc.health.v1.Health
+  // stays open (Kubernetes probes) and server reflection needs the token
+  // too. Read once at start.
+  std::string auth_token_file;
+};
+
+}  // namespace klserve::server
+
+#endif  // KLSERVE_SERVER_SERVICE_SERVER_OPTIONS_H_

@@ -1,0 +1,95 @@
+#include "server/service/socket_file.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace klserve::server {
+namespace {
+
+std::string Quoted(const std::string& path) {
+  return absl::StrCat("--listen: unix:", path);
+}
+
+// Whether a server accepts connections on the socket at `path`. Errors other
+// than "nobody listens" are reported: they leave the question open.
+absl::StatusOr<bool> Answers(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat(Quoted(path), ": socket: ", std::strerror(errno)));
+  }
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.data(), path.size());
+  const int result =
+      connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address);
+  const int error = errno;
+  close(fd);
+  if (result == 0) return true;
+  if (error == ECONNREFUSED) return false;
+  return absl::FailedPreconditionError(absl::StrCat(
+      Quoted(path), ": cannot tell whether a server uses the socket there (",
+      std::strerror(error), ")"));
+}
+
+}  // namespace
+
+absl::Status ClaimSocketPath(const std::string& path) {
+  struct stat info;
+  if (lstat(path.c_str(), &info) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(Quoted(path), ": ", std::strerror(errno)));
+  }
+  if (!S_ISSOCK(info.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Quoted(path),
+                     ": the path exists and is not a socket; remove it or "
+                     "choose another"));
+  }
+  absl::StatusOr<bool> answers = Answers(path);
+  if (!answers.ok()) return answers.status();
+  if (*answers) {
+    return absl::UnavailableError(absl::StrCat(
+        Quoted(path), ": another server is serving on this socket"));
+  }
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Quoted(path),
+        ": cannot remove the stale socket: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SocketFile>> SocketFile::Bound(
+    const std::string& path, mode_t mode) {
+  struct stat info;
+  if (lstat(path.c_str(), &info) != 0 || !S_ISSOCK(info.st_mode)) {
+    return absl::InternalError(
+        absl::StrCat(Quoted(path), ": no socket there after binding"));
+  }
+  if (chmod(path.c_str(), mode) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Quoted(path),
+                     ": cannot set the socket's mode: ", std::strerror(errno)));
+  }
+  return std::unique_ptr<SocketFile>(
+      new SocketFile(path, info.st_dev, info.st_ino));
+}
+
+SocketFile::~SocketFile() {
+  struct stat info;
+  if (lstat(path_.c_str(), &info) == 0 && info.st_dev == device_ &&
+      info.st_ino == inode_) {
+    unlink(path_.c_str());
+  }
+}
+
+}  // namespace klserve::server
