@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/problem.h"
+#include "tests/kernels/test_backends.h"
 #include "tests/kernels/test_data.h"
 #include "tests/reference/indexer_kl_reference.h"
 
@@ -79,7 +80,12 @@ std::string Name(const Combo& c) {
          std::string(DTypeName(c.dtype));
 }
 
-TEST(ExtremeValues, LogitsOfTenThousand) {
+// The suite runs on every backend (test_backends.h); its helpers compute
+// with the backend under test.
+class ExtremeValues : public BackendTest {};
+KLSERVE_INSTANTIATE_ON_BACKENDS(ExtremeValues);
+
+TEST_P(ExtremeValues, LogitsOfTenThousand) {
   std::mt19937_64 rng(1);
   uint64_t seed = 10;
   for (const Combo& combo : AllCombos()) {
@@ -94,7 +100,7 @@ TEST(ExtremeValues, LogitsOfTenThousand) {
   }
 }
 
-TEST(ExtremeValues, ScoresOfTenThousand) {
+TEST_P(ExtremeValues, ScoresOfTenThousand) {
   // Keys with p > 0 get q = 0 in float32 (exp(-2e4)): the KL is huge but
   // finite, and EXACT accepts it (only -inf is an error).
   std::mt19937_64 rng(2);
@@ -112,7 +118,7 @@ TEST(ExtremeValues, ScoresOfTenThousand) {
   }
 }
 
-TEST(ExtremeValues, NegativeInfinityAtValidPositions) {
+TEST_P(ExtremeValues, NegativeInfinityAtValidPositions) {
   std::mt19937_64 rng(3);
   uint64_t seed = 30;
   for (const Combo& combo : AllCombos()) {
@@ -145,7 +151,7 @@ TEST(ExtremeValues, NegativeInfinityAtValidPositions) {
   }
 }
 
-TEST(ExtremeValues, AllTargetMassOnOneKey) {
+TEST_P(ExtremeValues, AllTargetMassOnOneKey) {
   uint64_t seed = 40;
   for (const Combo& combo : AllCombos()) {
     for (bool exactly_one_hot : {true, false}) {
@@ -173,7 +179,7 @@ TEST(ExtremeValues, AllTargetMassOnOneKey) {
   }
 }
 
-TEST(ExtremeValues, IndexerProbabilitiesFarBelowOneETo30) {
+TEST_P(ExtremeValues, IndexerProbabilitiesFarBelowOneETo30) {
   std::mt19937_64 rng(5);
   uint64_t seed = 50;
   for (const Combo& combo : AllCombos()) {
@@ -205,7 +211,7 @@ const char* FlavorName(Flavor flavor) {
   return flavor == Flavor::kExact ? "EXACT" : "MAXTEXT";
 }
 
-TEST(ExtremeValues, WeightSumsBeyondFloat32) {
+TEST_P(ExtremeValues, WeightSumsBeyondFloat32) {
   // Every weight is a finite float32, but the row sums (and, for the long
   // rows, their reciprocals) lie outside float32; the spec sums in float64.
   uint64_t seed = 60;
@@ -225,7 +231,7 @@ TEST(ExtremeValues, WeightSumsBeyondFloat32) {
   }
 }
 
-TEST(ExtremeValues, SubnormalWeights) {
+TEST_P(ExtremeValues, SubnormalWeights) {
   // Float32 subnormal weights: legal (finite, >= 0), and the reciprocal of
   // their row sum overflows float32.
   uint64_t seed = 65;
@@ -243,7 +249,7 @@ TEST(ExtremeValues, SubnormalWeights) {
   }
 }
 
-TEST(ExtremeValues, SubnormalWeightsBesideNormalOnes) {
+TEST_P(ExtremeValues, SubnormalWeightsBesideNormalOnes) {
   // Rows of 4096 slots: one normal weight, just large enough that the row
   // is not rescaled, and small subnormals everywhere else. The fast log
   // pass does not take subnormals, and the rows must come out as with one
@@ -269,7 +275,7 @@ TEST(ExtremeValues, SubnormalWeightsBesideNormalOnes) {
   EXPECT_NEAR(LibraryLoss(c), want, 1e-10 * want);
 }
 
-TEST(ExtremeValues, SixteenBitWeightsAtTheirLimits) {
+TEST_P(ExtremeValues, SixteenBitWeightsAtTheirLimits) {
   // bf16 near its max, fp16 near its max, fp16 subnormals.
   uint64_t seed = 68;
   for (auto [dtype, w] : {std::pair{DType::kBFloat16, 1e38},
@@ -285,7 +291,7 @@ TEST(ExtremeValues, SixteenBitWeightsAtTheirLimits) {
   }
 }
 
-TEST(ExtremeValues, LargeSoftmaxScale) {
+TEST_P(ExtremeValues, LargeSoftmaxScale) {
   uint64_t seed = 70;
   for (float scale : {50.0f, 1000.0f}) {
     for (int64_t K : {0, 12}) {
@@ -302,7 +308,7 @@ TEST(ExtremeValues, LargeSoftmaxScale) {
   }
 }
 
-TEST(ExtremeValues, HugeEqualLogitsWithAnOddSoftmaxScale) {
+TEST_P(ExtremeValues, HugeEqualLogitsWithAnOddSoftmaxScale) {
   // Every logit of a head at +-1e30, scaled by 1/sqrt(128): scale * logit
   // rounds by up to ~5e21, so an exponent formed as scale * x - scale * max
   // is that rounding error at the max slot, and its exp overflows or

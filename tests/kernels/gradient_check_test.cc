@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/problem.h"
+#include "tests/kernels/test_backends.h"
 #include "tests/kernels/test_data.h"
 #include "tests/reference/indexer_kl_reference.h"
 
@@ -47,7 +48,12 @@ Case SmallCase(SmallForm form, Flavor flavor, uint64_t seed) {
   return c;
 }
 
-TEST(GradientCheck, LibraryGradientMatchesFloat32FiniteDifferences) {
+// The suite runs on every backend (test_backends.h); its helpers compute
+// with the backend under test.
+class GradientCheck : public BackendTest {};
+KLSERVE_INSTANTIATE_ON_BACKENDS(GradientCheck);
+
+TEST_P(GradientCheck, LibraryGradientMatchesFloat32FiniteDifferences) {
   const SmallForm forms[] = {{true, 0}, {false, 0}, {true, 5}, {false, 5}};
   uint64_t seed = 1;
   for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
@@ -76,7 +82,7 @@ TEST(GradientCheck, LibraryGradientMatchesFloat32FiniteDifferences) {
   }
 }
 
-TEST(GradientCheck, MaxTextDampsThePullOnTinyProbabilities) {
+TEST_P(GradientCheck, MaxTextDampsThePullOnTinyProbabilities) {
   // At a key with p > 0 and q ~ 1e-11 the exact gradient is about -p, the
   // MaxText one about -p * q / 1e-8: finite differences tell them apart.
   const Case exact = SmallCase({false, 0}, Flavor::kExact, 5);
@@ -123,7 +129,8 @@ std::vector<Case> RandomFdCases() {
   return cases;
 }
 
-TEST(GradientCheck, ReferenceGradientMatchesItsFiniteDifferences) {
+// The reference alone: no backend.
+TEST(ReferenceGradientCheck, MatchesItsFiniteDifferences) {
   for (const Case& c : RandomFdCases()) {
     const klref::RefProblem pr = ToReference(c);
     const klref::RefResult ref = klref::ComputeReference(pr);
@@ -137,7 +144,7 @@ TEST(GradientCheck, ReferenceGradientMatchesItsFiniteDifferences) {
   }
 }
 
-TEST(GradientCheck, LibraryGradientMatchesFloat64FiniteDifferences) {
+TEST_P(GradientCheck, LibraryGradientMatchesFloat64FiniteDifferences) {
   int case_index = 0;
   for (const Case& c : RandomFdCases()) {
     SCOPED_TRACE("case " + std::to_string(case_index++));

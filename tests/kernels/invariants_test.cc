@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/problem.h"
+#include "tests/kernels/test_backends.h"
 #include "tests/kernels/test_data.h"
 #include "tests/reference/indexer_kl_reference.h"
 
@@ -50,7 +51,12 @@ void ExpectSameOutputs(const LibOutput& a, const LibOutput& b,
   }
 }
 
-TEST(Invariants, KlIsNonNegative) {
+// The suite runs on every backend (test_backends.h); its helpers compute
+// with the backend under test.
+class Invariants : public BackendTest {};
+KLSERVE_INSTANTIATE_ON_BACKENDS(Invariants);
+
+TEST_P(Invariants, KlIsNonNegative) {
   std::mt19937_64 rng(11);
   for (int i = 0; i < 120; ++i) {
     CaseSpec spec = RandomSpec(rng);
@@ -67,7 +73,7 @@ TEST(Invariants, KlIsNonNegative) {
   }
 }
 
-TEST(Invariants, KlIsZeroWhenTheIndexerReproducesTheTarget) {
+TEST_P(Invariants, KlIsZeroWhenTheIndexerReproducesTheTarget) {
   uint64_t seed = 21;
   for (bool sparse : {false, true}) {
     for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
@@ -173,7 +179,7 @@ CaseSpec MaskedDenseSpec(bool per_head, int variant) {
   return spec;
 }
 
-TEST(Invariants, SparseWithEveryKeyEqualsDense) {
+TEST_P(Invariants, SparseWithEveryKeyEqualsDense) {
   uint64_t seed = 31;
   for (bool per_head : {true, false}) {
     for (int variant = 0; variant < 8; ++variant) {
@@ -195,7 +201,7 @@ TEST(Invariants, SparseWithEveryKeyEqualsDense) {
   }
 }
 
-TEST(Invariants, PermutingSlotsPermutesTheGradient) {
+TEST_P(Invariants, PermutingSlotsPermutesTheGradient) {
   uint64_t seed = 41;
   std::mt19937_64 rng(5);
   for (bool per_head : {true, false}) {
@@ -247,7 +253,7 @@ TEST(Invariants, PermutingSlotsPermutesTheGradient) {
   }
 }
 
-TEST(Invariants, IdenticalHeadsEqualTheAggregatedForm) {
+TEST_P(Invariants, IdenticalHeadsEqualTheAggregatedForm) {
   uint64_t seed = 51;
   for (int64_t K : {0, 9}) {
     for (int variant = 0; variant < 6; ++variant) {
@@ -340,7 +346,7 @@ Case FullyMaskedRowsCase(bool per_head, int64_t K, DType target, DType scores,
   return c;
 }
 
-TEST(Invariants, FullyMaskedRowsAreZeroUnderEveryDtype) {
+TEST_P(Invariants, FullyMaskedRowsAreZeroUnderEveryDtype) {
   uint64_t seed = 61;
   const DType floats[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
   for (bool per_head : {true, false}) {
@@ -374,7 +380,7 @@ TEST(Invariants, FullyMaskedRowsAreZeroUnderEveryDtype) {
   }
 }
 
-TEST(Invariants, EveryRowFullyMaskedGivesZerosAndNoNan) {
+TEST_P(Invariants, EveryRowFullyMaskedGivesZerosAndNoNan) {
   uint64_t seed = 71;
   for (bool per_head : {true, false}) {
     for (int64_t K : {0, 4}) {
@@ -407,7 +413,7 @@ TEST(Invariants, EveryRowFullyMaskedGivesZerosAndNoNan) {
   }
 }
 
-TEST(Invariants, SixteenBitInputsGiveTheFloat64AnswerOnRoundedInputs) {
+TEST_P(Invariants, SixteenBitInputsGiveTheFloat64AnswerOnRoundedInputs) {
   // The reference decodes the same bytes, so it computes on the rounded
   // values; the library must match it to float32 rounding, not to 16-bit
   // rounding.

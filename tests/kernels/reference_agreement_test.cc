@@ -50,11 +50,7 @@ CaseSpec SpecFor(Form form, int64_t B, int64_t T, int64_t S, int64_t H = 3) {
 // The suite runs on every backend: the CUDA instantiation runs the same
 // cases as the CPU one, against the same float64 reference.
 class ReferenceAgreement : public BackendTest {};
-INSTANTIATE_TEST_SUITE_P(
-    Backends, ReferenceAgreement, ::testing::Values("cpu", "cuda"),
-    [](const ::testing::TestParamInfo<std::string>& info) {
-      return info.param;
-    });
+KLSERVE_INSTANTIATE_ON_BACKENDS(ReferenceAgreement);
 
 klref::RefResult Check(const CaseSpec& spec, uint64_t seed, Backend* backend) {
   SCOPED_TRACE(Describe(spec) + " seed=" + std::to_string(seed));

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/kernels/test_backends.h"
 
 namespace klserve::testdata {
 namespace {
@@ -299,7 +300,7 @@ LibOutput RunLibrary(const Case& c, Backend* backend) {
     outputs.row_kl_size = c.num_rows();
   }
   absl::StatusOr<IndexerKlResult> result = ComputeIndexerKl(
-      backend != nullptr ? *backend : SharedBackend(), *problem, outputs);
+      backend != nullptr ? *backend : BackendUnderTest(), *problem, outputs);
   if (!result.ok()) {
     out.status = result.status();
     return out;

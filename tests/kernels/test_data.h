@@ -110,8 +110,8 @@ struct LibOutput {
   std::vector<double> row_kl;  // NaN fill
 };
 
-// Validates and computes `c` with `backend` (the shared 2-thread CPU backend
-// when null), with output buffers of exactly the right size.
+// Validates and computes `c` with `backend` (BackendUnderTest() when null,
+// test_backends.h), with output buffers of exactly the right size.
 LibOutput RunLibrary(const Case& c, Backend* backend = nullptr);
 
 // The loss alone, or NaN on an error.

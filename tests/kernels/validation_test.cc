@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "kernels/loss.h"
 #include "kernels/problem.h"
+#include "tests/kernels/test_backends.h"
 #include "tests/kernels/test_data.h"
 #include "tests/reference/indexer_kl_reference.h"
 
@@ -133,7 +134,12 @@ void SetTarget(Case& c, int64_t i, double value, int64_t only_head = -1) {
 // ---------------------------------------------------------------------------
 // Structural rules, caught by Create.
 
-TEST(Validate, AcceptsTheBaseCases) {
+// The suite runs on every backend (test_backends.h); its helpers compute
+// with the backend under test.
+class Validate : public BackendTest {};
+KLSERVE_INSTANTIATE_ON_BACKENDS(Validate);
+
+TEST_P(Validate, AcceptsTheBaseCases) {
   for (BaseKind k : kBases) {
     SCOPED_TRACE(KindName(k));
     const Case full = FullBase(k.per_head, k.sparse);
@@ -144,7 +150,7 @@ TEST(Validate, AcceptsTheBaseCases) {
   }
 }
 
-TEST(Validate, RejectsScoresShapeMismatch) {
+TEST_P(Validate, RejectsScoresShapeMismatch) {
   for (BaseKind k : kBases) {
     SCOPED_TRACE(KindName(k));
     const Case base = FullBase(k.per_head, k.sparse);
@@ -160,7 +166,7 @@ TEST(Validate, RejectsScoresShapeMismatch) {
   }
 }
 
-TEST(Validate, RejectsTargetShapeMismatch) {
+TEST_P(Validate, RejectsTargetShapeMismatch) {
   for (BaseKind k : kBases) {
     SCOPED_TRACE(KindName(k));
     Case c = FullBase(k.per_head, k.sparse);
@@ -174,7 +180,7 @@ TEST(Validate, RejectsTargetShapeMismatch) {
   }
 }
 
-TEST(Validate, RejectsWrongRank) {
+TEST_P(Validate, RejectsWrongRank) {
   for (BaseKind k : kBases) {
     SCOPED_TRACE(KindName(k));
     const Case base = FullBase(k.per_head, k.sparse);
@@ -197,7 +203,7 @@ TEST(Validate, RejectsWrongRank) {
   }
 }
 
-TEST(Validate, RejectsTopkShapeMismatch) {
+TEST_P(Validate, RejectsTopkShapeMismatch) {
   for (bool per_head : {true, false}) {
     const Case base = FullBase(per_head, true);
     for (std::vector<int64_t> shape :
@@ -210,7 +216,7 @@ TEST(Validate, RejectsTopkShapeMismatch) {
   }
 }
 
-TEST(Validate, RejectsMaskShapeMismatch) {
+TEST_P(Validate, RejectsMaskShapeMismatch) {
   for (BaseKind k : kBases) {
     SCOPED_TRACE(KindName(k));
     const Case base = FullBase(k.per_head, k.sparse);
@@ -235,7 +241,7 @@ TEST(Validate, RejectsMaskShapeMismatch) {
   }
 }
 
-TEST(Validate, RejectsSparseAttentionMaskShapedLikeTheSlots) {
+TEST_P(Validate, RejectsSparseAttentionMaskShapedLikeTheSlots) {
   // The explicit mask is indexed by key ([B,T,S]) in both stages.
   for (bool per_head : {true, false}) {
     Case c = FullBase(per_head, true);
@@ -244,7 +250,7 @@ TEST(Validate, RejectsSparseAttentionMaskShapedLikeTheSlots) {
   }
 }
 
-TEST(Validate, RejectsByteSizeMismatch) {
+TEST_P(Validate, RejectsByteSizeMismatch) {
   for (BaseKind k : kBases) {
     SCOPED_TRACE(KindName(k));
     const Case base = FullBase(k.per_head, k.sparse);
@@ -278,7 +284,7 @@ TEST(Validate, RejectsByteSizeMismatch) {
   }
 }
 
-TEST(Validate, RejectsDisallowedDtypes) {
+TEST_P(Validate, RejectsDisallowedDtypes) {
   for (BaseKind k : kBases) {
     SCOPED_TRACE(KindName(k));
     const Case base = FullBase(k.per_head, k.sparse);
@@ -314,7 +320,7 @@ TEST(Validate, RejectsDisallowedDtypes) {
   }
 }
 
-TEST(Validate, RejectsDimensionProductOverflow) {
+TEST_P(Validate, RejectsDimensionProductOverflow) {
   // Views with huge dimensions over a few bytes: the element count or the
   // byte count overflows int64 (one of them wraps to exactly 0).
   const std::vector<std::vector<int64_t>> shapes = {
@@ -351,7 +357,7 @@ TEST(Validate, RejectsDimensionProductOverflow) {
   }
 }
 
-TEST(Validate, RejectsZeroSizedDimensions) {
+TEST_P(Validate, RejectsZeroSizedDimensions) {
   for (BaseKind k : kBases) {
     SCOPED_TRACE(KindName(k));
     for (int dim = 0; dim < 5; ++dim) {  // B, T, S, H, K
@@ -383,7 +389,7 @@ TEST(Validate, RejectsZeroSizedDimensions) {
   }
 }
 
-TEST(Validate, RejectsBothTargetsOrNone) {
+TEST_P(Validate, RejectsBothTargetsOrNone) {
   for (bool sparse : {false, true}) {
     Case both = FullBase(true, sparse);
     both.attention_weights =
@@ -395,7 +401,7 @@ TEST(Validate, RejectsBothTargetsOrNone) {
   }
 }
 
-TEST(Validate, RejectsSegmentIdsGivenAlone) {
+TEST_P(Validate, RejectsSegmentIdsGivenAlone) {
   for (BaseKind k : kBases) {
     Case c = FullBase(k.per_head, k.sparse);
     c.segment_ids_kv.reset();
@@ -406,7 +412,7 @@ TEST(Validate, RejectsSegmentIdsGivenAlone) {
   }
 }
 
-TEST(Validate, RejectsBadNumKeys) {
+TEST_P(Validate, RejectsBadNumKeys) {
   for (bool per_head : {true, false}) {
     Case sparse = FullBase(per_head, true);
     sparse.options.num_keys = 0;
@@ -422,7 +428,7 @@ TEST(Validate, RejectsBadNumKeys) {
   }
 }
 
-TEST(Validate, RejectsBadSoftmaxScale) {
+TEST_P(Validate, RejectsBadSoftmaxScale) {
   for (bool sparse : {false, true}) {
     for (float scale :
          {std::numeric_limits<float>::quiet_NaN(),
@@ -436,7 +442,7 @@ TEST(Validate, RejectsBadSoftmaxScale) {
   }
 }
 
-TEST(Validate, RejectsBadScalingFactor) {
+TEST_P(Validate, RejectsBadScalingFactor) {
   // Past 65504, c / N times a gradient entry of 1 overflows FP16.
   for (double factor : {kNaN, kInf, -kInf, 1e308, -1e308, 65504.5, -65505.0}) {
     for (BaseKind k : kBases) {
@@ -448,13 +454,13 @@ TEST(Validate, RejectsBadScalingFactor) {
   }
 }
 
-TEST(Validate, RejectsNegativeRecallK) {
+TEST_P(Validate, RejectsNegativeRecallK) {
   Case c = FullBase(false, false);
   c.options.recall_k = -1;
   ExpectCreateRejects(c, {"recall_k"});
 }
 
-TEST(Validate, RejectsGradDtypeThatIsNotAFloat) {
+TEST_P(Validate, RejectsGradDtypeThatIsNotAFloat) {
   for (DType dtype : {DType::kInt32, DType::kBool}) {
     Case c = FullBase(true, true);
     c.options.grad_dtype = dtype;
@@ -465,7 +471,7 @@ TEST(Validate, RejectsGradDtypeThatIsNotAFloat) {
 // ---------------------------------------------------------------------------
 // Output buffers, checked by ComputeIndexerKl.
 
-TEST(Validate, RejectsOutputBuffersTooSmall) {
+TEST_P(Validate, RejectsOutputBuffersTooSmall) {
   for (DType grad_dtype : {DType::kFloat32, DType::kBFloat16}) {
     Case c = DataBase(true, false);
     c.options.grad_dtype = grad_dtype;
@@ -483,7 +489,7 @@ TEST(Validate, RejectsOutputBuffersTooSmall) {
       outputs.grad_byte_size = g_size;
       outputs.row_kl = kl;
       outputs.row_kl_size = kl_size;
-      return ComputeIndexerKl(SharedBackend(), *problem, outputs).status();
+      return ComputeIndexerKl(*backend(), *problem, outputs).status();
     };
     const int64_t rows = c.num_rows();
     EXPECT_TRUE(run(grad.data(), grad_bytes, row_kl.data(), rows).ok());
@@ -501,7 +507,7 @@ TEST(Validate, RejectsOutputBuffersTooSmall) {
 // ---------------------------------------------------------------------------
 // Value rules, caught while computing.
 
-TEST(Validate, RejectsTopkIndexOutOfRange) {
+TEST_P(Validate, RejectsTopkIndexOutOfRange) {
   for (bool per_head : {true, false}) {
     for (double index :
          {6.0, 7.0, 1000.0, -2.0, -7.0, 2147483647.0, -2147483648.0}) {
@@ -515,7 +521,7 @@ TEST(Validate, RejectsTopkIndexOutOfRange) {
   }
 }
 
-TEST(Validate, RejectsDuplicateTopkIndex) {
+TEST_P(Validate, RejectsDuplicateTopkIndex) {
   for (bool per_head : {true, false}) {
     Case c = DataBase(per_head, true);
     // Row (1, 3) sees every key; name key 1 in two slots.
@@ -525,7 +531,7 @@ TEST(Validate, RejectsDuplicateTopkIndex) {
   }
 }
 
-TEST(Validate, RejectsDuplicateTopkIndexOfAMaskedKey) {
+TEST_P(Validate, RejectsDuplicateTopkIndexOfAMaskedKey) {
   for (bool per_head : {true, false}) {
     Case c = DataBase(per_head, true);
     // Row (0, 0) sees keys 0..2 (causal, offset 2); name key 5 twice.
@@ -564,7 +570,7 @@ Case OverMaxKeys(const Case& c, std::vector<double> keys) {
   return huge;
 }
 
-TEST(Validate, TopkRowsOverTheLargestNumKeys) {
+TEST_P(Validate, TopkRowsOverTheLargestNumKeys) {
   for (bool per_head : {true, false}) {
     SCOPED_TRACE(per_head ? "per-head" : "aggregated");
     const Case small = FourSlots(per_head);
@@ -591,7 +597,7 @@ TEST(Validate, TopkRowsOverTheLargestNumKeys) {
   }
 }
 
-TEST(Validate, TopkDuplicatesOfWideRowsOverTheLargestNumKeys) {
+TEST_P(Validate, TopkDuplicatesOfWideRowsOverTheLargestNumKeys) {
   // Three rows of the same 3000 distinct keys, spread over [0, 2^31 - 1):
   // a key may appear once in each row.
   CaseSpec spec;
@@ -621,7 +627,7 @@ TEST(Validate, TopkDuplicatesOfWideRowsOverTheLargestNumKeys) {
                 row[1000], " again at [0, 2, 2999]")));
 }
 
-TEST(Validate, RejectsNanAnywhere) {
+TEST_P(Validate, RejectsNanAnywhere) {
   for (BaseKind k : kBases) {
     const Case base = DataBase(k.per_head, k.sparse);
     // Where: a valid slot, a masked slot, an empty slot, a row that
@@ -647,7 +653,7 @@ TEST(Validate, RejectsNanAnywhere) {
   }
 }
 
-TEST(Validate, RejectsPositiveInfinityInLogitsAndScores) {
+TEST_P(Validate, RejectsPositiveInfinityInLogitsAndScores) {
   for (BaseKind k : kBases) {
     const Case base = DataBase(k.per_head, k.sparse);
     for (bool valid : {true, false}) {
@@ -665,7 +671,7 @@ TEST(Validate, RejectsPositiveInfinityInLogitsAndScores) {
   }
 }
 
-TEST(Validate, RejectsNegativeOrInfiniteWeights) {
+TEST_P(Validate, RejectsNegativeOrInfiniteWeights) {
   for (bool sparse : {false, true}) {
     const Case base = DataBase(false, sparse);
     for (bool valid : {true, false}) {
@@ -696,7 +702,7 @@ void FillValidSlots(Case& c, int64_t r, double value, int64_t h = -1) {
   }
 }
 
-TEST(Validate, RejectsValidRowWhoseScoresAreAllNegativeInfinity) {
+TEST_P(Validate, RejectsValidRowWhoseScoresAreAllNegativeInfinity) {
   for (BaseKind k : kBases) {
     for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
       for (bool drop_row : {false, true}) {
@@ -712,7 +718,7 @@ TEST(Validate, RejectsValidRowWhoseScoresAreAllNegativeInfinity) {
   }
 }
 
-TEST(Validate, RejectsValidRowWhoseZeroTargetHasAllNegativeInfinityScores) {
+TEST_P(Validate, RejectsValidRowWhoseZeroTargetHasAllNegativeInfinityScores) {
   // A zero-target row still has valid keys, so its q must exist.
   for (bool sparse : {false, true}) {
     Case c = DataBase(false, sparse);
@@ -725,7 +731,7 @@ TEST(Validate, RejectsValidRowWhoseZeroTargetHasAllNegativeInfinityScores) {
   }
 }
 
-TEST(Validate, RejectsHeadWhoseLogitsAreAllNegativeInfinity) {
+TEST_P(Validate, RejectsHeadWhoseLogitsAreAllNegativeInfinity) {
   for (bool sparse : {false, true}) {
     for (bool drop_row : {false, true}) {
       Case c = DataBase(true, sparse);
@@ -737,7 +743,7 @@ TEST(Validate, RejectsHeadWhoseLogitsAreAllNegativeInfinity) {
   }
 }
 
-TEST(Validate, RejectsExactNegativeInfinityScoreWhereTargetIsPositive) {
+TEST_P(Validate, RejectsExactNegativeInfinityScoreWhereTargetIsPositive) {
   for (BaseKind k : kBases) {
     SCOPED_TRACE(KindName(k));
     Case c = DataBase(k.per_head, k.sparse);
@@ -768,7 +774,7 @@ int64_t SlotInRowWithTwoValid(const Case& c) {
   return 0;
 }
 
-TEST(Validate, AcceptsNegativeInfinityScoreWhereTargetIsZero) {
+TEST_P(Validate, AcceptsNegativeInfinityScoreWhereTargetIsZero) {
   for (bool sparse : {false, true}) {
     Case c = DataBase(false, sparse);
     const int64_t i = SlotInRowWithTwoValid(c);
@@ -811,7 +817,7 @@ void ExpectNamesPosition(const absl::Status& status,
                      << "\" should give the position";
 }
 
-TEST(Validate, NamesTheFirstBadPosition) {
+TEST_P(Validate, NamesTheFirstBadPosition) {
   for (bool sparse : {false, true}) {
     Case c = DataBase(false, sparse);
     c.indexer_scores.at({1, 2, 3}) = kNaN;
@@ -829,7 +835,7 @@ TEST(Validate, NamesTheFirstBadPosition) {
   }
 }
 
-TEST(Validate, ReportsTheLowestBadRow) {
+TEST_P(Validate, ReportsTheLowestBadRow) {
   // Many rows, so that both threads find an error; the lower row wins.
   CaseSpec spec;
   spec.B = 2;
