@@ -54,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // B * T * max(S, K) * max(H, 1), overflow-checked.
   const IndexerKlProblem& p = *problem;
   int64_t elements = 0;
-  const int64_t width = p.S > p.K ? p.S : p.K;
+  const int64_t width = p.S > p.row_length ? p.S : p.row_length;
   const int64_t heads = p.H > 1 ? p.H : 1;
   if (p.B < 0 || p.T < 0 || width < 0 || !Mul(p.B, p.T, elements) ||
       !Mul(elements, width, elements) || !Mul(elements, heads, elements) ||
@@ -67,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<double> row_kl;
   LossOutputs outputs;
   if (options->want_grad) {
-    grad.resize(static_cast<size_t>(p.B * p.T * p.K) *
+    grad.resize(static_cast<size_t>(p.B * p.T * p.row_length) *
                 DTypeSize(options->grad_dtype));
     outputs.grad = grad.data();
     outputs.grad_byte_size = static_cast<int64_t>(grad.size());

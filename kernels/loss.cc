@@ -47,7 +47,8 @@ absl::StatusOr<IndexerKlResult> ComputeIndexerKl(
   const int64_t rows = problem.num_rows();
   BlockOutputs block;
   if (options.want_grad) {
-    const int64_t needed = rows * problem.K * DTypeSize(options.grad_dtype);
+    const int64_t needed =
+        rows * problem.row_length * DTypeSize(options.grad_dtype);
     if (outputs.grad == nullptr || outputs.grad_byte_size < needed) {
       return absl::InvalidArgumentError(
           absl::StrCat("grad: output buffer must hold ", needed, " bytes, got ",
@@ -55,8 +56,8 @@ absl::StatusOr<IndexerKlResult> ComputeIndexerKl(
     }
     block.grad = static_cast<std::byte*>(outputs.grad);
     block.grad_dtype = options.grad_dtype;
-    block.grad_batch_stride = problem.T * problem.K;
-    block.grad_row_stride = problem.K;
+    block.grad_batch_stride = problem.T * problem.row_length;
+    block.grad_row_stride = problem.row_length;
   }
   if (options.want_row_kl) {
     if (outputs.row_kl == nullptr || outputs.row_kl_size < rows) {

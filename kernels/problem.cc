@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -141,73 +142,79 @@ absl::Status CheckOptions(const IndexerKlOptions& options) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
-    const IndexerKlInputs& in, const IndexerKlOptions& options,
-    IndexerKlProblem::RowTensors row_tensors) {
-  RETURN_IF_ERROR(CheckOptions(options));
-  IndexerKlProblem p;
-  p.options = options;
-  // In blocks, the per-row tensors give their dtype and shape only.
-  const bool whole = row_tensors == IndexerKlProblem::RowTensors::kWhole;
-
-  // The scores fix B, T and the slots per row.
+// The scores fix the form's stage, B, T, the row length and S.
+absl::Status TakeScores(const IndexerKlInputs& in, bool whole,
+                        IndexerKlProblem& p) {
   const TensorView& scores = in.indexer_scores;
-  p.sparse = in.topk_indices.has_value();
-  const char* slots = p.sparse ? "[B, T, K]" : "[B, T, S]";
+  const bool sparse = in.topk_indices.has_value();
+  const char* layout = sparse ? "[B, T, K]" : "[B, T, S]";
   RETURN_IF_ERROR(CheckDType("indexer_scores", scores, kFloatTypes));
-  RETURN_IF_ERROR(CheckLayout("indexer_scores", scores, slots, 3, whole));
+  RETURN_IF_ERROR(CheckLayout("indexer_scores", scores, layout, 3, whole));
   p.B = scores.shape[0];
   p.T = scores.shape[1];
-  p.K = scores.shape[2];
-  if (p.sparse) {
-    if (options.num_keys <= 0) {
+  p.row_length = scores.shape[2];
+  const int64_t num_keys = p.options.num_keys;
+  if (sparse) {
+    if (num_keys <= 0) {
       return Invalid("num_keys", "must be given (S >= 1) in the sparse stage",
-                     absl::StrCat(options.num_keys));
+                     absl::StrCat(num_keys));
     }
-    p.S = options.num_keys;
+    p.S = num_keys;
     RETURN_IF_ERROR(CheckTensor("topk_indices", *in.topk_indices,
-                                {DType::kInt32}, "[B, T, K]", {p.B, p.T, p.K},
-                                whole));
+                                {DType::kInt32}, "[B, T, K]",
+                                {p.B, p.T, p.row_length}, whole));
+    p.rows.indices = RowsOf(*in.topk_indices, p.T, p.row_length, 1);
   } else {
-    p.S = p.K;
-    if (options.num_keys != 0 && options.num_keys != p.S) {
+    p.S = p.row_length;
+    if (num_keys != 0 && num_keys != p.S) {
       return Invalid("num_keys",
                      absl::StrCat("must be 0 or S = ", p.S,
                                   " (indexer_scores' last dimension) in the "
                                   "dense stage"),
-                     absl::StrCat(options.num_keys));
+                     absl::StrCat(num_keys));
     }
   }
   if (p.S > kMaxKeys) {
     return Invalid("num_keys", "S must be below 2^31", absl::StrCat(p.S));
   }
+  p.rows.scores = RowsOf(scores, p.T, p.row_length, 1);
+  return absl::OkStatus();
+}
 
+// The target: per-head logits (which fix H) or head-aggregated weights.
+absl::Status TakeTarget(const IndexerKlInputs& in, bool whole,
+                        IndexerKlProblem& p) {
   if (in.attention_logits.has_value() == in.attention_weights.has_value()) {
     return Invalid("attention_logits, attention_weights",
                    "exactly one target must be given",
                    in.attention_logits ? "both" : "neither");
   }
-  p.per_head = in.attention_logits.has_value();
-  if (p.per_head) {
+  p.form = MakeInputForm(in.topk_indices.has_value(),
+                         in.attention_logits.has_value());
+  if (p.per_head()) {
     const TensorView& logits = *in.attention_logits;
-    const char* layout = p.sparse ? "[B, H, T, K]" : "[B, H, T, S]";
+    const char* layout = p.sparse() ? "[B, H, T, K]" : "[B, H, T, S]";
     RETURN_IF_ERROR(CheckDType("attention_logits", logits, kFloatTypes));
     RETURN_IF_ERROR(CheckLayout("attention_logits", logits, layout, 4, whole));
     p.H = logits.shape[1];
     RETURN_IF_ERROR(CheckTensor("attention_logits", logits, kFloatTypes, layout,
-                                {p.B, p.H, p.T, p.K}, whole));
-    p.rows.target = RowsOf(logits, p.T, p.K, p.H);
+                                {p.B, p.H, p.T, p.row_length}, whole));
+    p.rows.target = RowsOf(logits, p.T, p.row_length, p.H);
   } else {
     p.H = 1;
     RETURN_IF_ERROR(CheckTensor("attention_weights", *in.attention_weights,
-                                kFloatTypes, slots, {p.B, p.T, p.K}, whole));
-    p.rows.target = RowsOf(*in.attention_weights, p.T, p.K, 1);
+                                kFloatTypes,
+                                p.sparse() ? "[B, T, K]" : "[B, T, S]",
+                                {p.B, p.T, p.row_length}, whole));
+    p.rows.target = RowsOf(*in.attention_weights, p.T, p.row_length, 1);
   }
-  p.rows.scores = RowsOf(scores, p.T, p.K, 1);
-  if (p.sparse) p.rows.indices = RowsOf(*in.topk_indices, p.T, p.K, 1);
+  return absl::OkStatus();
+}
 
+// Which keys each query may see (segments, the explicit mask, key padding)
+// and which rows count (row_valid).
+absl::Status TakeMasks(const IndexerKlInputs& in, bool whole,
+                       IndexerKlProblem& p) {
   if (in.segment_ids_q.has_value() != in.segment_ids_kv.has_value()) {
     return Invalid(in.segment_ids_q ? "segment_ids_kv" : "segment_ids_q",
                    "segment_ids_q and segment_ids_kv must be given together",
@@ -239,25 +246,56 @@ absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
                                 "[B, T]", {p.B, p.T}));
     p.row_valid = static_cast<const std::byte*>(in.row_valid->data);
   }
+  return absl::OkStatus();
+}
 
-  p.q_offset = options.q_offset.value_or(p.S - p.T);
-  switch (options.reduction) {
+// N of the spec's reductions, where it is known before computing.
+std::optional<int64_t> KnownDenominator(const IndexerKlProblem& p) {
+  switch (p.options.reduction) {
     case Reduction::kMean:
-      p.denominator = p.num_rows();
-      break;
+      return p.num_rows();
     case Reduction::kSum:
-      p.denominator = 1;
-      break;
+      return 1;
     case Reduction::kMeanValid:
-      if (p.row_valid != nullptr) {
-        int64_t count = 0;
-        for (int64_t r = 0; r < p.num_rows(); ++r) {
-          count += p.row_valid[r] != std::byte{0};
-        }
-        p.denominator = count;
+      if (p.row_valid == nullptr) return std::nullopt;
+      int64_t count = 0;
+      for (int64_t r = 0; r < p.num_rows(); ++r) {
+        count += p.row_valid[r] != std::byte{0};
       }
-      break;
+      return count;
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* InputFormName(InputForm form) {
+  switch (form) {
+    case InputForm::kDensePerHead:
+      return "dense_perhead";
+    case InputForm::kDenseAggregated:
+      return "dense_agg";
+    case InputForm::kSparsePerHead:
+      return "sparse_perhead";
+    case InputForm::kSparseAggregated:
+      return "sparse_agg";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
+    const IndexerKlInputs& in, const IndexerKlOptions& options,
+    IndexerKlProblem::RowTensors row_tensors) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  IndexerKlProblem p;
+  p.options = options;
+  // In blocks, the per-row tensors give their dtype and shape only.
+  const bool whole = row_tensors == IndexerKlProblem::RowTensors::kWhole;
+  RETURN_IF_ERROR(TakeScores(in, whole, p));
+  RETURN_IF_ERROR(TakeTarget(in, whole, p));
+  RETURN_IF_ERROR(TakeMasks(in, whole, p));
+  p.q_offset = options.q_offset.value_or(p.S - p.T);
+  p.denominator = KnownDenominator(p);
   return p;
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/dtype.h"
+#include "kernels/row_rules.h"
 #include "kernels/tensor_view.h"
 
 // The indexer KL problem of docs/spec.md: what a caller sends,
@@ -19,6 +20,32 @@ namespace klserve {
 
 enum class Flavor : uint8_t { kExact, kMaxText };
 enum class Reduction : uint8_t { kMean, kMeanValid, kSum };
+
+// What the request's target and scores are: the main attention's per-head
+// logits or its head-aggregated weights, each over all S keys (the dense
+// stage) or over K top-k slots per row (the sparse stage).
+enum class InputForm : uint8_t {
+  kDensePerHead,
+  kDenseAggregated,
+  kSparsePerHead,
+  kSparseAggregated,
+};
+
+constexpr bool IsSparse(InputForm form) {
+  return form == InputForm::kSparsePerHead ||
+         form == InputForm::kSparseAggregated;
+}
+constexpr bool IsPerHead(InputForm form) {
+  return form == InputForm::kDensePerHead || form == InputForm::kSparsePerHead;
+}
+constexpr InputForm MakeInputForm(bool sparse, bool per_head) {
+  if (sparse) {
+    return per_head ? InputForm::kSparsePerHead : InputForm::kSparseAggregated;
+  }
+  return per_head ? InputForm::kDensePerHead : InputForm::kDenseAggregated;
+}
+// "dense_perhead", "dense_agg", "sparse_perhead", "sparse_agg".
+const char* InputFormName(InputForm form);
 
 // The tensors of one request. Exactly one of `attention_logits` and
 // `attention_weights` gives the target; `topk_indices` selects the sparse
@@ -86,10 +113,9 @@ struct RowView {
   bool present() const { return data != nullptr; }
   // Address of row r's first element of head h; T is the problem's T.
   const std::byte* Row(int64_t r, int64_t T, int64_t h = 0) const {
-    const int64_t b0 = origin_row / T, t0 = origin_row % T;
-    const int64_t offset = (r / T - b0) * batch_stride +
-                           (r % T - t0) * row_stride + h * head_stride;
-    return data + offset * DTypeSize(dtype);
+    return data + StridedRowOffset(r, h, T, origin_row, batch_stride,
+                                   row_stride, head_stride) *
+                      DTypeSize(dtype);
   }
 };
 
@@ -121,10 +147,10 @@ class IndexerKlProblem {
       RowTensors row_tensors = RowTensors::kWhole);
 
   int64_t B = 0, T = 0, S = 0, H = 0;
-  // Slots per row: S in the dense stage, K in the sparse stage.
-  int64_t K = 0;
-  bool sparse = false;
-  bool per_head = false;  // target is attention_logits
+  // The length of every per-row tensor's row: S in the dense stage, K (the
+  // top-k slots) in the sparse stage.
+  int64_t row_length = 0;
+  InputForm form = InputForm::kDenseAggregated;
   int64_t q_offset = 0;
   IndexerKlOptions options;
 
@@ -144,11 +170,12 @@ class IndexerKlProblem {
   // the computation finds to have a valid key and a positive target.
   std::optional<int64_t> denominator;
 
+  bool sparse() const { return IsSparse(form); }
+  // The target is attention_logits (per head), not attention_weights.
+  bool per_head() const { return IsPerHead(form); }
   int64_t num_rows() const { return B * T; }
   // Whether row r counts in the loss: row_valid true, or absent.
-  bool row_counts(int64_t r) const {
-    return row_valid == nullptr || row_valid[r] != std::byte{0};
-  }
+  bool row_counts(int64_t r) const { return RowCounts(row_valid, r); }
   bool has_row_mask() const {
     return segment_ids_q != nullptr || key_padding_mask != nullptr ||
            has_attention_mask;

@@ -50,15 +50,16 @@ absl::StatusOr<RowData> BlockRowData(const IndexerKlProblem& p, RowRange rows,
   RowData data;
   ASSIGN_OR_RETURN(
       data.target,
-      BlockView(p.per_head ? "attention_logits" : "attention_weights", rows,
-                p.T, true, p.rows.target.dtype, p.H, p.K, bytes.target,
+      BlockView(p.per_head() ? "attention_logits" : "attention_weights", rows,
+                p.T, true, p.rows.target.dtype, p.H, p.row_length, bytes.target,
                 bytes.target_bytes));
   ASSIGN_OR_RETURN(data.scores, BlockView("indexer_scores", rows, p.T, true,
-                                          p.rows.scores.dtype, 1, p.K,
+                                          p.rows.scores.dtype, 1, p.row_length,
                                           bytes.scores, bytes.scores_bytes));
-  ASSIGN_OR_RETURN(data.indices,
-                   BlockView("topk_indices", rows, p.T, p.sparse, DType::kInt32,
-                             1, p.K, bytes.indices, bytes.indices_bytes));
+  ASSIGN_OR_RETURN(
+      data.indices,
+      BlockView("topk_indices", rows, p.T, p.sparse(), DType::kInt32, 1,
+                p.row_length, bytes.indices, bytes.indices_bytes));
   ASSIGN_OR_RETURN(
       data.mask, BlockView("attention_mask", rows, p.T, p.has_attention_mask,
                            DType::kBool, 1, p.S, bytes.mask, bytes.mask_bytes));

@@ -37,7 +37,9 @@ absl::Status CheckInputBytes(const IndexerKlInputs& in,
 absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,
                               bool one_message, const ServerOptions& options) {
   const int64_t grad_bytes =
-      p.options.want_grad ? rows * p.K * DTypeSize(p.options.grad_dtype) : 0;
+      p.options.want_grad
+          ? rows * p.row_length * DTypeSize(p.options.grad_dtype)
+          : 0;
   if (absl::Status s = CheckTensorBytes("grad", grad_bytes, options); !s.ok()) {
     return s;
   }

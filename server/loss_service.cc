@@ -42,9 +42,9 @@ absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
   response.set_request_id(request.request_id());
   LossOutputs outputs;
   if (options.want_grad) {
-    outputs.grad =
-        AllocateTensor(options.grad_dtype, {problem.B, problem.T, problem.K},
-                       response.mutable_grad());
+    outputs.grad = AllocateTensor(options.grad_dtype,
+                                  {problem.B, problem.T, problem.row_length},
+                                  response.mutable_grad());
     outputs.grad_byte_size =
         static_cast<int64_t>(response.grad().data().size());
   }

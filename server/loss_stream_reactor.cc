@@ -135,13 +135,14 @@ void LossStreamReactor::ComputeBlock(std::unique_ptr<Request> request) {
       out->set_num_rows(rows.size());
       BlockOutputs outputs;
       if (p.options.want_grad) {
-        outputs.grad = AllocateTensor(p.options.grad_dtype, {rows.size(), p.K},
-                                      out->mutable_grad());
+        outputs.grad =
+            AllocateTensor(p.options.grad_dtype, {rows.size(), p.row_length},
+                           out->mutable_grad());
         outputs.grad_dtype = p.options.grad_dtype;
         outputs.grad_origin_row = rows.begin;
         // Block rows are contiguous: (b - b0) T K + (t - t0) K = (r - r0) K.
-        outputs.grad_batch_stride = p.T * p.K;
-        outputs.grad_row_stride = p.K;
+        outputs.grad_batch_stride = p.T * p.row_length;
+        outputs.grad_row_stride = p.row_length;
       }
       outputs.grad_scale = grad_scale_;
       if (p.options.want_row_kl) {

@@ -34,8 +34,8 @@ int64_t RowScratch::bytes() const {
 }
 
 void RowScratch::Reserve(const IndexerKlProblem& problem) {
-  if (problem.K > slots_) {
-    slots_ = problem.K;
+  if (problem.row_length > slots_) {
+    slots_ = problem.row_length;
     // Left uninitialised: every pass writes a slot before reading it.
     // Whole 4 KiB pages plus 5 cache lines per row.
     row_stride_ = (slots_ + 1023) / 1024 * 1024 + 5 * 16;

@@ -55,9 +55,10 @@ ChunkInputs LayoutChunkInputs(const IndexerKlProblem& p, const RowData& data,
                               int64_t n) {
   ChunkInputs layout;
   int64_t end = 0;
-  layout.target = Place(end, p.H * n * p.K * DTypeSize(data.target.dtype));
-  layout.scores = Place(end, n * p.K * DTypeSize(data.scores.dtype));
-  if (p.sparse) layout.indices = Place(end, n * p.K * 4);
+  layout.target =
+      Place(end, p.H * n * p.row_length * DTypeSize(data.target.dtype));
+  layout.scores = Place(end, n * p.row_length * DTypeSize(data.scores.dtype));
+  if (p.sparse()) layout.indices = Place(end, n * p.row_length * 4);
   if (data.mask.present()) layout.mask = Place(end, n * p.S);
   layout.bytes = end;
   return layout;
@@ -69,7 +70,8 @@ ChunkOutputs LayoutChunkOutputs(const IndexerKlProblem& p, bool with_grad,
   int64_t end = 0;
   layout.results =
       Place(end, n * static_cast<int64_t>(sizeof(DeviceRowResult)));
-  if (with_grad) layout.grad = Place(end, n * p.K * DTypeSize(grad_dtype));
+  if (with_grad)
+    layout.grad = Place(end, n * p.row_length * DTypeSize(grad_dtype));
   layout.bytes = end;
   return layout;
 }
@@ -77,10 +79,10 @@ ChunkOutputs LayoutChunkOutputs(const IndexerKlProblem& p, bool with_grad,
 ChunkScratch LayoutChunkScratch(const IndexerKlProblem& p, int64_t n) {
   ChunkScratch layout;
   int64_t end = 0;
-  layout.has_valid = p.sparse || p.has_row_mask();
-  layout.has_w = p.per_head;
-  if (layout.has_valid) layout.valid = Place(end, n * p.K);
-  if (layout.has_w) layout.w = Place(end, n * p.K * 4);
+  layout.has_valid = p.sparse() || p.has_row_mask();
+  layout.has_w = p.per_head();
+  if (layout.has_valid) layout.valid = Place(end, n * p.row_length);
+  if (layout.has_w) layout.w = Place(end, n * p.row_length * 4);
   layout.bytes = end;
   return layout;
 }

@@ -122,7 +122,7 @@ bool CudaBackend::Supports(const IndexerKlProblem& p) const {
       cuda::LayoutChunkInputs(p, dtypes, 1).bytes +
       cuda::LayoutChunkOutputs(p, true, DType::kFloat32, 1).bytes +
       cuda::LayoutChunkScratch(p, 1).bytes;
-  return p.K < (int64_t{1} << 31) && row_bytes <= memory_bytes_ / 4;
+  return p.row_length < (int64_t{1} << 31) && row_bytes <= memory_bytes_ / 4;
 }
 
 absl::Status CudaBackend::ComputeRows(const IndexerKlProblem& p,
@@ -137,11 +137,11 @@ absl::Status CudaBackend::ComputeRows(const IndexerKlProblem& p,
   // computed: that row's error is reported unless a lower row has another.
   RowRange device_rows = rows;
   absl::Status index_error;
-  if (p.sparse) {
+  if (p.sparse()) {
     RowKeySet keys;
     for (int64_t r = rows.begin; r < rows.end; ++r) {
-      index_error = CheckTopkRow(data.indices.Row(r, p.T), p.K, p.S, r / p.T,
-                                 r % p.T, keys);
+      index_error = CheckTopkRow(data.indices.Row(r, p.T), p.row_length, p.S,
+                                 r / p.T, r % p.T, keys);
       if (!index_error.ok()) {
         device_rows.end = r;
         break;

@@ -79,12 +79,12 @@ absl::StatusOr<double> ResidentKernelSeconds(const IndexerKlProblem& p,
   RETURN_IF_ERROR(outputs.Reserve(out.bytes));
   RETURN_IF_ERROR(scratch_buffer.Reserve(std::max<int64_t>(scratch.bytes, 1)));
   // With B = 1 a whole tensor is already in the chunk layout.
-  const int64_t slots = n * p.K;
+  const int64_t slots = n * p.row_length;
   RETURN_IF_ERROR(Upload(inputs, in.target, p.rows.target.data,
                          p.H * slots * DTypeSize(p.rows.target.dtype)));
   RETURN_IF_ERROR(Upload(inputs, in.scores, p.rows.scores.data,
                          slots * DTypeSize(p.rows.scores.dtype)));
-  if (p.sparse) {
+  if (p.sparse()) {
     RETURN_IF_ERROR(Upload(inputs, in.indices, p.rows.indices.data,
                            slots * int64_t{sizeof(int32_t)}));
   }

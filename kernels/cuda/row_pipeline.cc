@@ -117,9 +117,10 @@ absl::Status RowPipeline::StartChunk(const IndexerKlProblem& p,
       LayoutChunkOutputs(p, outputs.grad != nullptr, outputs.grad_dtype, n);
   const ChunkScratch scratch = LayoutChunkScratch(p, n);
   std::byte* staged = staged_inputs_[slot].data();
-  PackRows(data.target, p.T, chunk, p.H, p.K, staged, in.target);
-  PackRows(data.scores, p.T, chunk, 1, p.K, staged, in.scores);
-  if (p.sparse) PackRows(data.indices, p.T, chunk, 1, p.K, staged, in.indices);
+  PackRows(data.target, p.T, chunk, p.H, p.row_length, staged, in.target);
+  PackRows(data.scores, p.T, chunk, 1, p.row_length, staged, in.scores);
+  if (p.sparse())
+    PackRows(data.indices, p.T, chunk, 1, p.row_length, staged, in.indices);
   if (data.mask.present()) {
     PackRows(data.mask, p.T, chunk, 1, p.S, staged, in.mask);
   }
@@ -161,7 +162,7 @@ absl::Status RowPipeline::FinishChunk(const IndexerKlProblem& p, RowRange chunk,
       });
   if (outputs.grad != nullptr) {
     for (const RowCopy& copy :
-         PlanRowCopies(GradLayoutOf(outputs), p.T, chunk, 1, p.K)) {
+         PlanRowCopies(GradLayoutOf(outputs), p.T, chunk, 1, p.row_length)) {
       std::memcpy(outputs.grad + copy.strided, staged + out.grad + copy.packed,
                   copy.bytes);
     }
@@ -252,12 +253,12 @@ RowKernelParams ProblemKernelParams(const IndexerKlProblem& p,
   RowKernelParams params;
   params.T = p.T;
   params.S = p.S;
-  params.K = p.K;
+  params.K = p.row_length;
   params.H = p.H;
   params.q_offset = p.q_offset;
   params.causal = p.options.causal;
-  params.sparse = p.sparse;
-  params.per_head = p.per_head;
+  params.sparse = p.sparse();
+  params.per_head = p.per_head();
   params.maxtext = p.options.flavor == Flavor::kMaxText;
   params.diagnostics = p.options.want_diagnostics;
   params.recall_k = p.options.recall_k;

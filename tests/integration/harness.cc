@@ -584,7 +584,7 @@ absl::StatusOr<v1::ComputeLossResponse> LibraryCompute(
   absl::StatusOr<IndexerKlProblem> problem =
       IndexerKlProblem::Create(in, options);
   if (!problem.ok()) return problem.status();
-  const int64_t B = problem->B, T = problem->T, K = problem->K;
+  const int64_t B = problem->B, T = problem->T, K = problem->row_length;
 
   v1::ComputeLossResponse response;
   response.set_request_id(request.request_id());

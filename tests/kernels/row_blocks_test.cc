@@ -100,8 +100,8 @@ Outputs RunInBlocks(Backend& backend, const IndexerKlProblem& problem,
     std::vector<std::byte> target, scores, indices, mask;
     if (copy_rows) {
       data.target =
-          CopyRows(problem.rows.target, T, problem.per_head ? problem.H : 1, L,
-                   rows.begin, rows.end, target);
+          CopyRows(problem.rows.target, T, problem.per_head() ? problem.H : 1,
+                   L, rows.begin, rows.end, target);
       data.scores =
           CopyRows(problem.rows.scores, T, 1, L, rows.begin, rows.end, scores);
       if (problem.rows.indices.present()) {

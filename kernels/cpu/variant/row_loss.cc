@@ -53,35 +53,35 @@ absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
                                                RowScratch& scratch) {
   ScannedRow row;
   Prefetcher none;
-  if (p.per_head) {
+  if (p.per_head()) {
     // The per-head target is built first (its heads stream in as they
     // compute); the scores then pass once against it.
     absl::StatusOr<RowTarget> target =
         LoadPerHeadTarget(p, data, r, v, scratch);
     if (!target.ok()) return target.status();
     row.target = *target;
-    row.I = FloatRow(data.scores.dtype, data.scores.Row(r, p.T), p.K,
+    row.I = FloatRow(data.scores.dtype, data.scores.Row(r, p.T), p.row_length,
                      scratch.scores());
     if (v.count == 0) {  // w is undefined: checks only
-      row.scores = ScanLogits<kMasked>(row.I, p.K, v.limit, v.bytes);
+      row.scores = ScanLogits<kMasked>(row.I, p.row_length, v.limit, v.bytes);
       return row;
     }
     const RowScan scan = ScanRow<kMasked, false>(
-        row.target.w, row.I, p.K, v.limit, v.bytes, nullptr, next);
+        row.target.w, row.I, p.row_length, v.limit, v.bytes, nullptr, next);
     row.scores = scan.scores;
     row.terms = scan.terms;
     return row;
   }
   // Head-aggregated: one pass streams the weights and the scores together.
-  const float* x = FloatRow(data.target.dtype, data.target.Row(r, p.T), p.K,
-                            scratch.target());
-  row.I = FloatRow(data.scores.dtype, data.scores.Row(r, p.T), p.K,
+  const float* x = FloatRow(data.target.dtype, data.target.Row(r, p.T),
+                            p.row_length, scratch.target());
+  row.I = FloatRow(data.scores.dtype, data.scores.Row(r, p.T), p.row_length,
                    scratch.scores());
   float* masked_copy = kMasked ? scratch.w() : nullptr;
-  const RowScan scan = ScanRow<kMasked, true>(x, row.I, p.K, v.limit, v.bytes,
-                                              masked_copy, next);
+  const RowScan scan = ScanRow<kMasked, true>(x, row.I, p.row_length, v.limit,
+                                              v.bytes, masked_copy, next);
   if (scan.target.any_bad) {
-    const int64_t j = FirstBadValue(x, p.K, /*weights=*/true);
+    const int64_t j = FirstBadValue(x, p.row_length, /*weights=*/true);
     return RowErrorStatus(RowError::kWeightsBad,
                           {.b = r / p.T, .t = r % p.T, .j = j, .value = x[j]});
   }
@@ -91,8 +91,8 @@ absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
   row.scores = scan.scores;
   row.terms = scan.terms;
   if (rescaled) {  // the terms follow the rescaled weights
-    row.terms = ScanRow<kMasked, false>(row.target.w, row.I, p.K, v.limit,
-                                        v.bytes, nullptr, none)
+    row.terms = ScanRow<kMasked, false>(row.target.w, row.I, p.row_length,
+                                        v.limit, v.bytes, nullptr, none)
                     .terms;
   }
   return row;
@@ -112,7 +112,7 @@ absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
   const float* I = scanned->I;
   const TargetTerms& terms = scanned->terms;
   if (scanned->scores.any_bad) {
-    const int64_t j = FirstBadValue(I, p.K, /*weights=*/false);
+    const int64_t j = FirstBadValue(I, p.row_length, /*weights=*/false);
     return RowErrorStatus(RowError::kScoresNotFinite,
                           {.b = b, .t = t, .j = j, .value = I[j]});
   }
@@ -126,7 +126,7 @@ absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
   if (v.count == 0 || target.zero) {
     result.kind = v.count == 0 ? RowResult::Kind::kFullyMasked
                                : RowResult::Kind::kZeroTarget;
-    if (grad != nullptr) std::fill(grad, grad + p.K, 0.0f);
+    if (grad != nullptr) std::fill(grad, grad + p.row_length, 0.0f);
     return result;
   }
   const bool exact = p.options.flavor == Flavor::kExact;
@@ -183,7 +183,7 @@ absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
                      static_cast<float>(maxtext.sum_qg), grad_scale, v.limit,
                      grad);
     }
-    std::fill(grad + v.limit, grad + p.K, 0.0f);
+    std::fill(grad + v.limit, grad + p.row_length, 0.0f);
   }
   return result;
 }

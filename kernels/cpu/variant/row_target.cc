@@ -17,7 +17,8 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
   const int64_t b = r / p.T, t = r % p.T;
   const float scale = p.options.softmax_scale;
   const auto head_row = [&](int64_t h, float* buffer) {
-    return FloatRow(data.target.dtype, data.target.Row(r, p.T, h), p.K, buffer);
+    return FloatRow(data.target.dtype, data.target.Row(r, p.T, h), p.row_length,
+                    buffer);
   };
   float* buffer = scratch.target();
   float* next_buffer = scratch.next_target();
@@ -27,10 +28,10 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
   float* e_prev = scratch.previous_e();
   float a_prev = 0;
   const float* x = head_row(0, buffer);
-  ScanResult scan = ScanLogits<kMasked>(x, p.K, v.limit, v.bytes);
+  ScanResult scan = ScanLogits<kMasked>(x, p.row_length, v.limit, v.bytes);
   for (int64_t h = 0; h < p.H; ++h) {
     if (scan.any_bad) {
-      const int64_t j = FirstBadValue(x, p.K, /*weights=*/false);
+      const int64_t j = FirstBadValue(x, p.row_length, /*weights=*/false);
       return RowErrorStatus(RowError::kLogitsNotFinite,
                             {.b = b, .t = t, .h = h, .j = j, .value = x[j]});
     }
@@ -41,7 +42,7 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
     const float* x_next = h + 1 < p.H ? head_row(h + 1, next_buffer) : nullptr;
     if (v.count == 0) {  // fully masked: checks only
       if (x_next != nullptr) {
-        scan = ScanLogits<kMasked>(x_next, p.K, v.limit, v.bytes);
+        scan = ScanLogits<kMasked>(x_next, p.row_length, v.limit, v.bytes);
       }
     } else {
       // The last head checks itself again rather than a next one: one loop
@@ -60,8 +61,8 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
           scan_next, accumulate};
       const double sum =
           ExpRow<kMasked>(x, v.limit, v.bytes, scan.max, scale, e, extras);
-      ScanLogitsRange<kMasked>(checked, scan_next.scanned, p.K, v.limit,
-                               v.bytes, scan_next.check);
+      ScanLogitsRange<kMasked>(checked, scan_next.scanned, p.row_length,
+                               v.limit, v.bytes, scan_next.check);
       scan = scan_next.check.Result();
       a_prev = static_cast<float>(1.0 / sum);
       std::swap(e, e_prev);

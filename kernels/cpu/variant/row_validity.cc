@@ -57,7 +57,7 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
   uint8_t* bytes = scratch.valid();
   RowValidity validity;
 
-  if (!p.sparse) {
+  if (!p.sparse()) {
     validity.limit = causal_end;
     if (!p.has_row_mask()) {
       validity.count = causal_end;
@@ -92,20 +92,20 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
   // backends; then the causal cut, and the other rules gathered by key.
   const std::byte* indices = data.indices.Row(r, p.T);
   const absl::Status indices_ok =
-      CheckTopkRow(indices, p.K, p.S, r / p.T, t, scratch.row_keys());
+      CheckTopkRow(indices, p.row_length, p.S, r / p.T, t, scratch.row_keys());
   if (!indices_ok.ok()) return indices_ok;
-  for (int64_t j = 0; j < p.K; ++j) {
+  for (int64_t j = 0; j < p.row_length; ++j) {
     const int32_t key = LoadInt32(indices + 4 * j);
     bytes[j] = key >= 0 && key < causal_end;
   }
   if (p.has_row_mask()) {
-    for (int64_t j = 0; j < p.K; ++j) {
+    for (int64_t j = 0; j < p.row_length; ++j) {
       if (bytes[j]) bytes[j] = rules.Allows(LoadInt32(indices + 4 * j));
     }
   }
   int64_t count = 0;
-  for (int64_t j = 0; j < p.K; ++j) count += bytes[j];
-  validity.limit = p.K;
+  for (int64_t j = 0; j < p.row_length; ++j) count += bytes[j];
+  validity.limit = p.row_length;
   validity.bytes = bytes;
   validity.count = count;
   return validity;

@@ -25,8 +25,8 @@ std::byte* GradRow(const BlockOutputs& out, int64_t r, int64_t T) {
 // Row r + 1's target and scores, to be fetched while row r computes.
 Prefetcher NextRow(const IndexerKlProblem& p, const RowData& data, int64_t r) {
   return Prefetcher(data.target.Row(r + 1, p.T), data.scores.Row(r + 1, p.T),
-                    p.K * std::max(DTypeSize(data.target.dtype),
-                                   DTypeSize(data.scores.dtype)));
+                    p.row_length * std::max(DTypeSize(data.target.dtype),
+                                            DTypeSize(data.scores.dtype)));
 }
 
 absl::StatusOr<RowResult> ComputeRow(const IndexerKlProblem& p,
@@ -52,9 +52,9 @@ absl::StatusOr<RowResult> ComputeRow(const IndexerKlProblem& p,
     if (!counts) {
       // row_valid false: no gradient under any reduction (all-zero bits in
       // every float dtype).
-      std::memset(grad_out, 0, p.K * DTypeSize(out.grad_dtype));
+      std::memset(grad_out, 0, p.row_length * DTypeSize(out.grad_dtype));
     } else if (grad != reinterpret_cast<float*>(grad_out)) {
-      StoreFloatRow(grad, p.K, out.grad_dtype, grad_out);
+      StoreFloatRow(grad, p.row_length, out.grad_dtype, grad_out);
     }
   }
   return result;
