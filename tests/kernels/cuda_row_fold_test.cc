@@ -65,7 +65,7 @@ TEST(CudaRowFold, FoldsAsTheCpuBackend) {
   spec.q_offset = -2;  // rows with no valid key
   spec.key_padding = true;
   spec.row_valid = true;
-  spec.per_head = false;
+  spec.form = InputForm::kDenseAggregated;
   spec.zero_weight_fraction = 0.5;
   const Case c = MakeRandomCase(spec, 7);
   // Each row's own result from a problem without row_valid (which hides the
@@ -111,7 +111,7 @@ TEST(CudaRowFold, FoldsAsTheCpuBackend) {
 // error the device reports for it.
 struct PlantedError {
   const char* name;
-  bool per_head;
+  InputForm form;  // dense
   DType target_dtype;
   Flavor flavor;
   void (*plant)(Case& c);
@@ -123,34 +123,39 @@ struct PlantedError {
 constexpr int64_t kB = 1, kT = 0, kRow = kB * 2 + kT;
 
 const PlantedError kPlanted[] = {
-    {"LogitNaN", true, DType::kBFloat16, Flavor::kExact,
+    {"LogitNaN", InputForm::kDensePerHead, DType::kBFloat16, Flavor::kExact,
      [](Case& c) {
        c.attention_logits->at({kB, 1, kT, 5}) = kNaN;
      },
      RowError::kLogitsNotFinite, 1, 5},
-    {"LogitsAllMinusInf", true, DType::kFloat32, Flavor::kMaxText,
+    {"LogitsAllMinusInf", InputForm::kDensePerHead, DType::kFloat32,
+     Flavor::kMaxText,
      [](Case& c) {
        for (int64_t s = 0; s < c.S; ++s)
          c.attention_logits->at({kB, 1, kT, s}) = -kInf;
      },
      RowError::kLogitsAllMinusInf, 1, 0},
-    {"WeightNegative", false, DType::kFloat16, Flavor::kExact,
+    {"WeightNegative", InputForm::kDenseAggregated, DType::kFloat16,
+     Flavor::kExact,
      [](Case& c) {
        c.attention_weights->at({kB, kT, 3}) = -0.5;
      },
      RowError::kWeightsBad, 0, 3},
-    {"ScorePlusInf", false, DType::kFloat32, Flavor::kExact,
+    {"ScorePlusInf", InputForm::kDenseAggregated, DType::kFloat32,
+     Flavor::kExact,
      [](Case& c) {
        c.indexer_scores.at({kB, kT, 6}) = kInf;
      },
      RowError::kScoresNotFinite, 0, 6},
-    {"ScoresAllMinusInf", true, DType::kFloat32, Flavor::kMaxText,
+    {"ScoresAllMinusInf", InputForm::kDensePerHead, DType::kFloat32,
+     Flavor::kMaxText,
      [](Case& c) {
        for (int64_t s = 0; s < c.S; ++s)
          c.indexer_scores.at({kB, kT, s}) = -kInf;
      },
      RowError::kScoresAllMinusInf, 0, 0},
-    {"MinusInfWithMass", false, DType::kFloat32, Flavor::kExact,
+    {"MinusInfWithMass", InputForm::kDenseAggregated, DType::kFloat32,
+     Flavor::kExact,
      [](Case& c) {
        c.indexer_scores.at({kB, kT, 2}) = -kInf;
      },
@@ -165,7 +170,7 @@ TEST_P(CudaRowError, WordedAsTheCpuBackend) {
   spec.B = 2;
   spec.T = 2;
   spec.S = 8;
-  spec.per_head = planted.per_head;
+  spec.form = planted.form;
   spec.target_dtype = planted.target_dtype;
   spec.zero_weight_fraction = 0;  // mass at every key
   spec.options.flavor = planted.flavor;

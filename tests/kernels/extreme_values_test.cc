@@ -23,14 +23,15 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-CaseSpec Spec(bool per_head, int64_t K, Flavor flavor, DType dtype) {
+// Twelve slots in the sparse forms.
+CaseSpec Spec(InputForm form, Flavor flavor, DType dtype) {
   CaseSpec spec;
   spec.B = 2;
   spec.T = 6;
   spec.S = 19;
-  spec.per_head = per_head;
+  spec.form = form;
   spec.H = 3;
-  spec.K = K;
+  if (IsSparse(form)) spec.K = 12;
   spec.target_dtype = dtype;
   spec.scores_dtype = dtype;
   spec.causal = true;
@@ -52,21 +53,17 @@ void ForEachValidSlot(const Case& c, Fn fn) {
 }
 
 struct Combo {
-  bool per_head;
-  int64_t K;
+  InputForm form;
   Flavor flavor;
   DType dtype;
 };
 
 std::vector<Combo> AllCombos() {
   std::vector<Combo> combos;
-  for (bool per_head : {true, false}) {
-    for (int64_t K : {0, 12}) {
-      for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-        for (DType dtype :
-             {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
-          combos.push_back({per_head, K, flavor, dtype});
-        }
+  for (InputForm form : kInputFormsByTarget) {
+    for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
+      for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+        combos.push_back({form, flavor, dtype});
       }
     }
   }
@@ -74,8 +71,7 @@ std::vector<Combo> AllCombos() {
 }
 
 std::string Name(const Combo& c) {
-  return std::string(c.per_head ? "per-head" : "aggregated") +
-         (c.K > 0 ? " sparse" : " dense") +
+  return std::string(InputFormName(c.form)) +
          (c.flavor == Flavor::kExact ? " EXACT " : " MAXTEXT ") +
          std::string(DTypeName(c.dtype));
 }
@@ -89,10 +85,10 @@ TEST_P(ExtremeValues, LogitsOfTenThousand) {
   std::mt19937_64 rng(1);
   uint64_t seed = 10;
   for (const Combo& combo : AllCombos()) {
-    if (!combo.per_head) continue;
+    if (!IsPerHead(combo.form)) continue;
     SCOPED_TRACE(Name(combo));
     Case c =
-        MakeRandomCase(Spec(true, combo.K, combo.flavor, combo.dtype), seed++);
+        MakeRandomCase(Spec(combo.form, combo.flavor, combo.dtype), seed++);
     for (double& a : c.attention_logits->values) {
       if (std::isfinite(a)) a = (rng() % 2 ? 1e4 : -1e4) + (rng() % 7);
     }
@@ -107,8 +103,8 @@ TEST_P(ExtremeValues, ScoresOfTenThousand) {
   uint64_t seed = 20;
   for (const Combo& combo : AllCombos()) {
     SCOPED_TRACE(Name(combo));
-    Case c = MakeRandomCase(
-        Spec(combo.per_head, combo.K, combo.flavor, combo.dtype), seed++);
+    Case c =
+        MakeRandomCase(Spec(combo.form, combo.flavor, combo.dtype), seed++);
     ForEachValidSlot(c, [&](int64_t, int64_t, int64_t, int64_t i) {
       c.indexer_scores.values[i] = rng() % 3 == 0 ? 1e4 : -1e4;
     });
@@ -123,8 +119,8 @@ TEST_P(ExtremeValues, NegativeInfinityAtValidPositions) {
   uint64_t seed = 30;
   for (const Combo& combo : AllCombos()) {
     SCOPED_TRACE(Name(combo));
-    Case c = MakeRandomCase(
-        Spec(combo.per_head, combo.K, combo.flavor, combo.dtype), seed++);
+    Case c =
+        MakeRandomCase(Spec(combo.form, combo.flavor, combo.dtype), seed++);
     std::vector<int64_t> seen_in_row(c.num_rows(), 0);
     ForEachValidSlot(c, [&](int64_t b, int64_t t, int64_t j, int64_t i) {
       // Keep each row's first valid key finite everywhere.
@@ -156,8 +152,8 @@ TEST_P(ExtremeValues, AllTargetMassOnOneKey) {
   for (const Combo& combo : AllCombos()) {
     for (bool exactly_one_hot : {true, false}) {
       SCOPED_TRACE(Name(combo) + (exactly_one_hot ? " one-hot" : " near"));
-      Case c = MakeRandomCase(
-          Spec(combo.per_head, combo.K, combo.flavor, combo.dtype), seed++);
+      Case c =
+          MakeRandomCase(Spec(combo.form, combo.flavor, combo.dtype), seed++);
       std::vector<int64_t> seen_in_row(c.num_rows(), 0);
       ForEachValidSlot(c, [&](int64_t b, int64_t t, int64_t j, int64_t i) {
         const bool hot = seen_in_row[b * c.T + t]++ == 0;
@@ -184,8 +180,8 @@ TEST_P(ExtremeValues, IndexerProbabilitiesFarBelowOneETo30) {
   uint64_t seed = 50;
   for (const Combo& combo : AllCombos()) {
     SCOPED_TRACE(Name(combo));
-    Case c = MakeRandomCase(
-        Spec(combo.per_head, combo.K, combo.flavor, combo.dtype), seed++);
+    Case c =
+        MakeRandomCase(Spec(combo.form, combo.flavor, combo.dtype), seed++);
     ForEachValidSlot(c, [&](int64_t, int64_t, int64_t, int64_t i) {
       const double u = static_cast<double>(rng() % 1000) / 1000;
       c.indexer_scores.values[i] = rng() % 4 == 0 ? -103.0 : -100.0 * u;
@@ -216,15 +212,17 @@ TEST_P(ExtremeValues, WeightSumsBeyondFloat32) {
   // rows, their reciprocals) lie outside float32; the spec sums in float64.
   uint64_t seed = 60;
   for (int64_t S : {19, 200}) {
-    for (int64_t K : {0, 12}) {
+    for (InputForm form :
+         {InputForm::kDenseAggregated, InputForm::kSparseAggregated}) {
       for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-        CaseSpec spec = Spec(false, K, flavor, DType::kFloat32);
+        CaseSpec spec = Spec(form, flavor, DType::kFloat32);
         spec.S = S;
         spec.T = S > 100 ? 2 : spec.T;
         Case c = MakeRandomCase(spec, seed++);
         SetValidWeights(c, 1e38);
         SCOPED_TRACE(::testing::Message()
-                     << "S=" << S << " K=" << K << " " << FlavorName(flavor));
+                     << "S=" << S << " " << InputFormName(form) << " "
+                     << FlavorName(flavor));
         CheckAgainstReference(c);
       }
     }
@@ -236,13 +234,14 @@ TEST_P(ExtremeValues, SubnormalWeights) {
   // their row sum overflows float32.
   uint64_t seed = 65;
   for (double w : {1e-40, 3e-39}) {
-    for (int64_t K : {0, 12}) {
+    for (InputForm form :
+         {InputForm::kDenseAggregated, InputForm::kSparseAggregated}) {
       for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-        Case c =
-            MakeRandomCase(Spec(false, K, flavor, DType::kFloat32), seed++);
+        Case c = MakeRandomCase(Spec(form, flavor, DType::kFloat32), seed++);
         SetValidWeights(c, w);
         SCOPED_TRACE(::testing::Message()
-                     << "w=" << w << " K=" << K << " " << FlavorName(flavor));
+                     << "w=" << w << " " << InputFormName(form) << " "
+                     << FlavorName(flavor));
         CheckAgainstReference(c);
       }
     }
@@ -257,7 +256,8 @@ TEST_P(ExtremeValues, SubnormalWeightsBesideNormalOnes) {
   // rounding in double (5e-13 of itself here), while a log that mistook the
   // subnormals moves it by 4e-7 of itself (and the entropy of p past the
   // reference's tolerance).
-  CaseSpec spec = Spec(false, 0, Flavor::kExact, DType::kFloat32);
+  CaseSpec spec =
+      Spec(InputForm::kDenseAggregated, Flavor::kExact, DType::kFloat32);
   spec.T = 3;
   spec.S = 4096;
   spec.causal = false;
@@ -282,7 +282,8 @@ TEST_P(ExtremeValues, SixteenBitWeightsAtTheirLimits) {
                           {DType::kFloat16, 2e4},
                           {DType::kFloat16, 1e-7}}) {
     for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-      Case c = MakeRandomCase(Spec(false, 0, flavor, dtype), seed++);
+      Case c = MakeRandomCase(Spec(InputForm::kDenseAggregated, flavor, dtype),
+                              seed++);
       SetValidWeights(c, w);
       SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " w=" << w << " "
                                         << FlavorName(flavor));
@@ -294,9 +295,10 @@ TEST_P(ExtremeValues, SixteenBitWeightsAtTheirLimits) {
 TEST_P(ExtremeValues, LargeSoftmaxScale) {
   uint64_t seed = 70;
   for (float scale : {50.0f, 1000.0f}) {
-    for (int64_t K : {0, 12}) {
+    for (InputForm form :
+         {InputForm::kDensePerHead, InputForm::kSparsePerHead}) {
       for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-        CaseSpec spec = Spec(true, K, flavor, DType::kFloat32);
+        CaseSpec spec = Spec(form, flavor, DType::kFloat32);
         spec.options.softmax_scale = scale;
         // Scaled logits of a few units: float32's rounding of scale * A
         // then stays far below the tolerance.
@@ -315,12 +317,13 @@ TEST_P(ExtremeValues, HugeEqualLogitsWithAnOddSoftmaxScale) {
   // vanishes. The target must come out uniform over the valid keys.
   uint64_t seed = 80;
   for (double logit : {-1e30, 1e30}) {
-    for (int64_t K : {0, 12}) {
+    for (InputForm form :
+         {InputForm::kDensePerHead, InputForm::kSparsePerHead}) {
       for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-        CaseSpec spec = Spec(true, K, flavor, DType::kFloat32);
+        CaseSpec spec = Spec(form, flavor, DType::kFloat32);
         spec.options.softmax_scale = 0.0883883476f;
         SCOPED_TRACE(
-            absl::StrCat(logit, K > 0 ? " sparse " : " dense ",
+            absl::StrCat(logit, " ", InputFormName(form), " ",
                          flavor == Flavor::kExact ? "EXACT" : "MAXTEXT"));
         Case c = MakeRandomCase(spec, seed++);
         for (double& a : c.attention_logits->values) {

@@ -196,7 +196,7 @@ std::vector<CaseSpec> BlockSpecs() {
           spec.B = 3;
           spec.T = 13;
           spec.S = 17;
-          spec.per_head = per_head;
+          spec.form = MakeInputForm(K > 0, per_head);
           spec.H = 3;
           spec.K = K;
           spec.causal = true;
@@ -283,6 +283,7 @@ TEST_P(RowBlocks, ConcurrentCallsOnOneBackendAgree) {
   spec.B = 2;
   spec.T = 200;
   spec.S = 33;
+  spec.form = InputForm::kSparsePerHead;
   spec.K = 20;
   spec.causal = true;
   const Case c = MakeRandomCase(spec, 7);
@@ -305,7 +306,7 @@ TEST_P(RowBlocks, ErrorInABlockNamesTheTensor) {
   spec.B = 2;
   spec.T = 10;
   spec.S = 12;
-  spec.per_head = false;
+  spec.form = InputForm::kDenseAggregated;
   Case c = MakeRandomCase(spec, 8);
   c.indexer_scores.values[13 * c.S + 4] = std::nan("");  // row 13
   const EncodedCase encoded(c);
