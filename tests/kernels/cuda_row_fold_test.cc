@@ -111,7 +111,7 @@ TEST(CudaRowFold, FoldsAsTheCpuBackend) {
 // error the device reports for it.
 struct PlantedError {
   const char* name;
-  InputForm form;  // dense
+  InputForm form;  // a dense one
   DType target_dtype;
   Flavor flavor;
   void (*plant)(Case& c);
@@ -131,8 +131,9 @@ const PlantedError kPlanted[] = {
     {"LogitsAllMinusInf", InputForm::kDensePerHead, DType::kFloat32,
      Flavor::kMaxText,
      [](Case& c) {
-       for (int64_t s = 0; s < c.S; ++s)
+       for (int64_t s = 0; s < c.S; ++s) {
          c.attention_logits->at({kB, 1, kT, s}) = -kInf;
+       }
      },
      RowError::kLogitsAllMinusInf, 1, 0},
     {"WeightNegative", InputForm::kDenseAggregated, DType::kFloat16,
@@ -150,8 +151,9 @@ const PlantedError kPlanted[] = {
     {"ScoresAllMinusInf", InputForm::kDensePerHead, DType::kFloat32,
      Flavor::kMaxText,
      [](Case& c) {
-       for (int64_t s = 0; s < c.S; ++s)
+       for (int64_t s = 0; s < c.S; ++s) {
          c.indexer_scores.at({kB, kT, s}) = -kInf;
+       }
      },
      RowError::kScoresAllMinusInf, 0, 0},
     {"MinusInfWithMass", InputForm::kDenseAggregated, DType::kFloat32,
