@@ -100,7 +100,7 @@ RowTarget AggregatedTarget(const IndexerKlProblem& p, const RowValidity& v,
   target.w = w;
   target.zero = v.count > 0 && weight_sum == 0;
   target.z = TargetNormaliser(weight_sum, p.options.flavor == Flavor::kMaxText);
-  // Rare, so a plain loop.
+  // Keeps 1 / Z a normal float (NormaliserShift). Rare, so a plain loop.
   const int k = NormaliserShift(target.z);
   rescaled = k != 0;
   if (rescaled) {

@@ -18,7 +18,8 @@ namespace {
 std::byte* GradRow(const BlockOutputs& out, int64_t r, int64_t T) {
   const int64_t offset =
       StridedRowOffset(r, /*h=*/0, T, out.grad_origin_row,
-                       out.grad_batch_stride, out.grad_row_stride, 0);
+                       out.grad_batch_stride, out.grad_row_stride,
+                       /*head_stride=*/0);
   return out.grad + offset * DTypeSize(out.grad_dtype);
 }
 
