@@ -19,6 +19,7 @@
 #include "kernels/loss.h"
 #include "kernels/loss_accumulator.h"
 #include "kernels/problem.h"
+#include "tests/kernels/test_backends.h"
 #include "tests/kernels/test_data.h"
 
 namespace klserve::testdata {
@@ -195,7 +196,7 @@ std::vector<CaseSpec> BlockSpecs() {
           spec.B = 3;
           spec.T = 13;
           spec.S = 17;
-          spec.per_head = per_head;
+          spec.form = MakeInputForm(K > 0, per_head);
           spec.H = 3;
           spec.K = K;
           spec.causal = true;
@@ -218,7 +219,12 @@ std::vector<CaseSpec> BlockSpecs() {
   return specs;
 }
 
-TEST(RowBlocks, InOrderBlocksReproduceTheWholeProblemBitForBit) {
+// The suite runs on every backend (test_backends.h); its helpers compute
+// with the backend under test.
+class RowBlocks : public BackendTest {};
+KLSERVE_INSTANTIATE_ON_BACKENDS(RowBlocks);
+
+TEST_P(RowBlocks, InOrderBlocksReproduceTheWholeProblemBitForBit) {
   std::mt19937_64 rng(99);
   uint64_t seed = 1;
   for (const CaseSpec& spec : BlockSpecs()) {
@@ -228,7 +234,7 @@ TEST(RowBlocks, InOrderBlocksReproduceTheWholeProblemBitForBit) {
     absl::StatusOr<IndexerKlProblem> problem =
         IndexerKlProblem::Create(encoded.inputs(), encoded.options());
     ASSERT_TRUE(problem.ok()) << problem.status();
-    const Outputs whole = RunWhole(SharedBackend(), *problem, c);
+    const Outputs whole = RunWhole(*backend(), *problem, c);
     const bool grad_comparable = problem->denominator.has_value();
     for (int trial = 0; trial < 3; ++trial) {
       for (bool copy_rows : {false, true}) {
@@ -237,20 +243,19 @@ TEST(RowBlocks, InOrderBlocksReproduceTheWholeProblemBitForBit) {
         SCOPED_TRACE(std::string(copy_rows ? "copied rows, " : "") +
                      std::to_string(boundaries.size() - 1) + " blocks");
         ExpectIdentical(
-            whole,
-            RunInBlocks(SharedBackend(), *problem, c, boundaries, copy_rows),
+            whole, RunInBlocks(*backend(), *problem, c, boundaries, copy_rows),
             grad_comparable);
       }
     }
     // One block with everything.
     ExpectIdentical(
-        whole,
-        RunInBlocks(SharedBackend(), *problem, c, {0, c.num_rows()}, false),
+        whole, RunInBlocks(*backend(), *problem, c, {0, c.num_rows()}, false),
         grad_comparable);
   }
 }
 
-TEST(RowBlocks, ThreadCountDoesNotChangeTheBits) {
+// The CPU backend's own thread counts.
+TEST(RowBlocksOnCpu, ThreadCountDoesNotChangeTheBits) {
   CpuBackend one(1, TestIsa()), two(2, TestIsa()), four(4, TestIsa());
   uint64_t seed = 50;
   for (CaseSpec spec : BlockSpecs()) {
@@ -273,11 +278,12 @@ TEST(RowBlocks, ThreadCountDoesNotChangeTheBits) {
   }
 }
 
-TEST(RowBlocks, ConcurrentCallsOnOneBackendAgree) {
+TEST_P(RowBlocks, ConcurrentCallsOnOneBackendAgree) {
   CaseSpec spec;
   spec.B = 2;
   spec.T = 200;
   spec.S = 33;
+  spec.form = InputForm::kSparsePerHead;
   spec.K = 20;
   spec.causal = true;
   const Case c = MakeRandomCase(spec, 7);
@@ -285,22 +291,22 @@ TEST(RowBlocks, ConcurrentCallsOnOneBackendAgree) {
   absl::StatusOr<IndexerKlProblem> problem =
       IndexerKlProblem::Create(encoded.inputs(), encoded.options());
   ASSERT_TRUE(problem.ok()) << problem.status();
-  const Outputs serial = RunWhole(SharedBackend(), *problem, c);
+  const Outputs serial = RunWhole(*backend(), *problem, c);
   std::vector<Outputs> results(4);
   std::vector<std::thread> threads;
   for (Outputs& out : results) {
-    threads.emplace_back([&] { out = RunWhole(SharedBackend(), *problem, c); });
+    threads.emplace_back([&] { out = RunWhole(*backend(), *problem, c); });
   }
   for (std::thread& t : threads) t.join();
   for (const Outputs& out : results) ExpectIdentical(serial, out, true);
 }
 
-TEST(RowBlocks, ErrorInABlockNamesTheTensor) {
+TEST_P(RowBlocks, ErrorInABlockNamesTheTensor) {
   CaseSpec spec;
   spec.B = 2;
   spec.T = 10;
   spec.S = 12;
-  spec.per_head = false;
+  spec.form = InputForm::kDenseAggregated;
   Case c = MakeRandomCase(spec, 8);
   c.indexer_scores.values[13 * c.S + 4] = std::nan("");  // row 13
   const EncodedCase encoded(c);
@@ -311,15 +317,15 @@ TEST(RowBlocks, ErrorInABlockNamesTheTensor) {
   BlockOutputs outputs;
   outputs.row_kl = row_kl.data();
   LossAccumulator clean;
-  EXPECT_TRUE(
-      SharedBackend()
-          .ComputeRows(*problem, problem->rows, RowRange{0, 13}, outputs, clean)
-          .ok());
+  EXPECT_TRUE(backend()
+                  ->ComputeRows(*problem, problem->rows, RowRange{0, 13},
+                                outputs, clean)
+                  .ok());
   LossAccumulator dirty;
   outputs.row_kl = row_kl.data() + 10;
   ExpectInvalidStartingWith(
-      SharedBackend().ComputeRows(*problem, problem->rows, RowRange{10, 20},
-                                  outputs, dirty),
+      backend()->ComputeRows(*problem, problem->rows, RowRange{10, 20}, outputs,
+                             dirty),
       {"indexer_scores"});
 }
 
