@@ -176,8 +176,8 @@ Ceilings MeasureCeilings(const CpuBackend& backend) {
 // The benchmarked problems.
 
 struct Case {
-  bool sparse = false;
-  bool per_head = false;  // attention_logits [B,H,T,K] vs weights [B,T,K]
+  // Per-head: attention_logits [B,H,T,K]; aggregated: weights [B,T,K].
+  InputForm form = InputForm::kDenseAggregated;
   DType dtype = DType::kFloat32;  // target, scores and gradient
   int64_t B = 1, H = 1, T = 0, S = 0;
   int64_t K = 0;  // slots per row: S in the dense stage
@@ -186,15 +186,14 @@ struct Case {
 };
 
 std::string CaseName(const Case& c) {
-  std::string name = c.sparse ? "sparse" : "dense";
-  name += c.per_head ? "_perhead_" : "_agg_";
+  std::string name = std::string(InputFormName(c.form)) + "_";
   name += c.dtype == DType::kBFloat16 ? "bf16" : "fp32";
   if (c.causal) name += "_causal";
   if (c.flavor == Flavor::kMaxText) name += "_maxtext";
   name += "/B" + std::to_string(c.B);
-  if (c.per_head) name += "_H" + std::to_string(c.H);
+  if (IsPerHead(c.form)) name += "_H" + std::to_string(c.H);
   name += "_T" + std::to_string(c.T) + "_S" + std::to_string(c.S);
-  if (c.sparse) name += "_K" + std::to_string(c.K);
+  if (IsSparse(c.form)) name += "_K" + std::to_string(c.K);
   return name;
 }
 
@@ -278,7 +277,7 @@ std::unique_ptr<Fixture> MakeFixture(const Case& c) {
     Put(c.dtype, f->scores.get(), i, 3.0f * rng.Normal());
   }
 
-  if (c.per_head) {
+  if (IsPerHead(c.form)) {
     // Per-head logits ~ N(0,1) * 3, already scaled.
     const int64_t n = c.B * c.H * c.T * c.K;
     f->target_bytes = n * esize;
@@ -304,7 +303,7 @@ std::unique_ptr<Fixture> MakeFixture(const Case& c) {
     }
   }
 
-  if (c.sparse) {
+  if (IsSparse(c.form)) {
     // Distinct keys in random order, as a top-k of the scores would give.
     // Under the causal mask only keys at or before the query's position are
     // drawn, and a row with fewer such keys than slots ends in -1 slots.
@@ -343,14 +342,14 @@ std::unique_ptr<Fixture> MakeFixture(const Case& c) {
   IndexerKlInputs inputs;
   inputs.indexer_scores =
       View(c.dtype, {c.B, c.T, c.K}, f->scores.get(), f->scores_bytes);
-  if (c.per_head) {
+  if (IsPerHead(c.form)) {
     inputs.attention_logits =
         View(c.dtype, {c.B, c.H, c.T, c.K}, f->target.get(), f->target_bytes);
   } else {
     inputs.attention_weights =
         View(c.dtype, {c.B, c.T, c.K}, f->target.get(), f->target_bytes);
   }
-  if (c.sparse) {
+  if (IsSparse(c.form)) {
     inputs.topk_indices = View(DType::kInt32, {c.B, c.T, c.K}, f->indices.get(),
                                f->indices_bytes);
   }
@@ -412,7 +411,7 @@ void BM_IndexerKl(benchmark::State& state, const Case& c) {
   const double iterations = double(state.iterations());
   const double bytes = iterations * double(f.bytes_moved());
   const double items =
-      iterations * double(c.B * c.T * c.K * (c.per_head ? c.H : 1));
+      iterations * double(c.B * c.T * c.K * (IsPerHead(c.form) ? c.H : 1));
   state.SetBytesProcessed(int64_t(bytes));
   state.SetItemsProcessed(int64_t(items));
   // The ratios use the fastest iteration, as the ceilings use their fastest
@@ -428,7 +427,7 @@ void BM_IndexerKl(benchmark::State& state, const Case& c) {
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   const auto add = [&](Case c) {
-    if (!c.sparse) c.K = c.S;
+    if (!IsSparse(c.form)) c.K = c.S;
     cases.push_back(c);
   };
   // Dense warm-up stage, 4K context (DeepSeek-V3.2's example length).
@@ -436,17 +435,20 @@ std::vector<Case> Cases() {
   add({.dtype = DType::kBFloat16, .T = 4096, .S = 4096});
   add({.T = 4096, .S = 4096, .causal = true});
   add({.T = 4096, .S = 4096, .flavor = Flavor::kMaxText});
-  add({.per_head = true, .H = 16, .T = 4096, .S = 4096});
-  add({.per_head = true,
+  add({.form = InputForm::kDensePerHead, .H = 16, .T = 4096, .S = 4096});
+  add({.form = InputForm::kDensePerHead,
        .dtype = DType::kBFloat16,
        .H = 16,
        .T = 4096,
        .S = 4096});
   // Sparse stage, k = 2048 of 4096 keys.
-  add({.sparse = true, .T = 4096, .S = 4096, .K = 2048});
-  add({.sparse = true, .T = 4096, .S = 4096, .K = 2048, .causal = true});
-  add({.sparse = true,
-       .per_head = true,
+  add({.form = InputForm::kSparseAggregated, .T = 4096, .S = 4096, .K = 2048});
+  add({.form = InputForm::kSparseAggregated,
+       .T = 4096,
+       .S = 4096,
+       .K = 2048,
+       .causal = true});
+  add({.form = InputForm::kSparsePerHead,
        .H = 16,
        .T = 1024,
        .S = 4096,

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/dtype.h"
+#include "kernels/row_rules.h"
 #include "kernels/tensor_view.h"
 
 // The indexer KL problem of docs/spec.md: what a caller sends,
@@ -112,10 +113,9 @@ struct RowView {
   bool present() const { return data != nullptr; }
   // Address of row r's first element of head h; T is the problem's T.
   const std::byte* Row(int64_t r, int64_t T, int64_t h = 0) const {
-    const int64_t b0 = origin_row / T, t0 = origin_row % T;
-    const int64_t offset = (r / T - b0) * batch_stride +
-                           (r % T - t0) * row_stride + h * head_stride;
-    return data + offset * DTypeSize(dtype);
+    return data + StridedRowOffset(r, h, T, origin_row, batch_stride,
+                                   row_stride, head_stride) *
+                      DTypeSize(dtype);
   }
 };
 
@@ -177,9 +177,7 @@ class IndexerKlProblem {
   bool per_head() const { return IsPerHead(form); }
   int64_t num_rows() const { return B * T; }
   // Whether row r counts in the loss: row_valid true, or absent.
-  bool row_counts(int64_t r) const {
-    return row_valid == nullptr || row_valid[r] != std::byte{0};
-  }
+  bool row_counts(int64_t r) const { return RowCounts(row_valid, r); }
   bool has_row_mask() const {
     return segment_ids_q != nullptr || key_padding_mask != nullptr ||
            has_attention_mask;

@@ -30,4 +30,34 @@ std::string DescribeValue(float value) {
   return absl::StrCat(value);
 }
 
+absl::Status RowErrorStatus(RowError error, const RowErrorSite& s) {
+  switch (error) {
+    case RowError::kNone:
+      return absl::OkStatus();
+    case RowError::kLogitsNotFinite:
+      return ValueError("attention_logits", "logits must not be NaN or +inf",
+                        DescribeValue(s.value), {s.b, s.h, s.t, s.j});
+    case RowError::kLogitsAllMinusInf:
+      return ValueError("attention_logits",
+                        "a head needs a finite logit at some valid key",
+                        "-inf at every valid key", {s.b, s.h, s.t});
+    case RowError::kWeightsBad:
+      return ValueError("attention_weights", "weights must be finite and >= 0",
+                        DescribeValue(s.value), {s.b, s.t, s.j});
+    case RowError::kScoresNotFinite:
+      return ValueError("indexer_scores", "scores must not be NaN or +inf",
+                        DescribeValue(s.value), {s.b, s.t, s.j});
+    case RowError::kScoresAllMinusInf:
+      return ValueError("indexer_scores",
+                        "a row with valid keys needs a finite score at one",
+                        "-inf at every valid key", {s.b, s.t});
+    case RowError::kMinusInfWithMass:
+      return ValueError("indexer_scores",
+                        "EXACT needs a finite score wherever the target has "
+                        "mass (the KL would be infinite; MAXTEXT computes it)",
+                        "-inf", {s.b, s.t, s.j});
+  }
+  return absl::InternalError("unknown row error code");
+}
+
 }  // namespace klserve

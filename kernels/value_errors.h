@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "kernels/row_rules.h"
 
 // The INVALID_ARGUMENT errors a backend raises for bad values in the data,
 // shared so that every backend words them alike:
@@ -25,6 +26,17 @@ int64_t FirstBadValue(const float* x, int64_t n, bool weights);
 
 // "NaN", "+inf" or the number.
 std::string DescribeValue(float value);
+
+// Where a row broke a value rule: row (b, t), head h (the attention_logits
+// errors) and slot j with the value found there (the errors that name one).
+struct RowErrorSite {
+  int64_t b = 0, t = 0, h = 0, j = 0;
+  float value = 0;
+};
+
+// The catalogue of the row errors: `error` at `site` as its ValueError, the
+// one wording of every backend; OK for RowError::kNone.
+absl::Status RowErrorStatus(RowError error, const RowErrorSite& site);
 
 }  // namespace klserve
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA backend on a machine with an NVIDIA GPU, in one command: builds
-# the math library with CUDA, runs the GPU tests (the reference suite on the
-# CUDA backend, and the CPU-versus-GPU cross-check on random inputs), then
-# the GPU benchmark per input form against a device-to-device copy measured
-# in the same run, and prints its table last. About 5 minutes on an H200.
+# the math library with CUDA, runs the GPU tests (every kernel suite's CUDA
+# instances, and the CPU-versus-GPU cross-check on random inputs), then the
+# GPU benchmark per input form against a device-to-device copy measured in
+# the same run, and prints its table last. About 5 minutes on an H200.
 #
 #   scripts/gpu-check.sh             build (Debian packages through
 #                                    scripts/klserve.sh deps), test, benchmark
@@ -17,7 +17,12 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build-gpu}"
-TARGETS=(reference_agreement_test backend_cross_check_test klserve_gpu_bench)
+# The kernel suites parameterised over backends (tests/kernels/
+# test_backends.h): their CUDA instances are named "Backends/<suite>.<test>/cuda".
+BACKEND_SUITES=(reference_agreement_test validation_test extreme_values_test
+  invariants_test row_blocks_test diagnostics_test gradient_check_test)
+TARGETS=("${BACKEND_SUITES[@]}" backend_cross_check_test cuda_row_fold_test
+  klserve_gpu_bench)
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
@@ -49,10 +54,13 @@ run_tests() {
   fi
   tail -1 "$log"
 }
-echo "== the reference suite on the CUDA backend"
-run_tests "$BUILD_DIR/tests/kernels/reference_agreement_test" \
-  --gtest_filter='*/cuda'
+for suite in "${BACKEND_SUITES[@]}"; do
+  echo "== $suite on the CUDA backend"
+  run_tests "$BUILD_DIR/tests/kernels/$suite" --gtest_filter='*/cuda'
+done
 echo "== CPU versus GPU on random inputs"
 run_tests "$BUILD_DIR/tests/kernels/backend_cross_check_test"
+echo "== the CUDA host code's fold and errors against the CPU backend"
+run_tests "$BUILD_DIR/tests/kernels/cuda_row_fold_test"
 echo "== benchmark"
 "$BUILD_DIR/kernels/klserve_gpu_bench"

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/cpu/row_scratch.h"
+#include "kernels/fold_rows.h"
 
 namespace klserve {
 namespace {
@@ -76,17 +77,7 @@ absl::Status CpuBackend::ComputeRows(const IndexerKlProblem& p,
       [] { cpu::RowScratch::ReleaseExcessOfThisThread(); });
   if (absl::Status status = error.status(); !status.ok()) return status;
 
-  // Fold in row order: the totals then do not depend on the chunking.
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = rows.begin + i;
-    const bool counts = p.row_counts(r);
-    accumulator.Add(results[i], counts);
-    if (out.row_kl != nullptr) {
-      out.row_kl[i] = counts && results[i].kind == RowResult::Kind::kComputed
-                          ? results[i].kl
-                          : 0.0;
-    }
-  }
+  FoldRows(p, rows.begin, results, out.row_kl, accumulator);
   return absl::OkStatus();
 }
 

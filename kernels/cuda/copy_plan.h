@@ -10,6 +10,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/problem.h"
+#include "kernels/row_rules.h"
 
 namespace klserve::cuda {
 
@@ -25,9 +26,8 @@ struct StridedRows {
 
   // Byte offset of row r's first element of head h.
   int64_t Offset(int64_t r, int64_t T, int64_t h) const {
-    const int64_t b0 = origin_row / T, t0 = origin_row % T;
-    return ((r / T - b0) * batch_stride + (r % T - t0) * row_stride +
-            h * head_stride) *
+    return StridedRowOffset(r, h, T, origin_row, batch_stride, row_stride,
+                            head_stride) *
            element_size;
   }
 };

@@ -27,8 +27,7 @@ namespace {
 
 struct Case {
   std::string name;
-  bool per_head = false;
-  bool sparse = false;
+  InputForm form = InputForm::kDenseAggregated;
   DType dtype = DType::kFloat32;
   int64_t H = 1, T = 4096, S = 4096, K = 4096;
 };
@@ -77,13 +76,14 @@ int main() {
               (*backend)->device().c_str(), *copy / 1e9);
 
   const std::vector<Case> cases = {
-      {"dense_agg_fp32", false, false, DType::kFloat32},
-      {"dense_agg_bf16", false, false, DType::kBFloat16},
-      {"dense_perhead_fp32", true, false, DType::kFloat32, 16},
-      {"dense_perhead_bf16", true, false, DType::kBFloat16, 16},
-      {"sparse_agg_fp32", false, true, DType::kFloat32, 1, 4096, 4096, 2048},
-      {"sparse_perhead_bf16", true, true, DType::kBFloat16, 16, 4096, 4096,
-       2048},
+      {"dense_agg_fp32", InputForm::kDenseAggregated, DType::kFloat32},
+      {"dense_agg_bf16", InputForm::kDenseAggregated, DType::kBFloat16},
+      {"dense_perhead_fp32", InputForm::kDensePerHead, DType::kFloat32, 16},
+      {"dense_perhead_bf16", InputForm::kDensePerHead, DType::kBFloat16, 16},
+      {"sparse_agg_fp32", InputForm::kSparseAggregated, DType::kFloat32, 1,
+       4096, 4096, 2048},
+      {"sparse_perhead_bf16", InputForm::kSparsePerHead, DType::kBFloat16, 16,
+       4096, 4096, 2048},
   };
   struct Row {
     std::string name;
@@ -94,13 +94,13 @@ int main() {
   for (const Case& c : cases) {
     const int64_t slots = c.T * c.K;
     std::vector<std::byte> target =
-        Random(c.dtype, c.H * slots, !c.per_head, rng);
+        Random(c.dtype, c.H * slots, !IsPerHead(c.form), rng);
     std::vector<std::byte> scores = Random(c.dtype, slots, false, rng);
     std::vector<int32_t> indices;
     IndexerKlInputs in;
     TensorView target_view{
         c.dtype, {}, target.data(), static_cast<int64_t>(target.size())};
-    if (c.per_head) {
+    if (IsPerHead(c.form)) {
       target_view.shape = {1, c.H, c.T, c.K};
       in.attention_logits = target_view;
     } else {
@@ -114,7 +114,7 @@ int main() {
     IndexerKlOptions options;
     options.scaling_factor = 0.01;
     options.grad_dtype = c.dtype;
-    if (c.sparse) {
+    if (IsSparse(c.form)) {
       std::vector<int32_t> keys(c.S);
       std::iota(keys.begin(), keys.end(), 0);
       for (int64_t t = 0; t < c.T; ++t) {

@@ -15,8 +15,9 @@
 
 namespace klserve::cuda {
 
-// Row r's device error as the CPU backend's INVALID_ARGUMENT status, the
-// offending value read from the host input `data`; OK when the row has none.
+// Row r's device error as its INVALID_ARGUMENT status from the row-error
+// catalogue (kernels/value_errors.h), the offending value read from the host
+// input `data`; OK when the row has none.
 absl::Status RowErrorStatus(const IndexerKlProblem& problem,
                             const RowData& data, int64_t r,
                             const DeviceRowResult& row);
@@ -27,17 +28,11 @@ absl::Status FirstRowError(const IndexerKlProblem& problem, const RowData& data,
                            int64_t first_row,
                            absl::Span<const DeviceRowResult> results);
 
-// Folds `results` (rows first_row, first_row + 1, ...) in row order into
-// `accumulator`, as the CPU backend does, and writes row_kl[i] (when not
-// null): the row's KL if it counts and has one, else 0.
+// Folds `results` (rows first_row, first_row + 1, ...) as the CPU backend
+// folds its rows (kernels/fold_rows.h), writing row_kl when not null.
 void FoldRows(const IndexerKlProblem& problem, int64_t first_row,
               absl::Span<const DeviceRowResult> results, double* row_kl,
               LossAccumulator& accumulator);
-
-// Whether row r counts (row_valid true or absent).
-inline bool RowCounts(const IndexerKlProblem& problem, int64_t r) {
-  return problem.row_valid == nullptr || problem.row_valid[r] != std::byte{0};
-}
 
 }  // namespace klserve::cuda
 

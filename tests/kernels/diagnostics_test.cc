@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "kernels/loss.h"
 #include "kernels/problem.h"
+#include "tests/kernels/test_backends.h"
 #include "tests/kernels/test_data.h"
 
 namespace klserve::testdata {
@@ -29,7 +30,12 @@ Case OneRow(std::vector<double> weights, std::vector<double> scores) {
   return c;
 }
 
-TEST(Diagnostics, MatchReferenceForSeveralRecallK) {
+// The suite runs on every backend (test_backends.h); its helpers compute
+// with the backend under test. (Its name hides klserve::Diagnostics here.)
+class Diagnostics : public BackendTest {};
+KLSERVE_INSTANTIATE_ON_BACKENDS(Diagnostics);
+
+TEST_P(Diagnostics, MatchReferenceForSeveralRecallK) {
   std::mt19937_64 rng(77);
   uint64_t seed = 1;
   for (int i = 0; i < 60; ++i) {
@@ -49,7 +55,7 @@ TEST(Diagnostics, MatchReferenceForSeveralRecallK) {
   }
 }
 
-TEST(Diagnostics, HandComputedEntropiesAndRecall) {
+TEST_P(Diagnostics, HandComputedEntropiesAndRecall) {
   // p = (0.1, 0.2, 0.7); the scores rank keys 2, 0, 1.
   Case c = OneRow({1, 2, 7}, {1, 0, 2});
   const double z = std::exp(1.0) + 1 + std::exp(2.0);
@@ -66,7 +72,7 @@ TEST(Diagnostics, HandComputedEntropiesAndRecall) {
     const LibOutput lib = RunLibrary(c);
     ASSERT_TRUE(lib.status.ok()) << lib.status;
     ASSERT_TRUE(lib.result.diagnostics.has_value());
-    const Diagnostics& d = *lib.result.diagnostics;
+    const klserve::Diagnostics& d = *lib.result.diagnostics;
     EXPECT_NEAR(d.mean_entropy_p, hp, 1e-6);
     EXPECT_NEAR(d.mean_entropy_q, hq, 1e-6);
     ASSERT_TRUE(d.topk_recall.has_value());
@@ -74,7 +80,7 @@ TEST(Diagnostics, HandComputedEntropiesAndRecall) {
   }
 }
 
-TEST(Diagnostics, RecallTiesGoToTheLowerKey) {
+TEST_P(Diagnostics, RecallTiesGoToTheLowerKey) {
   // Equal scores: the first keys win.
   Case c = OneRow({1, 2, 3}, {0, 0, 0});
   for (auto [k, want] : {std::pair{int64_t{1}, 1.0 / 6}, {int64_t{2}, 0.5}}) {
@@ -87,7 +93,7 @@ TEST(Diagnostics, RecallTiesGoToTheLowerKey) {
   }
 }
 
-TEST(Diagnostics, RecallCountsOnlyValidKeys) {
+TEST_P(Diagnostics, RecallCountsOnlyValidKeys) {
   // The best-scored key is masked out; recall over the valid keys only.
   Case c = OneRow({1, 2, 7, 100}, {1, 0, 2, 50});
   c.key_padding_mask = HostTensor(DType::kBool, {1, 4}, 1);
@@ -99,7 +105,7 @@ TEST(Diagnostics, RecallCountsOnlyValidKeys) {
   EXPECT_NEAR(*lib.result.diagnostics->topk_recall, 0.7, 1e-6);
 }
 
-TEST(Diagnostics, AbsentUnlessRequestedAndRecallAbsentForKZero) {
+TEST_P(Diagnostics, AbsentUnlessRequestedAndRecallAbsentForKZero) {
   Case c = OneRow({1, 2, 7}, {1, 0, 2});
   c.options.want_diagnostics = false;
   c.options.recall_k = 2;
@@ -115,7 +121,7 @@ TEST(Diagnostics, AbsentUnlessRequestedAndRecallAbsentForKZero) {
   EXPECT_FALSE(lib.result.diagnostics->topk_recall.has_value());
 }
 
-TEST(Diagnostics, RowCountsWithRowValid) {
+TEST_P(Diagnostics, RowCountsWithRowValid) {
   // Fully masked, zero-target and computed rows, some of them dropped by
   // row_valid: counts against the reference (which counts fully masked and
   // zero-target rows whatever row_valid says).
@@ -153,7 +159,7 @@ TEST(Diagnostics, RowCountsWithRowValid) {
   EXPECT_EQ(ref.denominator, 2);
 }
 
-TEST(Diagnostics, NothingCountedGivesZeros) {
+TEST_P(Diagnostics, NothingCountedGivesZeros) {
   Case c = OneRow({1, 2, 7}, {1, 0, 2});
   c.key_padding_mask = HostTensor(DType::kBool, {1, 3}, 0);
   c.options.recall_k = 2;

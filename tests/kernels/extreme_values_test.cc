@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/problem.h"
+#include "tests/kernels/test_backends.h"
 #include "tests/kernels/test_data.h"
 #include "tests/reference/indexer_kl_reference.h"
 
@@ -22,14 +23,15 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-CaseSpec Spec(bool per_head, int64_t K, Flavor flavor, DType dtype) {
+// Twelve slots in the sparse forms.
+CaseSpec Spec(InputForm form, Flavor flavor, DType dtype) {
   CaseSpec spec;
   spec.B = 2;
   spec.T = 6;
   spec.S = 19;
-  spec.per_head = per_head;
+  spec.form = form;
   spec.H = 3;
-  spec.K = K;
+  if (IsSparse(form)) spec.K = 12;
   spec.target_dtype = dtype;
   spec.scores_dtype = dtype;
   spec.causal = true;
@@ -51,21 +53,17 @@ void ForEachValidSlot(const Case& c, Fn fn) {
 }
 
 struct Combo {
-  bool per_head;
-  int64_t K;
+  InputForm form;
   Flavor flavor;
   DType dtype;
 };
 
 std::vector<Combo> AllCombos() {
   std::vector<Combo> combos;
-  for (bool per_head : {true, false}) {
-    for (int64_t K : {0, 12}) {
-      for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-        for (DType dtype :
-             {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
-          combos.push_back({per_head, K, flavor, dtype});
-        }
+  for (InputForm form : kInputFormsByTarget) {
+    for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
+      for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+        combos.push_back({form, flavor, dtype});
       }
     }
   }
@@ -73,20 +71,24 @@ std::vector<Combo> AllCombos() {
 }
 
 std::string Name(const Combo& c) {
-  return std::string(c.per_head ? "per-head" : "aggregated") +
-         (c.K > 0 ? " sparse" : " dense") +
+  return std::string(InputFormName(c.form)) +
          (c.flavor == Flavor::kExact ? " EXACT " : " MAXTEXT ") +
          std::string(DTypeName(c.dtype));
 }
 
-TEST(ExtremeValues, LogitsOfTenThousand) {
+// The suite runs on every backend (test_backends.h); its helpers compute
+// with the backend under test.
+class ExtremeValues : public BackendTest {};
+KLSERVE_INSTANTIATE_ON_BACKENDS(ExtremeValues);
+
+TEST_P(ExtremeValues, LogitsOfTenThousand) {
   std::mt19937_64 rng(1);
   uint64_t seed = 10;
   for (const Combo& combo : AllCombos()) {
-    if (!combo.per_head) continue;
+    if (!IsPerHead(combo.form)) continue;
     SCOPED_TRACE(Name(combo));
     Case c =
-        MakeRandomCase(Spec(true, combo.K, combo.flavor, combo.dtype), seed++);
+        MakeRandomCase(Spec(combo.form, combo.flavor, combo.dtype), seed++);
     for (double& a : c.attention_logits->values) {
       if (std::isfinite(a)) a = (rng() % 2 ? 1e4 : -1e4) + (rng() % 7);
     }
@@ -94,15 +96,15 @@ TEST(ExtremeValues, LogitsOfTenThousand) {
   }
 }
 
-TEST(ExtremeValues, ScoresOfTenThousand) {
+TEST_P(ExtremeValues, ScoresOfTenThousand) {
   // Keys with p > 0 get q = 0 in float32 (exp(-2e4)): the KL is huge but
   // finite, and EXACT accepts it (only -inf is an error).
   std::mt19937_64 rng(2);
   uint64_t seed = 20;
   for (const Combo& combo : AllCombos()) {
     SCOPED_TRACE(Name(combo));
-    Case c = MakeRandomCase(
-        Spec(combo.per_head, combo.K, combo.flavor, combo.dtype), seed++);
+    Case c =
+        MakeRandomCase(Spec(combo.form, combo.flavor, combo.dtype), seed++);
     ForEachValidSlot(c, [&](int64_t, int64_t, int64_t, int64_t i) {
       c.indexer_scores.values[i] = rng() % 3 == 0 ? 1e4 : -1e4;
     });
@@ -112,13 +114,13 @@ TEST(ExtremeValues, ScoresOfTenThousand) {
   }
 }
 
-TEST(ExtremeValues, NegativeInfinityAtValidPositions) {
+TEST_P(ExtremeValues, NegativeInfinityAtValidPositions) {
   std::mt19937_64 rng(3);
   uint64_t seed = 30;
   for (const Combo& combo : AllCombos()) {
     SCOPED_TRACE(Name(combo));
-    Case c = MakeRandomCase(
-        Spec(combo.per_head, combo.K, combo.flavor, combo.dtype), seed++);
+    Case c =
+        MakeRandomCase(Spec(combo.form, combo.flavor, combo.dtype), seed++);
     std::vector<int64_t> seen_in_row(c.num_rows(), 0);
     ForEachValidSlot(c, [&](int64_t b, int64_t t, int64_t j, int64_t i) {
       // Keep each row's first valid key finite everywhere.
@@ -145,13 +147,13 @@ TEST(ExtremeValues, NegativeInfinityAtValidPositions) {
   }
 }
 
-TEST(ExtremeValues, AllTargetMassOnOneKey) {
+TEST_P(ExtremeValues, AllTargetMassOnOneKey) {
   uint64_t seed = 40;
   for (const Combo& combo : AllCombos()) {
     for (bool exactly_one_hot : {true, false}) {
       SCOPED_TRACE(Name(combo) + (exactly_one_hot ? " one-hot" : " near"));
-      Case c = MakeRandomCase(
-          Spec(combo.per_head, combo.K, combo.flavor, combo.dtype), seed++);
+      Case c =
+          MakeRandomCase(Spec(combo.form, combo.flavor, combo.dtype), seed++);
       std::vector<int64_t> seen_in_row(c.num_rows(), 0);
       ForEachValidSlot(c, [&](int64_t b, int64_t t, int64_t j, int64_t i) {
         const bool hot = seen_in_row[b * c.T + t]++ == 0;
@@ -173,13 +175,13 @@ TEST(ExtremeValues, AllTargetMassOnOneKey) {
   }
 }
 
-TEST(ExtremeValues, IndexerProbabilitiesFarBelowOneETo30) {
+TEST_P(ExtremeValues, IndexerProbabilitiesFarBelowOneETo30) {
   std::mt19937_64 rng(5);
   uint64_t seed = 50;
   for (const Combo& combo : AllCombos()) {
     SCOPED_TRACE(Name(combo));
-    Case c = MakeRandomCase(
-        Spec(combo.per_head, combo.K, combo.flavor, combo.dtype), seed++);
+    Case c =
+        MakeRandomCase(Spec(combo.form, combo.flavor, combo.dtype), seed++);
     ForEachValidSlot(c, [&](int64_t, int64_t, int64_t, int64_t i) {
       const double u = static_cast<double>(rng() % 1000) / 1000;
       c.indexer_scores.values[i] = rng() % 4 == 0 ? -103.0 : -100.0 * u;
@@ -205,45 +207,48 @@ const char* FlavorName(Flavor flavor) {
   return flavor == Flavor::kExact ? "EXACT" : "MAXTEXT";
 }
 
-TEST(ExtremeValues, WeightSumsBeyondFloat32) {
+TEST_P(ExtremeValues, WeightSumsBeyondFloat32) {
   // Every weight is a finite float32, but the row sums (and, for the long
   // rows, their reciprocals) lie outside float32; the spec sums in float64.
   uint64_t seed = 60;
   for (int64_t S : {19, 200}) {
-    for (int64_t K : {0, 12}) {
+    for (InputForm form :
+         {InputForm::kDenseAggregated, InputForm::kSparseAggregated}) {
       for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-        CaseSpec spec = Spec(false, K, flavor, DType::kFloat32);
+        CaseSpec spec = Spec(form, flavor, DType::kFloat32);
         spec.S = S;
         spec.T = S > 100 ? 2 : spec.T;
         Case c = MakeRandomCase(spec, seed++);
         SetValidWeights(c, 1e38);
         SCOPED_TRACE(::testing::Message()
-                     << "S=" << S << " K=" << K << " " << FlavorName(flavor));
+                     << "S=" << S << " " << InputFormName(form) << " "
+                     << FlavorName(flavor));
         CheckAgainstReference(c);
       }
     }
   }
 }
 
-TEST(ExtremeValues, SubnormalWeights) {
+TEST_P(ExtremeValues, SubnormalWeights) {
   // Float32 subnormal weights: legal (finite, >= 0), and the reciprocal of
   // their row sum overflows float32.
   uint64_t seed = 65;
   for (double w : {1e-40, 3e-39}) {
-    for (int64_t K : {0, 12}) {
+    for (InputForm form :
+         {InputForm::kDenseAggregated, InputForm::kSparseAggregated}) {
       for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-        Case c =
-            MakeRandomCase(Spec(false, K, flavor, DType::kFloat32), seed++);
+        Case c = MakeRandomCase(Spec(form, flavor, DType::kFloat32), seed++);
         SetValidWeights(c, w);
         SCOPED_TRACE(::testing::Message()
-                     << "w=" << w << " K=" << K << " " << FlavorName(flavor));
+                     << "w=" << w << " " << InputFormName(form) << " "
+                     << FlavorName(flavor));
         CheckAgainstReference(c);
       }
     }
   }
 }
 
-TEST(ExtremeValues, SubnormalWeightsBesideNormalOnes) {
+TEST_P(ExtremeValues, SubnormalWeightsBesideNormalOnes) {
   // Rows of 4096 slots: one normal weight, just large enough that the row
   // is not rescaled, and small subnormals everywhere else. The fast log
   // pass does not take subnormals, and the rows must come out as with one
@@ -251,7 +256,8 @@ TEST(ExtremeValues, SubnormalWeightsBesideNormalOnes) {
   // rounding in double (5e-13 of itself here), while a log that mistook the
   // subnormals moves it by 4e-7 of itself (and the entropy of p past the
   // reference's tolerance).
-  CaseSpec spec = Spec(false, 0, Flavor::kExact, DType::kFloat32);
+  CaseSpec spec =
+      Spec(InputForm::kDenseAggregated, Flavor::kExact, DType::kFloat32);
   spec.T = 3;
   spec.S = 4096;
   spec.causal = false;
@@ -269,14 +275,15 @@ TEST(ExtremeValues, SubnormalWeightsBesideNormalOnes) {
   EXPECT_NEAR(LibraryLoss(c), want, 1e-10 * want);
 }
 
-TEST(ExtremeValues, SixteenBitWeightsAtTheirLimits) {
+TEST_P(ExtremeValues, SixteenBitWeightsAtTheirLimits) {
   // bf16 near its max, fp16 near its max, fp16 subnormals.
   uint64_t seed = 68;
   for (auto [dtype, w] : {std::pair{DType::kBFloat16, 1e38},
                           {DType::kFloat16, 2e4},
                           {DType::kFloat16, 1e-7}}) {
     for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-      Case c = MakeRandomCase(Spec(false, 0, flavor, dtype), seed++);
+      Case c = MakeRandomCase(Spec(InputForm::kDenseAggregated, flavor, dtype),
+                              seed++);
       SetValidWeights(c, w);
       SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " w=" << w << " "
                                         << FlavorName(flavor));
@@ -285,12 +292,13 @@ TEST(ExtremeValues, SixteenBitWeightsAtTheirLimits) {
   }
 }
 
-TEST(ExtremeValues, LargeSoftmaxScale) {
+TEST_P(ExtremeValues, LargeSoftmaxScale) {
   uint64_t seed = 70;
   for (float scale : {50.0f, 1000.0f}) {
-    for (int64_t K : {0, 12}) {
+    for (InputForm form :
+         {InputForm::kDensePerHead, InputForm::kSparsePerHead}) {
       for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-        CaseSpec spec = Spec(true, K, flavor, DType::kFloat32);
+        CaseSpec spec = Spec(form, flavor, DType::kFloat32);
         spec.options.softmax_scale = scale;
         // Scaled logits of a few units: float32's rounding of scale * A
         // then stays far below the tolerance.
@@ -302,19 +310,20 @@ TEST(ExtremeValues, LargeSoftmaxScale) {
   }
 }
 
-TEST(ExtremeValues, HugeEqualLogitsWithAnOddSoftmaxScale) {
+TEST_P(ExtremeValues, HugeEqualLogitsWithAnOddSoftmaxScale) {
   // Every logit of a head at +-1e30, scaled by 1/sqrt(128): scale * logit
   // rounds by up to ~5e21, so an exponent formed as scale * x - scale * max
   // is that rounding error at the max slot, and its exp overflows or
   // vanishes. The target must come out uniform over the valid keys.
   uint64_t seed = 80;
   for (double logit : {-1e30, 1e30}) {
-    for (int64_t K : {0, 12}) {
+    for (InputForm form :
+         {InputForm::kDensePerHead, InputForm::kSparsePerHead}) {
       for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-        CaseSpec spec = Spec(true, K, flavor, DType::kFloat32);
+        CaseSpec spec = Spec(form, flavor, DType::kFloat32);
         spec.options.softmax_scale = 0.0883883476f;
         SCOPED_TRACE(
-            absl::StrCat(logit, K > 0 ? " sparse " : " dense ",
+            absl::StrCat(logit, " ", InputFormName(form), " ",
                          flavor == Flavor::kExact ? "EXACT" : "MAXTEXT"));
         Case c = MakeRandomCase(spec, seed++);
         for (double& a : c.attention_logits->values) {

@@ -11,28 +11,25 @@
 
 #include "gtest/gtest.h"
 #include "kernels/problem.h"
+#include "tests/kernels/test_backends.h"
 #include "tests/kernels/test_data.h"
 #include "tests/reference/indexer_kl_reference.h"
 
 namespace klserve::testdata {
 namespace {
 
-struct SmallForm {
-  bool per_head;
-  int64_t K;  // 0: dense
-};
-
 // A small problem with smooth values: two rows, six keys, one empty slot in
-// the sparse form; in row 1 one key with p > 0 gets a very low score (q far
-// below MaxText's 1e-8), where the flavours' gradients differ most.
-Case SmallCase(SmallForm form, Flavor flavor, uint64_t seed) {
+// the sparse forms (five slots); in row 1 one key with p > 0 gets a very low
+// score (q far below MaxText's 1e-8), where the flavours' gradients differ
+// most.
+Case SmallCase(InputForm form, Flavor flavor, uint64_t seed) {
   CaseSpec spec;
   spec.B = 1;
   spec.T = 2;
   spec.S = 6;
-  spec.per_head = form.per_head;
+  spec.form = form;
   spec.H = 2;
-  spec.K = form.K;
+  spec.K = 5;
   spec.empty_slot_fraction = 0;
   spec.logit_spread = 1.0;
   spec.score_spread = 1.0;
@@ -47,15 +44,18 @@ Case SmallCase(SmallForm form, Flavor flavor, uint64_t seed) {
   return c;
 }
 
-TEST(GradientCheck, LibraryGradientMatchesFloat32FiniteDifferences) {
-  const SmallForm forms[] = {{true, 0}, {false, 0}, {true, 5}, {false, 5}};
+// The suite runs on every backend (test_backends.h); its helpers compute
+// with the backend under test.
+class GradientCheck : public BackendTest {};
+KLSERVE_INSTANTIATE_ON_BACKENDS(GradientCheck);
+
+TEST_P(GradientCheck, LibraryGradientMatchesFloat32FiniteDifferences) {
   uint64_t seed = 1;
   for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-    for (SmallForm form : forms) {
+    for (InputForm form : kInputForms) {
       const Case c = SmallCase(form, flavor, seed++);
       SCOPED_TRACE(std::string(flavor == Flavor::kExact ? "EXACT" : "MAXTEXT") +
-                   (form.per_head ? " per-head" : " aggregated") +
-                   (form.K > 0 ? " sparse" : " dense"));
+                   " " + InputFormName(form));
       const LibOutput base = RunLibrary(c);
       ASSERT_TRUE(base.status.ok()) << base.status;
       const std::vector<double>& grad = base.grad;
@@ -76,11 +76,12 @@ TEST(GradientCheck, LibraryGradientMatchesFloat32FiniteDifferences) {
   }
 }
 
-TEST(GradientCheck, MaxTextDampsThePullOnTinyProbabilities) {
+TEST_P(GradientCheck, MaxTextDampsThePullOnTinyProbabilities) {
   // At a key with p > 0 and q ~ 1e-11 the exact gradient is about -p, the
   // MaxText one about -p * q / 1e-8: finite differences tell them apart.
-  const Case exact = SmallCase({false, 0}, Flavor::kExact, 5);
-  const Case maxtext = SmallCase({false, 0}, Flavor::kMaxText, 5);
+  const Case exact = SmallCase(InputForm::kDenseAggregated, Flavor::kExact, 5);
+  const Case maxtext =
+      SmallCase(InputForm::kDenseAggregated, Flavor::kMaxText, 5);
   const int64_t i = 1 * 6 + 3;  // row 1, key 3
   const LibOutput a = RunLibrary(exact), b = RunLibrary(maxtext);
   ASSERT_TRUE(a.status.ok() && b.status.ok());
@@ -112,7 +113,7 @@ std::vector<Case> RandomFdCases() {
     spec.B = std::min<int64_t>(spec.B, 2);
     spec.T = std::min<int64_t>(spec.T, 5);
     spec.S = std::min<int64_t>(spec.S, 12);
-    if (spec.K > 0) spec.K = std::min<int64_t>(spec.K, spec.S + 2);
+    if (IsSparse(spec.form)) spec.K = std::min<int64_t>(spec.K, spec.S + 2);
     spec.options.flavor = i % 2 == 0 ? Flavor::kExact : Flavor::kMaxText;
     spec.options.grad_dtype = DType::kFloat32;
     if (spec.options.scaling_factor == 0) spec.options.scaling_factor = 0.3;
@@ -123,7 +124,8 @@ std::vector<Case> RandomFdCases() {
   return cases;
 }
 
-TEST(GradientCheck, ReferenceGradientMatchesItsFiniteDifferences) {
+// The reference alone: no backend.
+TEST(ReferenceGradientCheck, MatchesItsFiniteDifferences) {
   for (const Case& c : RandomFdCases()) {
     const klref::RefProblem pr = ToReference(c);
     const klref::RefResult ref = klref::ComputeReference(pr);
@@ -137,7 +139,7 @@ TEST(GradientCheck, ReferenceGradientMatchesItsFiniteDifferences) {
   }
 }
 
-TEST(GradientCheck, LibraryGradientMatchesFloat64FiniteDifferences) {
+TEST_P(GradientCheck, LibraryGradientMatchesFloat64FiniteDifferences) {
   int case_index = 0;
   for (const Case& c : RandomFdCases()) {
     SCOPED_TRACE("case " + std::to_string(case_index++));

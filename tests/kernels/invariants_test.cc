@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/problem.h"
+#include "tests/kernels/test_backends.h"
 #include "tests/kernels/test_data.h"
 #include "tests/reference/indexer_kl_reference.h"
 
@@ -50,7 +51,12 @@ void ExpectSameOutputs(const LibOutput& a, const LibOutput& b,
   }
 }
 
-TEST(Invariants, KlIsNonNegative) {
+// The suite runs on every backend (test_backends.h); its helpers compute
+// with the backend under test.
+class Invariants : public BackendTest {};
+KLSERVE_INSTANTIATE_ON_BACKENDS(Invariants);
+
+TEST_P(Invariants, KlIsNonNegative) {
   std::mt19937_64 rng(11);
   for (int i = 0; i < 120; ++i) {
     CaseSpec spec = RandomSpec(rng);
@@ -67,7 +73,7 @@ TEST(Invariants, KlIsNonNegative) {
   }
 }
 
-TEST(Invariants, KlIsZeroWhenTheIndexerReproducesTheTarget) {
+TEST_P(Invariants, KlIsZeroWhenTheIndexerReproducesTheTarget) {
   uint64_t seed = 21;
   for (bool sparse : {false, true}) {
     for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
@@ -76,8 +82,9 @@ TEST(Invariants, KlIsZeroWhenTheIndexerReproducesTheTarget) {
       spec.B = 2;
       spec.T = 5;
       spec.S = 9;
+      spec.form = MakeInputForm(sparse, /*per_head=*/true);
       spec.H = 1;
-      spec.K = sparse ? 7 : 0;
+      spec.K = 7;
       spec.causal = true;
       spec.options.flavor = flavor;
       spec.options.reduction = Reduction::kSum;
@@ -93,7 +100,7 @@ TEST(Invariants, KlIsZeroWhenTheIndexerReproducesTheTarget) {
       for (double g : lib.grad) ASSERT_NEAR(g, 0, 1e-6);
 
       // Aggregated: scores = log(weights), -inf where the weight is 0.
-      spec.per_head = false;
+      spec.form = MakeInputForm(sparse, /*per_head=*/false);
       spec.zero_weight_fraction = 0.3;
       c = MakeRandomCase(spec, seed++);
       const klref::RefResult ref = klref::ComputeReference(ToReference(c));
@@ -156,12 +163,14 @@ Case AsSparse(const Case& dense, const std::vector<int64_t>& keys) {
   return c;
 }
 
-CaseSpec MaskedDenseSpec(bool per_head, int variant) {
+// Ten slots in the sparse forms.
+CaseSpec MaskedSpec(InputForm form, int variant) {
   CaseSpec spec;
   spec.B = 2;
   spec.T = 7;
   spec.S = 13;
-  spec.per_head = per_head;
+  spec.form = form;
+  spec.K = 10;
   spec.H = 3;
   spec.causal = variant % 2 == 0;
   spec.segments = variant % 3 == 0;
@@ -173,11 +182,12 @@ CaseSpec MaskedDenseSpec(bool per_head, int variant) {
   return spec;
 }
 
-TEST(Invariants, SparseWithEveryKeyEqualsDense) {
+TEST_P(Invariants, SparseWithEveryKeyEqualsDense) {
   uint64_t seed = 31;
-  for (bool per_head : {true, false}) {
+  for (InputForm form :
+       {InputForm::kDensePerHead, InputForm::kDenseAggregated}) {
     for (int variant = 0; variant < 8; ++variant) {
-      const CaseSpec spec = MaskedDenseSpec(per_head, variant);
+      const CaseSpec spec = MaskedSpec(form, variant);
       SCOPED_TRACE(Describe(spec));
       const Case dense = MakeRandomCase(spec, seed++);
       std::vector<int64_t> keys(dense.S);
@@ -195,13 +205,13 @@ TEST(Invariants, SparseWithEveryKeyEqualsDense) {
   }
 }
 
-TEST(Invariants, PermutingSlotsPermutesTheGradient) {
+TEST_P(Invariants, PermutingSlotsPermutesTheGradient) {
   uint64_t seed = 41;
   std::mt19937_64 rng(5);
-  for (bool per_head : {true, false}) {
+  for (InputForm form :
+       {InputForm::kSparsePerHead, InputForm::kSparseAggregated}) {
     for (int variant = 0; variant < 8; ++variant) {
-      CaseSpec spec = MaskedDenseSpec(per_head, variant);
-      spec.K = 10;
+      const CaseSpec spec = MaskedSpec(form, variant);
       SCOPED_TRACE(Describe(spec));
       const Case c = MakeRandomCase(spec, seed++);
       // Permute every row's slots with its own permutation.
@@ -220,7 +230,7 @@ TEST(Invariants, PermutingSlotsPermutesTheGradient) {
               c.topk_indices->at({b, t, from});
           permuted.indexer_scores.at({b, t, j}) =
               c.indexer_scores.at({b, t, from});
-          if (per_head) {
+          if (IsPerHead(form)) {
             for (int64_t h = 0; h < c.H; ++h) {
               permuted.attention_logits->at({b, h, t, j}) =
                   c.attention_logits->at({b, h, t, from});
@@ -247,14 +257,14 @@ TEST(Invariants, PermutingSlotsPermutesTheGradient) {
   }
 }
 
-TEST(Invariants, IdenticalHeadsEqualTheAggregatedForm) {
+TEST_P(Invariants, IdenticalHeadsEqualTheAggregatedForm) {
   uint64_t seed = 51;
-  for (int64_t K : {0, 9}) {
+  for (InputForm form : {InputForm::kDensePerHead, InputForm::kSparsePerHead}) {
     for (int variant = 0; variant < 6; ++variant) {
       for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-        CaseSpec spec = MaskedDenseSpec(true, variant);
+        CaseSpec spec = MaskedSpec(form, variant);
         spec.H = 1;
-        spec.K = K;
+        spec.K = 9;
         spec.target_dtype = dtype;
         spec.options.softmax_scale = 0.75f;
         SCOPED_TRACE(Describe(spec));
@@ -308,13 +318,13 @@ TEST(Invariants, IdenticalHeadsEqualTheAggregatedForm) {
 
 // A case where rows are fully masked in several ways: the first rows by a
 // negative causal offset, the whole second batch by key padding.
-Case FullyMaskedRowsCase(bool per_head, int64_t K, DType target, DType scores,
+Case FullyMaskedRowsCase(InputForm form, int64_t K, DType target, DType scores,
                          uint64_t seed) {
   CaseSpec spec;
   spec.B = 2;
   spec.T = 6;
   spec.S = 7;
-  spec.per_head = per_head;
+  spec.form = form;
   spec.H = 2;
   spec.K = K;
   spec.target_dtype = target;
@@ -329,7 +339,7 @@ Case FullyMaskedRowsCase(bool per_head, int64_t K, DType target, DType scores,
   for (int64_t t = 0; t < c.T; ++t) {
     for (int64_t j = 0; j < c.slots(); ++j) {
       c.indexer_scores.at({1, t, j}) = (j % 2 == 0) ? -kInf : big;
-      if (per_head) {
+      if (IsPerHead(form)) {
         c.attention_logits->at({1, 0, t, j}) = -kInf;
         c.attention_logits->at({1, 1, t, j}) = j % 3 == 0 ? -kInf : -big;
       } else {
@@ -340,33 +350,30 @@ Case FullyMaskedRowsCase(bool per_head, int64_t K, DType target, DType scores,
   return c;
 }
 
-TEST(Invariants, FullyMaskedRowsAreZeroUnderEveryDtype) {
+TEST_P(Invariants, FullyMaskedRowsAreZeroUnderEveryDtype) {
   uint64_t seed = 61;
   const DType floats[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
-  for (bool per_head : {true, false}) {
-    for (int64_t K : {0, 5}) {
-      for (DType dtype : floats) {
-        for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
-          Case c = FullyMaskedRowsCase(per_head, K, dtype, dtype, seed++);
-          c.options.flavor = flavor;
-          c.options.grad_dtype = floats[seed % 3];
-          SCOPED_TRACE(std::string(per_head ? "per-head" : "aggregated") +
-                       (K > 0 ? " sparse" : " dense") + " dtype " +
-                       std::string(DTypeName(dtype)));
-          const klref::RefResult ref = CheckAgainstReference(c);
-          ASSERT_EQ(ref.error, "");
-          EXPECT_GE(ref.rows_fully_masked, 8);
-          const LibOutput lib = RunLibrary(c);
-          ASSERT_TRUE(lib.status.ok()) << lib.status;
-          const int64_t L = c.slots();
-          for (int64_t r = 0; r < c.num_rows(); ++r) {
-            bool any_valid = false;
-            for (int64_t j = 0; j < L; ++j) any_valid |= ref.valid[r * L + j];
-            if (any_valid) continue;
-            EXPECT_EQ(lib.row_kl[r], 0) << "row " << r;
-            for (int64_t j = 0; j < L; ++j) {
-              ASSERT_EQ(lib.grad[r * L + j], 0) << "row " << r;
-            }
+  for (InputForm form : kInputFormsByTarget) {
+    for (DType dtype : floats) {
+      for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
+        Case c = FullyMaskedRowsCase(form, 5, dtype, dtype, seed++);
+        c.options.flavor = flavor;
+        c.options.grad_dtype = floats[seed % 3];
+        SCOPED_TRACE(std::string(InputFormName(form)) + " dtype " +
+                     std::string(DTypeName(dtype)));
+        const klref::RefResult ref = CheckAgainstReference(c);
+        ASSERT_EQ(ref.error, "");
+        EXPECT_GE(ref.rows_fully_masked, 8);
+        const LibOutput lib = RunLibrary(c);
+        ASSERT_TRUE(lib.status.ok()) << lib.status;
+        const int64_t L = c.slots();
+        for (int64_t r = 0; r < c.num_rows(); ++r) {
+          bool any_valid = false;
+          for (int64_t j = 0; j < L; ++j) any_valid |= ref.valid[r * L + j];
+          if (any_valid) continue;
+          EXPECT_EQ(lib.row_kl[r], 0) << "row " << r;
+          for (int64_t j = 0; j < L; ++j) {
+            ASSERT_EQ(lib.grad[r * L + j], 0) << "row " << r;
           }
         }
       }
@@ -374,69 +381,65 @@ TEST(Invariants, FullyMaskedRowsAreZeroUnderEveryDtype) {
   }
 }
 
-TEST(Invariants, EveryRowFullyMaskedGivesZerosAndNoNan) {
+TEST_P(Invariants, EveryRowFullyMaskedGivesZerosAndNoNan) {
   uint64_t seed = 71;
-  for (bool per_head : {true, false}) {
-    for (int64_t K : {0, 4}) {
-      for (Reduction reduction :
-           {Reduction::kMean, Reduction::kMeanValid, Reduction::kSum}) {
-        Case c = FullyMaskedRowsCase(per_head, K, DType::kFloat32,
-                                     DType::kBFloat16, seed++);
-        for (double& v : c.key_padding_mask->values) v = 0;
-        c.options.reduction = reduction;
-        c.options.recall_k = 2;
-        const LibOutput lib = RunLibrary(c);
-        ASSERT_TRUE(lib.status.ok()) << lib.status;
-        EXPECT_EQ(lib.result.loss, 0);
-        EXPECT_EQ(lib.result.unscaled_loss, 0);
-        EXPECT_EQ(lib.result.rows_counted, 0);
-        EXPECT_EQ(lib.result.rows_fully_masked, c.num_rows());
-        EXPECT_EQ(lib.result.denominator,
-                  reduction == Reduction::kMean        ? c.num_rows()
-                  : reduction == Reduction::kMeanValid ? 0
-                                                       : 1);
-        for (double g : lib.grad) ASSERT_EQ(g, 0);
-        for (double kl : lib.row_kl) ASSERT_EQ(kl, 0);
-        ASSERT_TRUE(lib.result.diagnostics.has_value());
-        EXPECT_FALSE(std::isnan(lib.result.diagnostics->mean_entropy_p));
-        EXPECT_FALSE(std::isnan(lib.result.diagnostics->mean_entropy_q));
-        EXPECT_FALSE(
-            std::isnan(lib.result.diagnostics->topk_recall.value_or(0)));
-      }
+  for (InputForm form : kInputFormsByTarget) {
+    for (Reduction reduction :
+         {Reduction::kMean, Reduction::kMeanValid, Reduction::kSum}) {
+      Case c = FullyMaskedRowsCase(form, 4, DType::kFloat32, DType::kBFloat16,
+                                   seed++);
+      for (double& v : c.key_padding_mask->values) v = 0;
+      c.options.reduction = reduction;
+      c.options.recall_k = 2;
+      const LibOutput lib = RunLibrary(c);
+      ASSERT_TRUE(lib.status.ok()) << lib.status;
+      EXPECT_EQ(lib.result.loss, 0);
+      EXPECT_EQ(lib.result.unscaled_loss, 0);
+      EXPECT_EQ(lib.result.rows_counted, 0);
+      EXPECT_EQ(lib.result.rows_fully_masked, c.num_rows());
+      EXPECT_EQ(lib.result.denominator,
+                reduction == Reduction::kMean        ? c.num_rows()
+                : reduction == Reduction::kMeanValid ? 0
+                                                     : 1);
+      for (double g : lib.grad) ASSERT_EQ(g, 0);
+      for (double kl : lib.row_kl) ASSERT_EQ(kl, 0);
+      ASSERT_TRUE(lib.result.diagnostics.has_value());
+      EXPECT_FALSE(std::isnan(lib.result.diagnostics->mean_entropy_p));
+      EXPECT_FALSE(std::isnan(lib.result.diagnostics->mean_entropy_q));
+      EXPECT_FALSE(std::isnan(lib.result.diagnostics->topk_recall.value_or(0)));
     }
   }
 }
 
-TEST(Invariants, SixteenBitInputsGiveTheFloat64AnswerOnRoundedInputs) {
+TEST_P(Invariants, SixteenBitInputsGiveTheFloat64AnswerOnRoundedInputs) {
   // The reference decodes the same bytes, so it computes on the rounded
   // values; the library must match it to float32 rounding, not to 16-bit
   // rounding.
   uint64_t seed = 81;
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
-    for (bool per_head : {true, false}) {
-      for (int64_t K : {0, 6}) {
-        CaseSpec spec;
-        spec.B = 2;
-        spec.T = 5;
-        spec.S = 11;
-        spec.per_head = per_head;
-        spec.K = K;
-        spec.target_dtype = dtype;
-        spec.scores_dtype = dtype;
-        spec.causal = true;
-        SCOPED_TRACE(Describe(spec));
-        const Case c = MakeRandomCase(spec, seed++);
-        Tolerance tight;
-        tight.loss_rel = 1e-6;
-        const klref::RefResult ref = CheckAgainstReference(c, tight);
-        // The answer on the unrounded values differs by more than the
-        // tolerance, so the comparison above does see the rounding.
-        klref::RefProblem unrounded = ToReference(c);
-        unrounded.scores = c.indexer_scores.values;
-        (per_head ? unrounded.logits : unrounded.weights) = c.target().values;
-        const double loss = klref::ReferenceLoss(unrounded);
-        EXPECT_GT(std::fabs(loss - ref.loss), 1e-6 * ref.loss);
-      }
+    for (InputForm form : kInputFormsByTarget) {
+      CaseSpec spec;
+      spec.B = 2;
+      spec.T = 5;
+      spec.S = 11;
+      spec.form = form;
+      spec.K = 6;
+      spec.target_dtype = dtype;
+      spec.scores_dtype = dtype;
+      spec.causal = true;
+      SCOPED_TRACE(Describe(spec));
+      const Case c = MakeRandomCase(spec, seed++);
+      Tolerance tight;
+      tight.loss_rel = 1e-6;
+      const klref::RefResult ref = CheckAgainstReference(c, tight);
+      // The answer on the unrounded values differs by more than the
+      // tolerance, so the comparison above does see the rounding.
+      klref::RefProblem unrounded = ToReference(c);
+      unrounded.scores = c.indexer_scores.values;
+      (IsPerHead(form) ? unrounded.logits : unrounded.weights) =
+          c.target().values;
+      const double loss = klref::ReferenceLoss(unrounded);
+      EXPECT_GT(std::fabs(loss - ref.loss), 1e-6 * ref.loss);
     }
   }
 }

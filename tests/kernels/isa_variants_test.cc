@@ -306,18 +306,16 @@ TEST(IsaVariants, EveryVariantGivesTheSameBytes) {
   std::mt19937_64 rng(20251130);
   for (int i = 0; i < 300; ++i) specs.push_back(RandomSpec(rng));
   for (int64_t S : {15, 16, 17, 33, 257, 1000}) {
-    for (bool per_head : {true, false}) {
-      for (int64_t K : {int64_t{0}, S - 1}) {
-        CaseSpec spec;
-        spec.B = 2, spec.T = 9, spec.S = S, spec.H = 3, spec.K = K;
-        spec.per_head = per_head;
-        spec.causal = true;
-        spec.key_padding = (S % 2) == 1;
-        spec.target_dtype = S % 3 == 0 ? DType::kBFloat16 : DType::kFloat32;
-        spec.scores_dtype = S % 3 == 1 ? DType::kFloat16 : DType::kFloat32;
-        spec.options.flavor = K > 0 ? Flavor::kMaxText : Flavor::kExact;
-        specs.push_back(spec);
-      }
+    for (InputForm form : kInputFormsByTarget) {
+      CaseSpec spec;
+      spec.B = 2, spec.T = 9, spec.S = S, spec.H = 3, spec.K = S - 1;
+      spec.form = form;
+      spec.causal = true;
+      spec.key_padding = (S % 2) == 1;
+      spec.target_dtype = S % 3 == 0 ? DType::kBFloat16 : DType::kFloat32;
+      spec.scores_dtype = S % 3 == 1 ? DType::kFloat16 : DType::kFloat32;
+      spec.options.flavor = IsSparse(form) ? Flavor::kMaxText : Flavor::kExact;
+      specs.push_back(spec);
     }
   }
   std::vector<std::unique_ptr<CpuBackend>> backends;

@@ -22,39 +22,25 @@
 namespace klserve::testdata {
 namespace {
 
-// The four input forms.
-enum class Form {
-  kPerHeadDense,
-  kAggregatedDense,
-  kPerHeadSparse,
-  kAggregatedSparse
-};
-constexpr Form kForms[] = {Form::kPerHeadDense, Form::kAggregatedDense,
-                           Form::kPerHeadSparse, Form::kAggregatedSparse};
 constexpr DType kFloatTypes[] = {DType::kFloat32, DType::kBFloat16,
                                  DType::kFloat16};
 
-CaseSpec SpecFor(Form form, int64_t B, int64_t T, int64_t S, int64_t H = 3) {
+CaseSpec SpecFor(InputForm form, int64_t B, int64_t T, int64_t S,
+                 int64_t H = 3) {
   CaseSpec spec;
   spec.B = B;
   spec.T = T;
   spec.S = S;
   spec.H = H;
-  spec.per_head = form == Form::kPerHeadDense || form == Form::kPerHeadSparse;
-  const bool sparse =
-      form == Form::kPerHeadSparse || form == Form::kAggregatedSparse;
-  spec.K = sparse ? std::max<int64_t>(1, S / 2 + 1) : 0;
+  spec.form = form;
+  if (IsSparse(form)) spec.K = std::max<int64_t>(1, S / 2 + 1);
   return spec;
 }
 
 // The suite runs on every backend: the CUDA instantiation runs the same
 // cases as the CPU one, against the same float64 reference.
 class ReferenceAgreement : public BackendTest {};
-INSTANTIATE_TEST_SUITE_P(
-    Backends, ReferenceAgreement, ::testing::Values("cpu", "cuda"),
-    [](const ::testing::TestParamInfo<std::string>& info) {
-      return info.param;
-    });
+KLSERVE_INSTANTIATE_ON_BACKENDS(ReferenceAgreement);
 
 klref::RefResult Check(const CaseSpec& spec, uint64_t seed, Backend* backend) {
   SCOPED_TRACE(Describe(spec) + " seed=" + std::to_string(seed));
@@ -78,10 +64,10 @@ TEST_P(ReferenceAgreement, AwkwardShapes) {
                           {2, 17, 33}, {1, 4, 97}, {2, 9, 130}};
   uint64_t seed = 1;
   for (const Shape& s : shapes) {
-    for (Form form : kForms) {
+    for (InputForm form : kInputForms) {
       for (int64_t H : {1, 8}) {
         CaseSpec spec = SpecFor(form, s.B, s.T, s.S, H);
-        if (spec.K == 0) {
+        if (!IsSparse(form)) {
           spec.causal = (seed % 2) == 0;
           Check(spec, seed++, backend());
           continue;
@@ -99,7 +85,7 @@ TEST_P(ReferenceAgreement, AwkwardShapes) {
 
 TEST_P(ReferenceAgreement, InputDtypes) {
   uint64_t seed = 100;
-  for (Form form : kForms) {
+  for (InputForm form : kInputForms) {
     for (DType target : kFloatTypes) {
       for (DType scores : kFloatTypes) {
         for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
@@ -117,7 +103,7 @@ TEST_P(ReferenceAgreement, InputDtypes) {
 
 TEST_P(ReferenceAgreement, EveryMaskAloneAndTogether) {
   uint64_t seed = 200;
-  for (Form form : kForms) {
+  for (InputForm form : kInputForms) {
     for (int variant = 0; variant < 10; ++variant) {
       CaseSpec spec = SpecFor(form, 2, 6, 11);
       switch (variant) {
@@ -170,7 +156,7 @@ TEST_P(ReferenceAgreement, EveryMaskAloneAndTogether) {
 
 TEST_P(ReferenceAgreement, FlavoursAndReductions) {
   uint64_t seed = 300;
-  for (Form form : kForms) {
+  for (InputForm form : kInputForms) {
     for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
       for (Reduction reduction :
            {Reduction::kMean, Reduction::kMeanValid, Reduction::kSum}) {
@@ -190,7 +176,7 @@ TEST_P(ReferenceAgreement, FlavoursAndReductions) {
 
 TEST_P(ReferenceAgreement, ScalingFactor) {
   uint64_t seed = 400;
-  for (Form form : kForms) {
+  for (InputForm form : kInputForms) {
     for (double c : {0.0, 0.01, 1.0, 7.5, -0.5}) {
       CaseSpec spec = SpecFor(form, 2, 4, 10);
       spec.options.scaling_factor = c;
@@ -215,7 +201,7 @@ TEST_P(ReferenceAgreement, ScalingFactor) {
 
 TEST_P(ReferenceAgreement, GradDtypes) {
   uint64_t seed = 500;
-  for (Form form : kForms) {
+  for (InputForm form : kInputForms) {
     for (DType grad : kFloatTypes) {
       for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
         for (double c : {1.0, 0.01}) {
@@ -233,7 +219,7 @@ TEST_P(ReferenceAgreement, GradDtypes) {
 
 TEST_P(ReferenceAgreement, SoftmaxScale) {
   uint64_t seed = 600;
-  for (Form form : {Form::kPerHeadDense, Form::kPerHeadSparse}) {
+  for (InputForm form : {InputForm::kDensePerHead, InputForm::kSparsePerHead}) {
     for (float scale : {0.01f, 0.125f, 0.7f, 1.0f, 3.5f}) {
       for (DType target : kFloatTypes) {
         CaseSpec spec = SpecFor(form, 1, 5, 12, 4);
@@ -247,7 +233,7 @@ TEST_P(ReferenceAgreement, SoftmaxScale) {
 
 TEST_P(ReferenceAgreement, OutputsAreOptional) {
   uint64_t seed = 700;
-  for (Form form : kForms) {
+  for (InputForm form : kInputForms) {
     for (int variant = 0; variant < 3; ++variant) {
       CaseSpec spec = SpecFor(form, 2, 5, 8);
       spec.options.want_grad = variant != 0;
@@ -261,9 +247,9 @@ TEST_P(ReferenceAgreement, OutputsAreOptional) {
 TEST_P(ReferenceAgreement, LongRowsExerciseVectorBodiesAndTails) {
   uint64_t seed = 800;
   for (int64_t S : {15, 16, 17, 31, 33, 63, 64, 65, 257}) {
-    for (Form form : kForms) {
+    for (InputForm form : kInputForms) {
       CaseSpec spec = SpecFor(form, 2, 19, S, 2);
-      if (spec.K > 0) spec.K = S - 1 + (seed % 3);
+      if (IsSparse(form)) spec.K = S - 1 + (seed % 3);
       spec.causal = true;
       spec.key_padding = true;
       spec.target_dtype = (seed % 3 == 0) ? DType::kBFloat16 : DType::kFloat32;
@@ -277,7 +263,7 @@ TEST_P(ReferenceAgreement, LongRowsExerciseVectorBodiesAndTails) {
 TEST_P(ReferenceAgreement, ManyRowsAcrossThreads) {
   // Enough rows for the pool to split them into several chunks.
   uint64_t seed = 900;
-  for (Form form : kForms) {
+  for (InputForm form : kInputForms) {
     CaseSpec spec = SpecFor(form, 3, 150, 24, 2);
     spec.causal = true;
     spec.row_valid = true;
@@ -343,7 +329,7 @@ LibOutput RunUnaligned(const Case& c, bool unaligned, Backend& backend) {
 
 TEST_P(ReferenceAgreement, UnalignedBuffersGiveTheSameBits) {
   uint64_t seed = 1000;
-  for (Form form : kForms) {
+  for (InputForm form : kInputForms) {
     for (DType dtype : kFloatTypes) {
       CaseSpec spec = SpecFor(form, 2, 9, 37);
       spec.target_dtype = spec.scores_dtype = dtype;

@@ -22,6 +22,7 @@
 #include "kernels/loss_accumulator.h"
 #include "kernels/loss_computation.h"
 #include "kernels/problem.h"
+#include "tests/kernels/test_backends.h"
 #include "tests/kernels/test_data.h"
 
 namespace klserve::testdata {
@@ -201,7 +202,7 @@ std::vector<CaseSpec> BlockSpecs() {
           spec.B = 3;
           spec.T = 13;
           spec.S = 17;
-          spec.per_head = per_head;
+          spec.form = MakeInputForm(K > 0, per_head);
           spec.H = 3;
           spec.K = K;
           spec.causal = true;
@@ -224,7 +225,12 @@ std::vector<CaseSpec> BlockSpecs() {
   return specs;
 }
 
-TEST(RowBlocks, InOrderBlocksReproduceTheWholeProblemBitForBit) {
+// The suite runs on every backend (test_backends.h); its helpers compute
+// with the backend under test.
+class RowBlocks : public BackendTest {};
+KLSERVE_INSTANTIATE_ON_BACKENDS(RowBlocks);
+
+TEST_P(RowBlocks, InOrderBlocksReproduceTheWholeProblemBitForBit) {
   std::mt19937_64 rng(99);
   uint64_t seed = 1;
   for (const CaseSpec& spec : BlockSpecs()) {
@@ -237,7 +243,7 @@ TEST(RowBlocks, InOrderBlocksReproduceTheWholeProblemBitForBit) {
     const absl::StatusOr<RowData> rows =
         WholeRowData(*problem, encoded.inputs());
     ASSERT_TRUE(rows.ok()) << rows.status();
-    const Outputs whole = RunWhole(SharedBackend(), *problem, *rows, c);
+    const Outputs whole = RunWhole(*backend(), *problem, *rows, c);
     const std::vector<int64_t> one_block = {0, c.num_rows()};
     for (int trial = 0; trial < 3; ++trial) {
       for (bool copy_rows : {false, true}) {
@@ -251,18 +257,19 @@ TEST(RowBlocks, InOrderBlocksReproduceTheWholeProblemBitForBit) {
                      std::to_string(boundaries.size() - 1) + " blocks after " +
                      std::to_string(count_boundaries.size() - 1) +
                      " counting blocks");
-        ExpectIdentical(whole,
-                        RunInBlocks(SharedBackend(), *problem, *rows, c,
-                                    count_boundaries, boundaries, copy_rows));
+        ExpectIdentical(
+            whole, RunInBlocks(*backend(), *problem, *rows, c, count_boundaries,
+                               boundaries, copy_rows));
       }
     }
     // One block with everything, in both passes.
-    ExpectIdentical(whole, RunInBlocks(SharedBackend(), *problem, *rows, c,
+    ExpectIdentical(whole, RunInBlocks(*backend(), *problem, *rows, c,
                                        one_block, one_block, false));
   }
 }
 
-TEST(RowBlocks, ThreadCountDoesNotChangeTheBits) {
+// The CPU backend's own thread counts.
+TEST(RowBlocksOnCpu, ThreadCountDoesNotChangeTheBits) {
   CpuBackend one(1, TestIsa()), two(2, TestIsa()), four(4, TestIsa());
   uint64_t seed = 50;
   for (CaseSpec spec : BlockSpecs()) {
@@ -288,11 +295,12 @@ TEST(RowBlocks, ThreadCountDoesNotChangeTheBits) {
   }
 }
 
-TEST(RowBlocks, ConcurrentCallsOnOneBackendAgree) {
+TEST_P(RowBlocks, ConcurrentCallsOnOneBackendAgree) {
   CaseSpec spec;
   spec.B = 2;
   spec.T = 200;
   spec.S = 33;
+  spec.form = InputForm::kSparsePerHead;
   spec.K = 20;
   spec.causal = true;
   const Case c = MakeRandomCase(spec, 7);
@@ -302,23 +310,23 @@ TEST(RowBlocks, ConcurrentCallsOnOneBackendAgree) {
   ASSERT_TRUE(problem.ok()) << problem.status();
   const absl::StatusOr<RowData> rows = WholeRowData(*problem, encoded.inputs());
   ASSERT_TRUE(rows.ok()) << rows.status();
-  const Outputs serial = RunWhole(SharedBackend(), *problem, *rows, c);
+  const Outputs serial = RunWhole(*backend(), *problem, *rows, c);
   std::vector<Outputs> results(4);
   std::vector<std::thread> threads;
   for (Outputs& out : results) {
     threads.emplace_back(
-        [&] { out = RunWhole(SharedBackend(), *problem, *rows, c); });
+        [&] { out = RunWhole(*backend(), *problem, *rows, c); });
   }
   for (std::thread& t : threads) t.join();
   for (const Outputs& out : results) ExpectIdentical(serial, out);
 }
 
-TEST(RowBlocks, ErrorInABlockNamesTheTensor) {
+TEST_P(RowBlocks, ErrorInABlockNamesTheTensor) {
   CaseSpec spec;
   spec.B = 2;
   spec.T = 10;
   spec.S = 12;
-  spec.per_head = false;
+  spec.form = InputForm::kDenseAggregated;
   Case c = MakeRandomCase(spec, 8);
   c.indexer_scores.values[13 * c.S + 4] = std::nan("");  // row 13
   const EncodedCase encoded(c);
@@ -331,21 +339,21 @@ TEST(RowBlocks, ErrorInABlockNamesTheTensor) {
   BlockOutputs outputs;
   outputs.row_kl = row_kl.data();
   LossAccumulator clean;
-  EXPECT_TRUE(SharedBackend()
-                  .ComputeRows(*problem, *rows, RowRange{0, 13}, outputs, clean)
-                  .ok());
+  EXPECT_TRUE(
+      backend()
+          ->ComputeRows(*problem, *rows, RowRange{0, 13}, outputs, clean)
+          .ok());
   LossAccumulator dirty;
   outputs.row_kl = row_kl.data() + 10;
   ExpectInvalidStartingWith(
-      SharedBackend().ComputeRows(*problem, *rows, RowRange{10, 20}, outputs,
-                                  dirty),
+      backend()->ComputeRows(*problem, *rows, RowRange{10, 20}, outputs, dirty),
       {"indexer_scores"});
 }
 
 // The passes' order is the computation's to check: a block of the wrong pass
 // names `counting`, and a result before every pass is complete names the
 // rows.
-TEST(RowBlocks, BlocksOfTheWrongPassAreRefused) {
+TEST_P(RowBlocks, BlocksOfTheWrongPassAreRefused) {
   for (bool row_valid : {false, true}) {
     CaseSpec spec;
     spec.B = 2;
@@ -358,7 +366,7 @@ TEST(RowBlocks, BlocksOfTheWrongPassAreRefused) {
     absl::StatusOr<IndexerKlProblem> problem =
         IndexerKlProblem::Create(encoded.inputs(), encoded.options());
     ASSERT_TRUE(problem.ok()) << problem.status();
-    LossComputation computation(SharedBackend(), *problem);
+    LossComputation computation(*backend(), *problem);
     // Without row_valid N is counted first.
     EXPECT_EQ(computation.needs_counting(), !row_valid);
     ExpectInvalidStartingWith(computation.Admit(0, 4, row_valid).status(),

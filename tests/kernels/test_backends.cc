@@ -9,6 +9,12 @@
 #endif
 
 namespace klserve::testdata {
+namespace {
+
+// Set by a running BackendTest (GoogleTest runs one test at a time).
+Backend* backend_under_test = nullptr;
+
+}  // namespace
 
 Backend* TestBackend(const std::string& name, std::string* why) {
   if (name == "cpu") return &SharedBackend();
@@ -25,6 +31,23 @@ Backend* TestBackend(const std::string& name, std::string* why) {
   }
   *why = "unknown backend " + name;
   return nullptr;
+}
+
+Backend& BackendUnderTest() {
+  return backend_under_test != nullptr ? *backend_under_test : SharedBackend();
+}
+
+void BackendTest::SetUp() {
+  std::string why;
+  backend_ = TestBackend(GetParam(), &why);
+  if (backend_ == nullptr) GTEST_SKIP() << why;
+  backend_under_test = backend_;
+}
+
+void BackendTest::TearDown() { backend_under_test = nullptr; }
+
+std::string BackendName(const ::testing::TestParamInfo<std::string>& info) {
+  return info.param;
 }
 
 }  // namespace klserve::testdata

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/kernels/test_backends.h"
 
 namespace klserve::testdata {
 namespace {
@@ -304,7 +305,7 @@ LibOutput RunLibrary(const Case& c, Backend* backend) {
     outputs.row_kl_size = c.num_rows();
   }
   absl::StatusOr<IndexerKlResult> result =
-      ComputeIndexerKl(backend != nullptr ? *backend : SharedBackend(),
+      ComputeIndexerKl(backend != nullptr ? *backend : BackendUnderTest(),
                        *problem, *rows, outputs);
   if (!result.ok()) {
     out.status = result.status();
@@ -354,8 +355,9 @@ Case MakeRandomCase(const CaseSpec& spec, uint64_t seed) {
   c.B = spec.B;
   c.T = spec.T;
   c.S = spec.S;
-  c.H = spec.per_head ? spec.H : 0;
-  c.K = spec.K;
+  c.H = IsPerHead(spec.form) ? spec.H : 0;
+  c.K = IsSparse(spec.form) ? spec.K : 0;
+  EXPECT_EQ(c.sparse(), IsSparse(spec.form)) << "a sparse form needs K > 0";
   c.options = spec.options;
   c.options.causal = spec.causal;
   c.options.q_offset = spec.q_offset;
@@ -409,7 +411,7 @@ Case MakeRandomCase(const CaseSpec& spec, uint64_t seed) {
 
   // Neutral values first, to learn which slots are valid.
   c.indexer_scores = HostTensor(spec.scores_dtype, {B, T, L});
-  if (spec.per_head) {
+  if (IsPerHead(spec.form)) {
     c.attention_logits = HostTensor(spec.target_dtype, {B, spec.H, T, L});
   } else {
     c.attention_weights = HostTensor(spec.target_dtype, {B, T, L}, 1.0);
@@ -430,7 +432,7 @@ Case MakeRandomCase(const CaseSpec& spec, uint64_t seed) {
       c.indexer_scores.values[i] = garbage(big_scores);
     }
   }
-  if (spec.per_head) {
+  if (IsPerHead(spec.form)) {
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < spec.H; ++h) {
         for (int64_t t = 0; t < T; ++t) {
@@ -464,9 +466,11 @@ CaseSpec RandomSpec(std::mt19937_64& rng) {
   spec.B = UniformInt(rng, 1, 3);
   spec.T = UniformInt(rng, 1, 12);
   spec.S = UniformInt(rng, 1, 40);
-  spec.per_head = Uniform(rng) < 0.5;
+  const bool per_head = Uniform(rng) < 0.5;
   spec.H = UniformInt(rng, 1, 8);
-  spec.K = Uniform(rng) < 0.5 ? UniformInt(rng, 1, spec.S + 4) : 0;
+  const bool sparse = Uniform(rng) < 0.5;
+  if (sparse) spec.K = UniformInt(rng, 1, spec.S + 4);
+  spec.form = MakeInputForm(sparse, per_head);
   const std::initializer_list<DType> floats = {
       DType::kFloat32, DType::kBFloat16, DType::kFloat16};
   spec.target_dtype = Pick(rng, floats);
@@ -495,8 +499,8 @@ CaseSpec RandomSpec(std::mt19937_64& rng) {
 std::string Describe(const CaseSpec& s) {
   std::ostringstream out;
   out << "B=" << s.B << " T=" << s.T << " S=" << s.S
-      << (s.per_head ? absl::StrCat(" per-head H=", s.H) : " aggregated")
-      << (s.K > 0 ? absl::StrCat(" sparse K=", s.K) : " dense")
+      << (IsPerHead(s.form) ? absl::StrCat(" per-head H=", s.H) : " aggregated")
+      << (IsSparse(s.form) ? absl::StrCat(" sparse K=", s.K) : " dense")
       << " target=" << DTypeName(s.target_dtype)
       << " scores=" << DTypeName(s.scores_dtype);
   if (s.causal) {

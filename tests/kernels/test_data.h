@@ -110,8 +110,8 @@ struct LibOutput {
   std::vector<double> row_kl;  // NaN fill
 };
 
-// Validates and computes `c` with `backend` (the shared 2-thread CPU backend
-// when null), with output buffers of exactly the right size.
+// Validates and computes `c` with `backend` (BackendUnderTest() when null,
+// test_backends.h), with output buffers of exactly the right size.
 LibOutput RunLibrary(const Case& c, Backend* backend = nullptr);
 
 // The loss alone, or NaN on an error.
@@ -140,9 +140,9 @@ int64_t UlpDistance16(uint16_t a, uint16_t b);
 
 struct CaseSpec {
   int64_t B = 1, T = 4, S = 8;
-  bool per_head = true;
-  int64_t H = 2;  // when per_head
-  int64_t K = 0;  // > 0: sparse stage with K slots
+  InputForm form = InputForm::kDensePerHead;
+  int64_t H = 2;  // heads, in the per-head forms
+  int64_t K = 0;  // top-k slots, in the sparse forms (> 0 there)
   DType target_dtype = DType::kFloat32;
   DType scores_dtype = DType::kFloat32;
 
@@ -166,6 +166,16 @@ struct CaseSpec {
 
   static IndexerKlOptions DefaultOptions();
 };
+
+// Every input form, in InputForm's order.
+inline constexpr InputForm kInputForms[] = {
+    InputForm::kDensePerHead, InputForm::kDenseAggregated,
+    InputForm::kSparsePerHead, InputForm::kSparseAggregated};
+// Every input form, the per-head ones first: the order of the suites that
+// loop over the target before the stage (their seeds follow it).
+inline constexpr InputForm kInputFormsByTarget[] = {
+    InputForm::kDensePerHead, InputForm::kSparsePerHead,
+    InputForm::kDenseAggregated, InputForm::kSparseAggregated};
 
 Case MakeRandomCase(const CaseSpec& spec, uint64_t seed);
 

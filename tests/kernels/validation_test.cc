@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "kernels/loss.h"
 #include "kernels/problem.h"
+#include "tests/kernels/test_backends.h"
 #include "tests/kernels/test_data.h"
 #include "tests/reference/indexer_kl_reference.h"
 
@@ -30,14 +31,14 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // B=2, T=4, S=6, H=2, K=5 with every optional tensor present.
-Case FullBase(bool per_head, bool sparse) {
+Case FullBase(InputForm form) {
   CaseSpec spec;
   spec.B = 2;
   spec.T = 4;
   spec.S = 6;
-  spec.per_head = per_head;
+  spec.form = form;
   spec.H = 2;
-  spec.K = sparse ? 5 : 0;
+  spec.K = 5;
   spec.causal = true;
   spec.segments = spec.attention_mask = spec.key_padding = true;
   spec.row_valid = true;
@@ -45,14 +46,14 @@ Case FullBase(bool per_head, bool sparse) {
 }
 
 // The same shapes with a causal mask only and an all-true row_valid.
-Case DataBase(bool per_head, bool sparse) {
+Case DataBase(InputForm form) {
   CaseSpec spec;
   spec.B = 2;
   spec.T = 4;
   spec.S = 6;
-  spec.per_head = per_head;
+  spec.form = form;
   spec.H = 2;
-  spec.K = sparse ? 5 : 0;
+  spec.K = 5;
   spec.causal = true;
   spec.empty_slot_fraction = 0.3;
   spec.zero_weight_fraction = 0;
@@ -82,18 +83,6 @@ void ExpectValueError(const Case& c, std::string_view field) {
 
 const char* TargetName(const Case& c) {
   return c.attention_logits ? "attention_logits" : "attention_weights";
-}
-
-struct BaseKind {
-  bool per_head;
-  bool sparse;
-};
-constexpr BaseKind kBases[] = {
-    {true, false}, {false, false}, {true, true}, {false, true}};
-
-std::string KindName(BaseKind k) {
-  return std::string(k.per_head ? "per-head" : "aggregated") +
-         (k.sparse ? " sparse" : " dense");
 }
 
 // Flat [B,T,L] index of the first slot of row r with the given validity.
@@ -133,21 +122,26 @@ void SetTarget(Case& c, int64_t i, double value, int64_t only_head = -1) {
 // ---------------------------------------------------------------------------
 // Structural rules, caught by Create.
 
-TEST(Validate, AcceptsTheBaseCases) {
-  for (BaseKind k : kBases) {
-    SCOPED_TRACE(KindName(k));
-    const Case full = FullBase(k.per_head, k.sparse);
+// The suite runs on every backend (test_backends.h); its helpers compute
+// with the backend under test.
+class Validate : public BackendTest {};
+KLSERVE_INSTANTIATE_ON_BACKENDS(Validate);
+
+TEST_P(Validate, AcceptsTheBaseCases) {
+  for (InputForm form : kInputForms) {
+    SCOPED_TRACE(InputFormName(form));
+    const Case full = FullBase(form);
     const EncodedCase encoded(full);
     EXPECT_TRUE(CreateStatus(encoded).ok()) << CreateStatus(encoded);
     EXPECT_TRUE(RunStatus(full).ok()) << RunStatus(full);
-    EXPECT_TRUE(RunStatus(DataBase(k.per_head, k.sparse)).ok());
+    EXPECT_TRUE(RunStatus(DataBase(form)).ok());
   }
 }
 
-TEST(Validate, RejectsScoresShapeMismatch) {
-  for (BaseKind k : kBases) {
-    SCOPED_TRACE(KindName(k));
-    const Case base = FullBase(k.per_head, k.sparse);
+TEST_P(Validate, RejectsScoresShapeMismatch) {
+  for (InputForm form : kInputForms) {
+    SCOPED_TRACE(InputFormName(form));
+    const Case base = FullBase(form);
     const int64_t L = base.slots();
     for (std::vector<int64_t> shape :
          {std::vector<int64_t>{2, 4, L + 1}, {2, 5, L}, {3, 4, L}}) {
@@ -160,12 +154,12 @@ TEST(Validate, RejectsScoresShapeMismatch) {
   }
 }
 
-TEST(Validate, RejectsTargetShapeMismatch) {
-  for (BaseKind k : kBases) {
-    SCOPED_TRACE(KindName(k));
-    Case c = FullBase(k.per_head, k.sparse);
+TEST_P(Validate, RejectsTargetShapeMismatch) {
+  for (InputForm form : kInputForms) {
+    SCOPED_TRACE(InputFormName(form));
+    Case c = FullBase(form);
     const int64_t L = c.slots();
-    if (k.per_head) {
+    if (IsPerHead(form)) {
       Resize(*c.attention_logits, {2, 2, 4, L - 1});
     } else {
       Resize(*c.attention_weights, {2, 3, L});
@@ -174,22 +168,22 @@ TEST(Validate, RejectsTargetShapeMismatch) {
   }
 }
 
-TEST(Validate, RejectsWrongRank) {
-  for (BaseKind k : kBases) {
-    SCOPED_TRACE(KindName(k));
-    const Case base = FullBase(k.per_head, k.sparse);
+TEST_P(Validate, RejectsWrongRank) {
+  for (InputForm form : kInputForms) {
+    SCOPED_TRACE(InputFormName(form));
+    const Case base = FullBase(form);
     const int64_t L = base.slots();
     Case c = base;
     Resize(c.indexer_scores, {8, L});
     ExpectCreateRejects(c, {"indexer_scores"});
     c = base;
-    if (k.per_head) {
+    if (IsPerHead(form)) {
       Resize(*c.attention_logits, {2, 4, L});  // a [B,T,S] tensor as logits
     } else {
       Resize(*c.attention_weights, {2, 1, 4, L});
     }
     ExpectCreateRejects(c, {TargetName(c)});
-    if (k.sparse) {
+    if (IsSparse(form)) {
       c = base;
       Resize(*c.topk_indices, {2, 4, L, 1});
       ExpectCreateRejects(c, {"topk_indices"});
@@ -197,9 +191,10 @@ TEST(Validate, RejectsWrongRank) {
   }
 }
 
-TEST(Validate, RejectsTopkShapeMismatch) {
-  for (bool per_head : {true, false}) {
-    const Case base = FullBase(per_head, true);
+TEST_P(Validate, RejectsTopkShapeMismatch) {
+  for (InputForm form :
+       {InputForm::kSparsePerHead, InputForm::kSparseAggregated}) {
+    const Case base = FullBase(form);
     for (std::vector<int64_t> shape :
          {std::vector<int64_t>{2, 4, 6}, {2, 3, 5}, {1, 4, 5}}) {
       Case c = base;
@@ -210,10 +205,10 @@ TEST(Validate, RejectsTopkShapeMismatch) {
   }
 }
 
-TEST(Validate, RejectsMaskShapeMismatch) {
-  for (BaseKind k : kBases) {
-    SCOPED_TRACE(KindName(k));
-    const Case base = FullBase(k.per_head, k.sparse);
+TEST_P(Validate, RejectsMaskShapeMismatch) {
+  for (InputForm form : kInputForms) {
+    SCOPED_TRACE(InputFormName(form));
+    const Case base = FullBase(form);
     Case c = base;
     Resize(*c.segment_ids_q, {2, 5});
     ExpectCreateRejects(c, {"segment_ids_q"});
@@ -235,19 +230,20 @@ TEST(Validate, RejectsMaskShapeMismatch) {
   }
 }
 
-TEST(Validate, RejectsSparseAttentionMaskShapedLikeTheSlots) {
+TEST_P(Validate, RejectsSparseAttentionMaskShapedLikeTheSlots) {
   // The explicit mask is indexed by key ([B,T,S]) in both stages.
-  for (bool per_head : {true, false}) {
-    Case c = FullBase(per_head, true);
+  for (InputForm form :
+       {InputForm::kSparsePerHead, InputForm::kSparseAggregated}) {
+    Case c = FullBase(form);
     Resize(*c.attention_mask, {2, 4, 5});  // [B,T,K]
     ExpectCreateRejects(c, {"attention_mask"});
   }
 }
 
-TEST(Validate, RejectsByteSizeMismatch) {
-  for (BaseKind k : kBases) {
-    SCOPED_TRACE(KindName(k));
-    const Case base = FullBase(k.per_head, k.sparse);
+TEST_P(Validate, RejectsByteSizeMismatch) {
+  for (InputForm form : kInputForms) {
+    SCOPED_TRACE(InputFormName(form));
+    const Case base = FullBase(form);
     struct Field {
       const char* name;
       std::optional<TensorView> IndexerKlInputs::*member;
@@ -278,10 +274,10 @@ TEST(Validate, RejectsByteSizeMismatch) {
   }
 }
 
-TEST(Validate, RejectsDisallowedDtypes) {
-  for (BaseKind k : kBases) {
-    SCOPED_TRACE(KindName(k));
-    const Case base = FullBase(k.per_head, k.sparse);
+TEST_P(Validate, RejectsDisallowedDtypes) {
+  for (InputForm form : kInputForms) {
+    SCOPED_TRACE(InputFormName(form));
+    const Case base = FullBase(form);
     auto expect_rejected = [&](auto member, DType dtype, const char* name) {
       Case c = base;
       HostTensor& t = member(c);
@@ -306,7 +302,7 @@ TEST(Validate, RejectsDisallowedDtypes) {
     expect_rejected(mask, DType::kFloat32, "attention_mask");
     expect_rejected(padding, DType::kFloat16, "key_padding_mask");
     expect_rejected(row_valid, DType::kInt32, "row_valid");
-    if (k.sparse) {
+    if (IsSparse(form)) {
       auto topk = [](Case& c) -> HostTensor& { return *c.topk_indices; };
       expect_rejected(topk, DType::kFloat32, "topk_indices");
       expect_rejected(topk, DType::kBool, "topk_indices");
@@ -314,7 +310,7 @@ TEST(Validate, RejectsDisallowedDtypes) {
   }
 }
 
-TEST(Validate, RejectsDimensionProductOverflow) {
+TEST_P(Validate, RejectsDimensionProductOverflow) {
   // Views with huge dimensions over a few bytes: the element count or the
   // byte count overflows int64 (one of them wraps to exactly 0).
   const std::vector<std::vector<int64_t>> shapes = {
@@ -351,12 +347,12 @@ TEST(Validate, RejectsDimensionProductOverflow) {
   }
 }
 
-TEST(Validate, RejectsZeroSizedDimensions) {
-  for (BaseKind k : kBases) {
-    SCOPED_TRACE(KindName(k));
+TEST_P(Validate, RejectsZeroSizedDimensions) {
+  for (InputForm form : kInputForms) {
+    SCOPED_TRACE(InputFormName(form));
     for (int dim = 0; dim < 5; ++dim) {  // B, T, S, H, K
-      if (dim == 3 && !k.per_head) continue;
-      if (dim == 4 && !k.sparse) continue;
+      if (dim == 3 && !IsPerHead(form)) continue;
+      if (dim == 4 && !IsSparse(form)) continue;
       int64_t B = 2, T = 3, S = 4, H = 2, K = 3;
       (dim == 0 ? B : dim == 1 ? T : dim == 2 ? S : dim == 3 ? H : K) = 0;
       SCOPED_TRACE("zero dimension " + std::string(1, "BTSHK"[dim]));
@@ -364,16 +360,16 @@ TEST(Validate, RejectsZeroSizedDimensions) {
       c.B = B;
       c.T = T;
       c.S = S;
-      c.K = k.sparse ? K : 0;
-      const int64_t L = k.sparse ? K : S;
+      c.K = IsSparse(form) ? K : 0;
+      const int64_t L = IsSparse(form) ? K : S;
       c.indexer_scores = HostTensor(DType::kFloat32, {B, T, L});
-      if (k.per_head) {
+      if (IsPerHead(form)) {
         c.H = H;
         c.attention_logits = HostTensor(DType::kFloat32, {B, H, T, L});
       } else {
         c.attention_weights = HostTensor(DType::kFloat32, {B, T, L}, 1);
       }
-      if (k.sparse) {
+      if (IsSparse(form)) {
         c.topk_indices = HostTensor(DType::kInt32, {B, T, K}, -1);
         c.options.num_keys = S;
       }
@@ -383,37 +379,37 @@ TEST(Validate, RejectsZeroSizedDimensions) {
   }
 }
 
-TEST(Validate, RejectsBothTargetsOrNone) {
+TEST_P(Validate, RejectsBothTargetsOrNone) {
   for (bool sparse : {false, true}) {
-    Case both = FullBase(true, sparse);
+    Case both = FullBase(MakeInputForm(sparse, true));
     both.attention_weights =
         HostTensor(DType::kFloat32, {2, 4, both.slots()}, 1.0);
     ExpectCreateRejects(both, {"attention_logits", "attention_weights"});
-    Case none = FullBase(false, sparse);
+    Case none = FullBase(MakeInputForm(sparse, false));
     none.attention_weights.reset();
     ExpectCreateRejects(none, {"attention_logits", "attention_weights"});
   }
 }
 
-TEST(Validate, RejectsSegmentIdsGivenAlone) {
-  for (BaseKind k : kBases) {
-    Case c = FullBase(k.per_head, k.sparse);
+TEST_P(Validate, RejectsSegmentIdsGivenAlone) {
+  for (InputForm form : kInputForms) {
+    Case c = FullBase(form);
     c.segment_ids_kv.reset();
     ExpectCreateRejects(c, {"segment_ids_q", "segment_ids_kv"});
-    c = FullBase(k.per_head, k.sparse);
+    c = FullBase(form);
     c.segment_ids_q.reset();
     ExpectCreateRejects(c, {"segment_ids_q", "segment_ids_kv"});
   }
 }
 
-TEST(Validate, RejectsBadNumKeys) {
+TEST_P(Validate, RejectsBadNumKeys) {
   for (bool per_head : {true, false}) {
-    Case sparse = FullBase(per_head, true);
+    Case sparse = FullBase(MakeInputForm(true, per_head));
     sparse.options.num_keys = 0;
     ExpectCreateRejects(sparse, {"num_keys"});
     sparse.options.num_keys = -6;
     ExpectCreateRejects(sparse, {"num_keys"});
-    Case dense = FullBase(per_head, false);
+    Case dense = FullBase(MakeInputForm(false, per_head));
     dense.options.num_keys = dense.S + 1;
     ExpectCreateRejects(dense, {"num_keys"});
     dense.options.num_keys = dense.S;  // allowed
@@ -422,13 +418,13 @@ TEST(Validate, RejectsBadNumKeys) {
   }
 }
 
-TEST(Validate, RejectsBadSoftmaxScale) {
+TEST_P(Validate, RejectsBadSoftmaxScale) {
   for (bool sparse : {false, true}) {
     for (float scale :
          {std::numeric_limits<float>::quiet_NaN(),
           std::numeric_limits<float>::infinity(),
           -std::numeric_limits<float>::infinity(), 0.0f, -0.0f, -0.5f}) {
-      Case c = FullBase(true, sparse);
+      Case c = FullBase(MakeInputForm(sparse, true));
       c.options.softmax_scale = scale;
       SCOPED_TRACE(scale);
       ExpectCreateRejects(c, {"softmax_scale"});
@@ -436,11 +432,11 @@ TEST(Validate, RejectsBadSoftmaxScale) {
   }
 }
 
-TEST(Validate, RejectsBadScalingFactor) {
+TEST_P(Validate, RejectsBadScalingFactor) {
   // Past 65504, c / N times a gradient entry of 1 overflows FP16.
   for (double factor : {kNaN, kInf, -kInf, 1e308, -1e308, 65504.5, -65505.0}) {
-    for (BaseKind k : kBases) {
-      Case c = FullBase(k.per_head, k.sparse);
+    for (InputForm form : kInputForms) {
+      Case c = FullBase(form);
       c.options.scaling_factor = factor;
       SCOPED_TRACE(factor);
       ExpectCreateRejects(c, {"scaling_factor"});
@@ -448,15 +444,15 @@ TEST(Validate, RejectsBadScalingFactor) {
   }
 }
 
-TEST(Validate, RejectsNegativeRecallK) {
-  Case c = FullBase(false, false);
+TEST_P(Validate, RejectsNegativeRecallK) {
+  Case c = FullBase(InputForm::kDenseAggregated);
   c.options.recall_k = -1;
   ExpectCreateRejects(c, {"recall_k"});
 }
 
-TEST(Validate, RejectsGradDtypeThatIsNotAFloat) {
+TEST_P(Validate, RejectsGradDtypeThatIsNotAFloat) {
   for (DType dtype : {DType::kInt32, DType::kBool}) {
-    Case c = FullBase(true, true);
+    Case c = FullBase(InputForm::kSparsePerHead);
     c.options.grad_dtype = dtype;
     ExpectCreateRejects(c, {"grad_dtype"});
   }
@@ -465,9 +461,9 @@ TEST(Validate, RejectsGradDtypeThatIsNotAFloat) {
 // ---------------------------------------------------------------------------
 // Output buffers, checked by ComputeIndexerKl.
 
-TEST(Validate, RejectsOutputBuffersTooSmall) {
+TEST_P(Validate, RejectsOutputBuffersTooSmall) {
   for (DType grad_dtype : {DType::kFloat32, DType::kBFloat16}) {
-    Case c = DataBase(true, false);
+    Case c = DataBase(InputForm::kDensePerHead);
     c.options.grad_dtype = grad_dtype;
     c.options.want_row_kl = true;
     const EncodedCase encoded(c);
@@ -486,7 +482,7 @@ TEST(Validate, RejectsOutputBuffersTooSmall) {
       outputs.grad_byte_size = g_size;
       outputs.row_kl = kl;
       outputs.row_kl_size = kl_size;
-      return ComputeIndexerKl(SharedBackend(), *problem, *row_data, outputs)
+      return ComputeIndexerKl(*backend(), *problem, *row_data, outputs)
           .status();
     };
     const int64_t rows = c.num_rows();
@@ -505,11 +501,12 @@ TEST(Validate, RejectsOutputBuffersTooSmall) {
 // ---------------------------------------------------------------------------
 // Value rules, caught while computing.
 
-TEST(Validate, RejectsTopkIndexOutOfRange) {
-  for (bool per_head : {true, false}) {
+TEST_P(Validate, RejectsTopkIndexOutOfRange) {
+  for (InputForm form :
+       {InputForm::kSparsePerHead, InputForm::kSparseAggregated}) {
     for (double index :
          {6.0, 7.0, 1000.0, -2.0, -7.0, 2147483647.0, -2147483648.0}) {
-      Case c = DataBase(per_head, true);
+      Case c = DataBase(form);
       c.topk_indices->at({1, 2, 3}) = index;
       SCOPED_TRACE(index);
       ExpectValueError(c, "topk_indices");
@@ -519,9 +516,10 @@ TEST(Validate, RejectsTopkIndexOutOfRange) {
   }
 }
 
-TEST(Validate, RejectsDuplicateTopkIndex) {
-  for (bool per_head : {true, false}) {
-    Case c = DataBase(per_head, true);
+TEST_P(Validate, RejectsDuplicateTopkIndex) {
+  for (InputForm form :
+       {InputForm::kSparsePerHead, InputForm::kSparseAggregated}) {
+    Case c = DataBase(form);
     // Row (1, 3) sees every key; name key 1 in two slots.
     for (int64_t j = 0; j < 5; ++j) c.topk_indices->at({1, 3, j}) = j;
     c.topk_indices->at({1, 3, 4}) = 1;
@@ -529,9 +527,10 @@ TEST(Validate, RejectsDuplicateTopkIndex) {
   }
 }
 
-TEST(Validate, RejectsDuplicateTopkIndexOfAMaskedKey) {
-  for (bool per_head : {true, false}) {
-    Case c = DataBase(per_head, true);
+TEST_P(Validate, RejectsDuplicateTopkIndexOfAMaskedKey) {
+  for (InputForm form :
+       {InputForm::kSparsePerHead, InputForm::kSparseAggregated}) {
+    Case c = DataBase(form);
     // Row (0, 0) sees keys 0..2 (causal, offset 2); name key 5 twice.
     for (int64_t j = 0; j < 5; ++j) c.topk_indices->at({0, 0, j}) = j;
     c.topk_indices->at({0, 0, 3}) = 5;
@@ -545,11 +544,11 @@ TEST(Validate, RejectsDuplicateTopkIndexOfAMaskedKey) {
 constexpr int64_t kMaxKeys = std::numeric_limits<int32_t>::max();
 
 // A [1, 1, 4] row over S = 8 that the reference can check.
-Case FourSlots(bool per_head) {
+Case FourSlots(InputForm form) {
   CaseSpec spec;
   spec.T = 1;
   spec.S = 8;
-  spec.per_head = per_head;
+  spec.form = form;
   spec.K = 4;
   spec.zero_weight_fraction = 0;
   spec.empty_slot_fraction = 0;
@@ -568,10 +567,11 @@ Case OverMaxKeys(const Case& c, std::vector<double> keys) {
   return huge;
 }
 
-TEST(Validate, TopkRowsOverTheLargestNumKeys) {
-  for (bool per_head : {true, false}) {
-    SCOPED_TRACE(per_head ? "per-head" : "aggregated");
-    const Case small = FourSlots(per_head);
+TEST_P(Validate, TopkRowsOverTheLargestNumKeys) {
+  for (InputForm form :
+       {InputForm::kSparsePerHead, InputForm::kSparseAggregated}) {
+    SCOPED_TRACE(InputFormName(form));
+    const Case small = FourSlots(form);
     // Without causal or masks only the keys' validity matters, so this is
     // the small row's problem with its keys renamed.
     const Case huge = OverMaxKeys(small, {kMaxKeys - 1, 0, 123456789, -1});
@@ -595,13 +595,13 @@ TEST(Validate, TopkRowsOverTheLargestNumKeys) {
   }
 }
 
-TEST(Validate, TopkDuplicatesOfWideRowsOverTheLargestNumKeys) {
+TEST_P(Validate, TopkDuplicatesOfWideRowsOverTheLargestNumKeys) {
   // Three rows of the same 3000 distinct keys, spread over [0, 2^31 - 1):
   // a key may appear once in each row.
   CaseSpec spec;
   spec.T = 3;
   spec.S = 3000;
-  spec.per_head = false;
+  spec.form = InputForm::kSparseAggregated;
   spec.K = 3000;
   spec.empty_slot_fraction = 0;
   spec.garbage_at_invalid = false;
@@ -625,18 +625,18 @@ TEST(Validate, TopkDuplicatesOfWideRowsOverTheLargestNumKeys) {
                 row[1000], " again at [0, 2, 2999]")));
 }
 
-TEST(Validate, RejectsNanAnywhere) {
-  for (BaseKind k : kBases) {
-    const Case base = DataBase(k.per_head, k.sparse);
+TEST_P(Validate, RejectsNanAnywhere) {
+  for (InputForm form : kInputForms) {
+    const Case base = DataBase(form);
     // Where: a valid slot, a masked slot, an empty slot, a row that
     // row_valid drops.
     std::vector<std::pair<std::string, int64_t>> places = {
         {"valid slot", FindSlot(base, true)},
         {"masked slot", FindSlot(base, false)}};
-    if (k.sparse) places.push_back({"empty slot", FindEmptySlot(base)});
+    if (IsSparse(form)) places.push_back({"empty slot", FindEmptySlot(base)});
     for (const auto& [where, i] : places) {
       for (bool drop_row : {false, true}) {
-        SCOPED_TRACE(KindName(k) + ", " + where +
+        SCOPED_TRACE(std::string(InputFormName(form)) + ", " + where +
                      (drop_row ? ", row_valid false" : ""));
         Case c = base;
         if (drop_row) c.row_valid->values[i / c.slots()] = 0;
@@ -651,16 +651,17 @@ TEST(Validate, RejectsNanAnywhere) {
   }
 }
 
-TEST(Validate, RejectsPositiveInfinityInLogitsAndScores) {
-  for (BaseKind k : kBases) {
-    const Case base = DataBase(k.per_head, k.sparse);
+TEST_P(Validate, RejectsPositiveInfinityInLogitsAndScores) {
+  for (InputForm form : kInputForms) {
+    const Case base = DataBase(form);
     for (bool valid : {true, false}) {
-      SCOPED_TRACE(KindName(k) + (valid ? ", valid slot" : ", masked slot"));
+      SCOPED_TRACE(std::string(InputFormName(form)) +
+                   (valid ? ", valid slot" : ", masked slot"));
       const int64_t i = FindSlot(base, valid);
       Case bad = base;
       bad.indexer_scores.values[i] = kInf;
       ExpectValueError(bad, "indexer_scores");
-      if (k.per_head) {
+      if (IsPerHead(form)) {
         bad = base;
         SetTarget(bad, i, kInf, /*only_head=*/0);
         ExpectValueError(bad, "attention_logits");
@@ -669,9 +670,9 @@ TEST(Validate, RejectsPositiveInfinityInLogitsAndScores) {
   }
 }
 
-TEST(Validate, RejectsNegativeOrInfiniteWeights) {
+TEST_P(Validate, RejectsNegativeOrInfiniteWeights) {
   for (bool sparse : {false, true}) {
-    const Case base = DataBase(false, sparse);
+    const Case base = DataBase(MakeInputForm(sparse, false));
     for (bool valid : {true, false}) {
       for (double w : {-1.0, -1e-30, -kInf, kInf}) {
         SCOPED_TRACE(std::string(sparse ? "sparse" : "dense") +
@@ -700,12 +701,13 @@ void FillValidSlots(Case& c, int64_t r, double value, int64_t h = -1) {
   }
 }
 
-TEST(Validate, RejectsValidRowWhoseScoresAreAllNegativeInfinity) {
-  for (BaseKind k : kBases) {
+TEST_P(Validate, RejectsValidRowWhoseScoresAreAllNegativeInfinity) {
+  for (InputForm form : kInputForms) {
     for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
       for (bool drop_row : {false, true}) {
-        SCOPED_TRACE(KindName(k) + (drop_row ? ", row_valid false" : ""));
-        Case c = DataBase(k.per_head, k.sparse);
+        SCOPED_TRACE(std::string(InputFormName(form)) +
+                     (drop_row ? ", row_valid false" : ""));
+        Case c = DataBase(form);
         c.options.flavor = flavor;
         const int64_t r = FindSlot(c, true, 5) / c.slots();
         FillValidSlots(c, r, -kInf);
@@ -716,10 +718,10 @@ TEST(Validate, RejectsValidRowWhoseScoresAreAllNegativeInfinity) {
   }
 }
 
-TEST(Validate, RejectsValidRowWhoseZeroTargetHasAllNegativeInfinityScores) {
+TEST_P(Validate, RejectsValidRowWhoseZeroTargetHasAllNegativeInfinityScores) {
   // A zero-target row still has valid keys, so its q must exist.
   for (bool sparse : {false, true}) {
-    Case c = DataBase(false, sparse);
+    Case c = DataBase(MakeInputForm(sparse, false));
     const int64_t r = FindSlot(c, true, 5) / c.slots();
     for (int64_t j = 0; j < c.slots(); ++j) {
       c.attention_weights->values[r * c.slots() + j] = 0;
@@ -729,10 +731,10 @@ TEST(Validate, RejectsValidRowWhoseZeroTargetHasAllNegativeInfinityScores) {
   }
 }
 
-TEST(Validate, RejectsHeadWhoseLogitsAreAllNegativeInfinity) {
+TEST_P(Validate, RejectsHeadWhoseLogitsAreAllNegativeInfinity) {
   for (bool sparse : {false, true}) {
     for (bool drop_row : {false, true}) {
-      Case c = DataBase(true, sparse);
+      Case c = DataBase(MakeInputForm(sparse, true));
       const int64_t r = FindSlot(c, true, 6) / c.slots();
       FillValidSlots(c, r, -kInf, /*h=*/1);  // head 0 stays finite
       if (drop_row) c.row_valid->values[r] = 0;
@@ -741,10 +743,10 @@ TEST(Validate, RejectsHeadWhoseLogitsAreAllNegativeInfinity) {
   }
 }
 
-TEST(Validate, RejectsExactNegativeInfinityScoreWhereTargetIsPositive) {
-  for (BaseKind k : kBases) {
-    SCOPED_TRACE(KindName(k));
-    Case c = DataBase(k.per_head, k.sparse);
+TEST_P(Validate, RejectsExactNegativeInfinityScoreWhereTargetIsPositive) {
+  for (InputForm form : kInputForms) {
+    SCOPED_TRACE(InputFormName(form));
+    Case c = DataBase(form);
     const int64_t i = FindSlot(c, true, 3);
     c.indexer_scores.values[i] = -kInf;
     c.options.flavor = Flavor::kExact;
@@ -772,15 +774,15 @@ int64_t SlotInRowWithTwoValid(const Case& c) {
   return 0;
 }
 
-TEST(Validate, AcceptsNegativeInfinityScoreWhereTargetIsZero) {
+TEST_P(Validate, AcceptsNegativeInfinityScoreWhereTargetIsZero) {
   for (bool sparse : {false, true}) {
-    Case c = DataBase(false, sparse);
+    Case c = DataBase(MakeInputForm(sparse, false));
     const int64_t i = SlotInRowWithTwoValid(c);
     c.indexer_scores.values[i] = -kInf;
     c.attention_weights->values[i] = 0;
     CheckAgainstReference(c);
     // Per-head: p = 0 there when every head's logit is -inf.
-    Case h = DataBase(true, sparse);
+    Case h = DataBase(MakeInputForm(sparse, true));
     const int64_t k = SlotInRowWithTwoValid(h);
     h.indexer_scores.values[k] = -kInf;
     SetTarget(h, k, -kInf);
@@ -815,31 +817,31 @@ void ExpectNamesPosition(const absl::Status& status,
                      << "\" should give the position";
 }
 
-TEST(Validate, NamesTheFirstBadPosition) {
+TEST_P(Validate, NamesTheFirstBadPosition) {
   for (bool sparse : {false, true}) {
-    Case c = DataBase(false, sparse);
+    Case c = DataBase(MakeInputForm(sparse, false));
     c.indexer_scores.at({1, 2, 3}) = kNaN;
     c.indexer_scores.at({1, 3, 4}) = kNaN;
     ExpectNamesPosition(RunStatus(c), {1, 2, 3});
-    c = DataBase(false, sparse);
+    c = DataBase(MakeInputForm(sparse, false));
     c.attention_weights->at({1, 2, 4}) = -3;
     c.attention_weights->at({1, 3, 0}) = -3;
     ExpectNamesPosition(RunStatus(c), {1, 2, 4});
     if (sparse) {
-      c = DataBase(false, sparse);
+      c = DataBase(MakeInputForm(sparse, false));
       c.topk_indices->at({1, 3, 2}) = 17;
       ExpectNamesPosition(RunStatus(c), {1, 3, 2});
     }
   }
 }
 
-TEST(Validate, ReportsTheLowestBadRow) {
+TEST_P(Validate, ReportsTheLowestBadRow) {
   // Many rows, so that both threads find an error; the lower row wins.
   CaseSpec spec;
   spec.B = 2;
   spec.T = 300;
   spec.S = 8;
-  spec.per_head = false;
+  spec.form = InputForm::kDenseAggregated;
   const Case base = MakeRandomCase(spec, 9);
   const int64_t L = base.slots();
   Case c = base;

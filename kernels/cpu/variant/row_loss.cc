@@ -82,8 +82,8 @@ absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
                                               v.bytes, masked_copy, next);
   if (scan.target.any_bad) {
     const int64_t j = FirstBadValue(x, p.row_length, /*weights=*/true);
-    return ValueError("attention_weights", "weights must be finite and >= 0",
-                      DescribeValue(x[j]), {r / p.T, r % p.T, j});
+    return RowErrorStatus(RowError::kWeightsBad,
+                          {.b = r / p.T, .t = r % p.T, .j = j, .value = x[j]});
   }
   bool rescaled;
   row.target = AggregatedTarget(p, v, kMasked ? masked_copy : x,
@@ -113,14 +113,12 @@ absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
   const TargetTerms& terms = scanned->terms;
   if (scanned->scores.any_bad) {
     const int64_t j = FirstBadValue(I, p.row_length, /*weights=*/false);
-    return ValueError("indexer_scores", "scores must not be NaN or +inf",
-                      DescribeValue(I[j]), {b, t, j});
+    return RowErrorStatus(RowError::kScoresNotFinite,
+                          {.b = b, .t = t, .j = j, .value = I[j]});
   }
   const float m = scanned->scores.max;
   if (v.count > 0 && m == -kInf) {
-    return ValueError("indexer_scores",
-                      "a row with valid keys needs a finite score at one",
-                      "-inf at every valid key", {b, t});
+    return RowErrorStatus(RowError::kScoresAllMinusInf, {.b = b, .t = t});
   }
   RowResult result;
   // Rows without a KL stop before any exp (with no valid key the maximum is
@@ -135,10 +133,8 @@ absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
   if (exact && terms.mass_on_minus_inf) {
     int64_t j = 0;
     while (!(target.w[j] > 0 && I[j] == -kInf)) ++j;
-    return ValueError("indexer_scores",
-                      "EXACT needs a finite score wherever the target has "
-                      "mass (the KL would be infinite; MAXTEXT computes it)",
-                      "-inf", {b, t, j});
+    return RowErrorStatus(RowError::kMinusInfWithMass,
+                          {.b = b, .t = t, .j = j});
   }
 
   // q's normaliser L = sum(exp(I - m)), with the exponentials kept in e.

@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/variant/isa_namespace.h"
 #include "kernels/cpu/variant/vec_math.h"
+#include "kernels/row_rules.h"
 #include "kernels/value_errors.h"
 
 namespace klserve::cpu::KLSERVE_ISA {
@@ -390,8 +391,6 @@ inline void ExactGradRow(const float* e, const float* w, float inv_l,
     StoreAt(g, i, count, grad_at(i, count));
   }
 }
-
-inline constexpr float kMaxTextEpsilon = 1e-8f;
 
 // MaxText's KL with its epsilon, and sum(q * g) with g = -p / (q + eps),
 // where p = w / Z and q = e / L; g goes to `g_out`, for the gradient pass.

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "kernels/cpu/variant/row_convert.h"
+#include "kernels/row_rules.h"
 #include "kernels/value_errors.h"
 
 namespace klserve::cpu::KLSERVE_ISA {
@@ -31,13 +32,12 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
   for (int64_t h = 0; h < p.H; ++h) {
     if (scan.any_bad) {
       const int64_t j = FirstBadValue(x, p.row_length, /*weights=*/false);
-      return ValueError("attention_logits", "logits must not be NaN or +inf",
-                        DescribeValue(x[j]), {b, h, t, j});
+      return RowErrorStatus(RowError::kLogitsNotFinite,
+                            {.b = b, .t = t, .h = h, .j = j, .value = x[j]});
     }
     if (v.count > 0 && scan.max == -kInf) {
-      return ValueError("attention_logits",
-                        "a head needs a finite logit at some valid key",
-                        "-inf at every valid key", {b, h, t});
+      return RowErrorStatus(RowError::kLogitsAllMinusInf,
+                            {.b = b, .t = t, .h = h});
     }
     const float* x_next = h + 1 < p.H ? head_row(h + 1, next_buffer) : nullptr;
     if (v.count == 0) {  // fully masked: checks only
@@ -77,9 +77,8 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
   }
   RowTarget target;
   target.w = scratch.w();
-  target.z = p.options.flavor == Flavor::kMaxText
-                 ? static_cast<double>(p.H) + kMaxTextEpsilon
-                 : static_cast<double>(p.H);
+  target.z = TargetNormaliser(static_cast<double>(p.H),
+                              p.options.flavor == Flavor::kMaxText);
   return target;
 }
 
@@ -100,13 +99,11 @@ RowTarget AggregatedTarget(const IndexerKlProblem& p, const RowValidity& v,
   RowTarget target;
   target.w = w;
   target.zero = v.count > 0 && weight_sum == 0;
-  target.z = p.options.flavor == Flavor::kMaxText ? weight_sum + kMaxTextEpsilon
-                                                  : weight_sum;
-  // The passes form p = w / Z in float as w * (1 / Z). Far from 1, 1 / Z
-  // would overflow or lose bits in float. Rare, so a plain loop.
-  rescaled = target.z > 0 && (target.z < 0x1p-100 || target.z > 0x1p100);
+  target.z = TargetNormaliser(weight_sum, p.options.flavor == Flavor::kMaxText);
+  // Keeps 1 / Z a normal float (NormaliserShift). Rare, so a plain loop.
+  const int k = NormaliserShift(target.z);
+  rescaled = k != 0;
   if (rescaled) {
-    const int k = -std::ilogb(target.z);
     float* scaled = scratch.w();
     for (int64_t s = 0; s < v.limit; ++s) {
       scaled[s] = std::ldexp(target.w[s], k);

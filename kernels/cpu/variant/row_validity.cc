@@ -1,8 +1,8 @@
 #include "kernels/cpu/variant/row_validity.h"
 
-#include <algorithm>
 #include <cstring>
 
+#include "kernels/row_rules.h"
 #include "kernels/topk_check.h"
 
 namespace klserve::cpu::KLSERVE_ISA {
@@ -52,9 +52,7 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
                                              const RowData& data, int64_t r,
                                              RowScratch& scratch) {
   const int64_t t = r % p.T;
-  // Keys at or past `causal_end` lie in the query's future.
-  const int64_t causal_end =
-      p.options.causal ? std::clamp<int64_t>(t + p.q_offset + 1, 0, p.S) : p.S;
+  const int64_t causal_end = CausalEnd(p.options.causal, t, p.q_offset, p.S);
   const KeyRules rules = RulesOf(p, data, r);
   uint8_t* bytes = scratch.valid();
   RowValidity validity;

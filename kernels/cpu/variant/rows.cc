@@ -10,14 +10,16 @@
 #include "kernels/cpu/variant/row_loss.h"
 #include "kernels/cpu/variant/row_passes.h"
 #include "kernels/cpu/variant/row_validity.h"
+#include "kernels/row_rules.h"
 
 namespace klserve::cpu::KLSERVE_ISA {
 namespace {
 
 std::byte* GradRow(const BlockOutputs& out, int64_t r, int64_t T) {
-  const int64_t b0 = out.grad_origin_row / T, t0 = out.grad_origin_row % T;
   const int64_t offset =
-      (r / T - b0) * out.grad_batch_stride + (r % T - t0) * out.grad_row_stride;
+      StridedRowOffset(r, /*h=*/0, T, out.grad_origin_row,
+                       out.grad_batch_stride, out.grad_row_stride,
+                       /*head_stride=*/0);
   return out.grad + offset * DTypeSize(out.grad_dtype);
 }
 
