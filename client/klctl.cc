@@ -92,6 +92,8 @@ ABSL_FLAG(std::string, flavor, "exact", "loss: exact or maxtext");
 ABSL_FLAG(std::string, reduction, "mean", "loss: mean, mean_valid or sum");
 ABSL_FLAG(std::optional<double>, scaling_factor, std::nullopt,
           "loss: c, multiplies loss and gradient (default 1)");
+ABSL_FLAG(std::optional<double>, grad_scale, std::nullopt,
+          "loss: multiplies the gradient only, never the loss (default 1)");
 ABSL_FLAG(std::string, grad_dtype, "fp32",
           "loss, bench: gradient dtype fp32, bf16 or fp16");
 ABSL_FLAG(bool, diagnostics, false, "loss: ask for entropies and row counts");
@@ -310,6 +312,7 @@ absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
         absl::StrCat("--reduction: must be mean, mean_valid or sum, got \"",
                      reduction, "\""));
   }
+  if (auto g = absl::GetFlag(FLAGS_grad_scale)) options->set_grad_scale(*g);
   if (auto c = absl::GetFlag(FLAGS_scaling_factor)) {
     options->set_scaling_factor(*c);
   }

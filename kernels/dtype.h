@@ -17,6 +17,8 @@ const char* DTypeName(DType dtype);
 
 // True for the floating types the loss accepts as inputs.
 bool IsFloatDType(DType dtype);
+// The largest finite value of a float dtype (0 for the others).
+double LargestFinite(DType dtype);
 
 }  // namespace klserve
 

@@ -41,7 +41,8 @@ IndexerKlResult FinishLoss(const IndexerKlProblem& problem,
 
 double GradScale(const IndexerKlProblem& problem, int64_t denominator) {
   if (denominator == 0) return 0;
-  return problem.options.scaling_factor / static_cast<double>(denominator);
+  return problem.options.scaling_factor / static_cast<double>(denominator) *
+         problem.options.grad_scale;
 }
 
 LossComputation::LossComputation(Backend& backend,

@@ -49,7 +49,7 @@ struct LossOutputs {
   int64_t row_kl_size = 0;
 };
 
-// The gradient's scale c / N (0 when N = 0).
+// The gradient's scale c / N * grad_scale (0 when N = 0).
 double GradScale(const IndexerKlProblem& problem, int64_t denominator);
 
 // A block that LossComputation::Admit accepted as the next one.

@@ -139,6 +139,22 @@ absl::Status CheckOptions(const IndexerKlOptions& options) {
                      " (the gradient must be finite in FP16)"),
         absl::StrCat(options.scaling_factor));
   }
+  if (!std::isfinite(options.grad_scale)) {
+    return Invalid("grad_scale", "must be finite",
+                   absl::StrCat(options.grad_scale));
+  }
+  // Every gradient entry is at most |c * grad_scale| / N in magnitude.
+  if (options.want_grad && IsFloatDType(options.grad_dtype) &&
+      !(std::abs(options.scaling_factor * options.grad_scale) <=
+        LargestFinite(options.grad_dtype))) {
+    return Invalid(
+        "grad_scale",
+        absl::StrCat("|scaling_factor * grad_scale| must be at most ",
+                     LargestFinite(options.grad_dtype), ", the largest finite ",
+                     DTypeName(options.grad_dtype),
+                     " (so that the gradient is finite)"),
+        absl::StrCat(options.grad_scale));
+  }
   if (options.recall_k < 0) {
     return Invalid("recall_k", "must be >= 0", absl::StrCat(options.recall_k));
   }

@@ -86,6 +86,10 @@ struct IndexerKlOptions {
   // c: the loss and the gradient are multiplied by it. |c| <= 65504, the
   // largest FP16, so that the gradient is finite in every grad dtype.
   double scaling_factor = 1.0;
+  // Multiplies the gradient only (an upstream factor of the job's backward
+  // pass). Finite, with |c * grad_scale| at most grad_dtype's largest finite
+  // value, so that the gradient is finite.
+  double grad_scale = 1.0;
   bool want_grad = true;
   DType grad_dtype = DType::kFloat32;  // FP32, BF16 or FP16
   bool want_row_kl = false;

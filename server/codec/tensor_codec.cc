@@ -124,6 +124,7 @@ absl::StatusOr<IndexerKlOptions> OptionsFrom(const v1::LossOptions& o) {
           absl::StrCat("options.reduction: unknown value ", o.reduction()));
   }
   if (o.has_scaling_factor()) options.scaling_factor = o.scaling_factor();
+  if (o.has_grad_scale()) options.grad_scale = o.grad_scale();
   options.want_grad = !o.skip_grad();
   if (!o.grad_dtype().empty()) {
     ASSIGN_OR_RETURN(options.grad_dtype,

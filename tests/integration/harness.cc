@@ -558,6 +558,7 @@ absl::StatusOr<v1::ComputeLossResponse> LibraryCompute(
       options.reduction = Reduction::kMean;
   }
   if (o.has_scaling_factor()) options.scaling_factor = o.scaling_factor();
+  if (o.has_grad_scale()) options.grad_scale = o.grad_scale();
   options.want_grad = !o.skip_grad();
   if (!o.grad_dtype().empty()) {
     absl::StatusOr<DType> grad_dtype = DTypeOf(o.grad_dtype());

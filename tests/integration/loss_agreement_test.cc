@@ -126,6 +126,18 @@ std::vector<ProblemSpec> AgreementSpecs() {
     specs.push_back(s);
   }
   {
+    // grad_scale multiplies the gradient and leaves the loss alone.
+    ProblemSpec s;
+    s.name = "SparseGradScaleBf16";
+    s.B = 2, s.T = 6, s.S = 20, s.H = 0, s.K = 5;
+    s.options = Options(v1::FLAVOR_EXACT, v1::REDUCTION_MEAN, "BF16");
+    s.options.set_scaling_factor(0.01);
+    s.options.set_grad_scale(-3.5);
+    s.options.set_want_row_kl(true);
+    s.seed = 31;
+    specs.push_back(s);
+  }
+  {
     ProblemSpec s;
     s.name = "SkipGradZeroScaling";
     s.B = 2, s.T = 3, s.S = 7, s.H = 2;

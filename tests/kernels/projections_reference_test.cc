@@ -34,7 +34,7 @@ RefProjections RandomProblem(uint64_t seed, int64_t H_kv) {
   p.options.causal = true;
   p.options.scaling_factor = 0.5;
   p.options.softmax_scale = 0.7;
-  p.grad_scale = 3.0;
+  p.options.grad_scale = 3.0;
   return p;
 }
 
@@ -75,7 +75,7 @@ void ExpectFiniteDifferences(RefProjections p,
     input[i] = saved - kStep;
     const double down = ReferenceLoss(LogitsFormOf(p, topk));
     input[i] = saved;
-    const double numeric = p.grad_scale * (up - down) / (2 * kStep);
+    const double numeric = p.options.grad_scale * (up - down) / (2 * kStep);
     EXPECT_NEAR(grad[i], numeric, 1e-6 * (1 + std::abs(numeric)))
         << name << "[" << i << "]";
   }

@@ -199,6 +199,38 @@ TEST_P(ReferenceAgreement, ScalingFactor) {
   }
 }
 
+// grad_scale multiplies the gradient only: the loss keeps every bit of the
+// run without it.
+TEST_P(ReferenceAgreement, GradScale) {
+  uint64_t seed = 450;
+  for (InputForm form : kInputForms) {
+    for (DType grad : kFloatTypes) {
+      for (double grad_scale : {0.0, 0.5, 3.0, -2.0, 40.0}) {
+        CaseSpec spec = SpecFor(form, 2, 4, 10);
+        spec.options.grad_dtype = grad;
+        spec.options.scaling_factor = 0.25;
+        spec.options.grad_scale = grad_scale;
+        SCOPED_TRACE(Describe(spec));
+        SCOPED_TRACE(grad_scale);
+        const Case cs = MakeRandomCase(spec, seed);
+        const LibOutput lib = RunLibrary(cs, backend());
+        ExpectMatchesReference(cs, lib,
+                               klref::ComputeReference(ToReference(cs)));
+        Case unscaled = cs;
+        unscaled.options.grad_scale = 1.0;
+        const LibOutput plain = RunLibrary(unscaled, backend());
+        ASSERT_TRUE(lib.status.ok() && plain.status.ok());
+        EXPECT_EQ(lib.result.loss, plain.result.loss);
+        EXPECT_EQ(lib.result.unscaled_loss, plain.result.unscaled_loss);
+        if (grad_scale == 0) {
+          for (double g : lib.grad) ASSERT_EQ(g, 0);
+        }
+      }
+      ++seed;
+    }
+  }
+}
+
 TEST_P(ReferenceAgreement, GradDtypes) {
   uint64_t seed = 500;
   for (InputForm form : kInputForms) {

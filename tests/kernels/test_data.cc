@@ -253,6 +253,7 @@ klref::RefProblem ToReference(const Case& c) {
       break;
   }
   pr.scaling_factor = c.options.scaling_factor;
+  pr.grad_scale = c.options.grad_scale;
   pr.recall_k = c.options.recall_k;
   return pr;
 }

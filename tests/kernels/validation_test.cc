@@ -444,6 +444,51 @@ TEST_P(Validate, RejectsBadScalingFactor) {
   }
 }
 
+// |c * grad_scale| bounds every gradient entry; past the grad dtype's
+// largest finite value the gradient could overflow.
+TEST_P(Validate, GradScaleMustKeepTheGradientFinite) {
+  for (double grad_scale : {kNaN, kInf, -kInf}) {
+    Case c = FullBase(InputForm::kDenseAggregated);
+    c.options.grad_scale = grad_scale;
+    SCOPED_TRACE(grad_scale);
+    ExpectCreateRejects(c, {"grad_scale"});
+  }
+  const struct {
+    DType grad_dtype;
+    double scaling_factor, grad_scale;
+    bool accepted;
+  } cases[] = {
+      {DType::kFloat16, 1.0, 65504.0, true},
+      {DType::kFloat16, 1.0, 65505.0, false},
+      {DType::kFloat16, 0.01, 6.5e6, true},
+      {DType::kFloat16, -0.01, 6.6e6, false},
+      {DType::kBFloat16, 1.0, 1e38, true},
+      {DType::kBFloat16, 2.0, 1.7e38, false},
+      {DType::kFloat32, 1.0, 3.4e38, true},
+      {DType::kFloat32, 1.0, 1e300, false},
+  };
+  for (const auto& k : cases) {
+    Case c = FullBase(InputForm::kSparsePerHead);
+    c.options.grad_dtype = k.grad_dtype;
+    c.options.scaling_factor = k.scaling_factor;
+    c.options.grad_scale = k.grad_scale;
+    SCOPED_TRACE(absl::StrCat(DTypeName(k.grad_dtype), " c=", k.scaling_factor,
+                              " grad_scale=", k.grad_scale));
+    if (k.accepted) {
+      const EncodedCase encoded(c);
+      EXPECT_TRUE(CreateStatus(encoded).ok()) << CreateStatus(encoded);
+    } else {
+      ExpectCreateRejects(c, {"grad_scale"});
+    }
+  }
+  // Without a gradient the bound has nothing to protect.
+  Case no_grad = FullBase(InputForm::kDenseAggregated);
+  no_grad.options.want_grad = false;
+  no_grad.options.grad_scale = 1e300;
+  const EncodedCase encoded(no_grad);
+  EXPECT_TRUE(CreateStatus(encoded).ok()) << CreateStatus(encoded);
+}
+
 TEST_P(Validate, RejectsNegativeRecallK) {
   Case c = FullBase(InputForm::kDenseAggregated);
   c.options.recall_k = -1;

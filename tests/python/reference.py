@@ -59,7 +59,8 @@ def indexer_kl_reference(indexer_scores, *, attention_logits=None,
                          attention_mask=None, key_padding_mask=None,
                          row_valid=None, causal=False, q_offset=None,
                          num_keys=None, softmax_scale=None, flavor="exact",
-                         reduction="mean", scaling_factor=None, recall_k=0):
+                         reduction="mean", scaling_factor=None, grad_scale=None,
+                         recall_k=0):
     """Returns a dict: loss, unscaled_loss, denominator, rows_counted,
     rows_fully_masked, rows_zero_target, grad (float64, like the scores),
     row_kl [B, T], mean_entropy_p, mean_entropy_q, topk_recall."""
@@ -127,7 +128,8 @@ def indexer_kl_reference(indexer_scores, *, attention_logits=None,
     else:
         raise ValueError(reduction)
     unscaled = row_kl.sum() / n if n > 0 else 0.0
-    grad = np.where(counted[..., None], dkl, 0.0) * (c / n if n > 0 else 0.0)
+    g = 1.0 if grad_scale is None else grad_scale
+    grad = np.where(counted[..., None], dkl, 0.0) * (c / n * g if n > 0 else 0.0)
 
     recall = None
     if recall_k:

@@ -366,3 +366,13 @@ def test_a_call_dropped_by_a_shutting_down_server_is_unavailable():
     e = klserve.KlserveError.from_rpc_error(
         _FakeCall(grpc.StatusCode.CANCELLED, "ComputeLossStream: cancelled"))
     assert e.code == grpc.StatusCode.CANCELLED
+
+
+def test_grad_scale_scales_the_gradient_only(client):
+    problem = dense_problem(21, batch=2, heads=2, rows=5, keys=9)
+    options = dict(causal=True, scaling_factor=0.5)
+    plain = client.compute_loss(**problem, **options)
+    scaled = client.compute_loss(**problem, **options, grad_scale=-4.0)
+    check(scaled, indexer_kl_reference(**problem, **options, grad_scale=-4.0))
+    assert scaled.loss == plain.loss
+    np.testing.assert_array_equal(scaled.grad, plain.grad * np.float32(-4.0))

@@ -359,7 +359,8 @@ RefResult ComputeReference(const RefProblem& pr) {
   }
 
   const double n = static_cast<double>(result.denominator);
-  const double scale = result.denominator > 0 ? pr.scaling_factor / n : 0.0;
+  const double scale =
+      result.denominator > 0 ? pr.scaling_factor / n * pr.grad_scale : 0.0;
   result.unscaled_loss = result.denominator > 0 ? kl_sum / n : 0.0;
   result.loss = pr.scaling_factor * result.unscaled_loss;
   for (double& g : result.grad) g *= scale;

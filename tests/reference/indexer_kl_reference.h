@@ -44,6 +44,7 @@ struct RefProblem {
   RefFlavor flavor = RefFlavor::kExact;
   RefReduction reduction = RefReduction::kMean;
   double scaling_factor = 1.0;  // c
+  double grad_scale = 1.0;      // multiplies the gradient only
   int64_t recall_k = 0;
 
   bool per_head() const { return H > 0; }

@@ -125,7 +125,7 @@ RefProjectionsResult ComputeProjectionsReference(const RefProjections& p) {
       const int64_t r = b * p.T + t;
       for (int64_t l = 0; l < L; ++l) {
         const int64_t s = p.K > 0 ? topk[r * p.K + l] : l;
-        const double g = result.kl.grad[r * L + l] * p.grad_scale;
+        const double g = result.kl.grad[r * L + l];
         if (s < 0 || g == 0) continue;
         for (int64_t j = 0; j < p.H_I; ++j) {
           const double u = IndexerDot(p, b, t, j, s);

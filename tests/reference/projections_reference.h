@@ -30,21 +30,21 @@ struct RefProjections {
   // Defaults to H_I^-1/2 * D_I^-1/2.
   std::optional<double> index_weight_scale;
   bool use_relu = true;
-  double grad_scale = 1.0;  // multiplies the returned gradients only
 
   // The sparse stage: K > 0 with either the client's `topk_indices`
   // [B,T,K] or, when it is empty, the reference's own selection.
   int64_t K = 0;
   std::vector<int64_t> topk_indices;
 
-  // Masks, flavour, reduction, c and softmax_scale, as in the logits form;
-  // its tensors and shape fields are ignored (they are filled here).
+  // Masks, flavour, reduction, c, grad_scale and softmax_scale, as in the
+  // logits form; its tensors and shape fields are ignored (they are filled
+  // here).
   RefProblem options;
 };
 
 struct RefProjectionsResult {
   // The logits form's answer on a and I (gathered to the slots in the
-  // sparse stage); its `grad` is G, without grad_scale.
+  // sparse stage); its `grad` is G times grad_scale.
   RefResult kl;
   // The selection, when the reference selected: [B,T,K], valid slots
   // first in ascending key order, -1 after.

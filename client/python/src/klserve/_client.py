@@ -363,7 +363,7 @@ class Client:
             recall_k=int(call.recall_k or 0))
         # Optional in the proto: unset means the spec's default.
         for name, kind in (("q_offset", int), ("softmax_scale", float),
-                           ("scaling_factor", float)):
+                           ("scaling_factor", float), ("grad_scale", float)):
             value = getattr(call, name)
             if value is not None:
                 setattr(options, name, kind(value))

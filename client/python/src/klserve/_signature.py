@@ -27,6 +27,8 @@ class ComputeLossOptions:
     flavor: "exact" or "maxtext" (or the proto enum value).
     reduction: "mean", "mean_valid" or "sum" (or the proto enum value).
     scaling_factor: c, the loss's factor (default 1).
+    grad_scale: multiplies the returned gradient only, never the loss (an
+        upstream factor of the backward pass; default 1).
     grad_dtype: the gradient's dtype: a NumPy dtype or "fp32", "bf16",
         "fp16". The JAX and PyTorch wrappers default it to the scores'
         dtype (float32 for float64 scores).
@@ -46,6 +48,7 @@ class ComputeLossOptions:
     flavor: Union[str, int] = "exact"
     reduction: Union[str, int] = "mean"
     scaling_factor: Optional[float] = None
+    grad_scale: Optional[float] = None
     grad_dtype: Optional[npt.DTypeLike] = "fp32"
     want_grad: bool = True
     want_row_kl: bool = False
