@@ -50,6 +50,7 @@ LossComputation::LossComputation(Backend& backend,
     : backend_(backend),
       problem_(problem),
       next_counting_(needs_counting()),
+      computed_counting_(needs_counting()),
       denominator_(problem.denominator) {
   if (denominator_) grad_scale_ = GradScale(problem_, *denominator_);
 }
@@ -95,12 +96,22 @@ absl::Status LossComputation::Compute(const AdmittedBlock& block,
                                       const RowData& data,
                                       const LossOutputs& outputs) {
   const RowRange rows = block.rows;
+  // A gradient block computed before the counting pass ends would be scaled
+  // by an N not yet known.
+  if (block.counting != computed_counting_ || rows.begin != computed_row_) {
+    return absl::FailedPreconditionError(
+        "LossComputation: blocks must be computed in the order they were "
+        "admitted");
+  }
   if (block.counting) {
     RETURN_IF_ERROR(
         backend_.ComputeRows(problem_, data, rows, BlockOutputs(), counted_));
+    computed_row_ = rows.end;
     if (rows.end == problem_.num_rows()) {
       denominator_ = counted_.rows_nonempty();
       grad_scale_ = GradScale(problem_, *denominator_);
+      computed_row_ = 0;
+      computed_counting_ = false;
     }
     return absl::OkStatus();
   }
@@ -131,8 +142,10 @@ absl::Status LossComputation::Compute(const AdmittedBlock& block,
     }
     block_outputs.row_kl = outputs.row_kl;
   }
-  return backend_.ComputeRows(problem_, data, rows, block_outputs,
-                              accumulator_);
+  RETURN_IF_ERROR(
+      backend_.ComputeRows(problem_, data, rows, block_outputs, accumulator_));
+  computed_row_ = rows.end;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<IndexerKlResult> LossComputation::Finish() const {
@@ -141,6 +154,19 @@ absl::StatusOr<IndexerKlResult> LossComputation::Finish() const {
         "row_begin, num_rows: the blocks",
         next_counting_ ? " of the counting pass" : "", " covered rows [0, ",
         next_row_, ") of the B*T=", problem_.num_rows(), " rows"));
+  }
+  if (computed_counting_ || computed_row_ != problem_.num_rows()) {
+    return absl::FailedPreconditionError(
+        "LossComputation: Finish before every admitted block was computed");
+  }
+  // The two passes must have carried the same rows: the gradient was scaled
+  // by the counting pass's N.
+  if (needs_counting() && accumulator_.rows_nonempty() != *denominator_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "counting: the counting pass found ", *denominator_,
+        " rows with a valid key and a positive target, the gradient pass ",
+        accumulator_.rows_nonempty(),
+        "; both passes must carry the same rows"));
   }
   return FinishLoss(problem_, accumulator_, *denominator_);
 }

@@ -85,14 +85,16 @@ class LossComputation {
 
   // Computes an admitted block from `data` (its rows' tensors), writing its
   // gradient and row KL into `outputs` unless it is a counting block, which
-  // writes nothing. Value errors in the data are INVALID_ARGUMENT; so are
-  // output buffers too small for the block.
+  // writes nothing. Blocks must be computed in the order they were admitted
+  // (FAILED_PRECONDITION otherwise). Value errors in the data are
+  // INVALID_ARGUMENT; so are output buffers too small for the block.
   absl::Status Compute(const AdmittedBlock& block, const RowData& data,
                        const LossOutputs& outputs);
 
   // The result once every admitted block is computed. INVALID_ARGUMENT
   // naming row_begin, num_rows when the admitted blocks did not cover every
-  // pass.
+  // pass, and naming counting when the gradient pass's rows had another N
+  // than the counting pass's (the client sent other data the second time).
   absl::StatusOr<IndexerKlResult> Finish() const;
 
  private:
@@ -103,7 +105,9 @@ class LossComputation {
   int64_t next_row_ = 0;
   bool next_counting_;
 
-  // Compute's state.
+  // Compute's state: the next block to compute, and what it folds into.
+  int64_t computed_row_ = 0;
+  bool computed_counting_;
   LossAccumulator counted_;  // the counting pass
   LossAccumulator accumulator_;
   std::optional<int64_t> denominator_;  // N, once known

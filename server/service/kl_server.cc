@@ -1,5 +1,7 @@
 #include "server/service/kl_server.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -221,8 +223,11 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   for (size_t i = 0; i < addresses.size(); ++i) {
     if (addresses[i].is_unix()) {
       RETURN_IF_ERROR(ClaimSocketPath(addresses[i].socket_path));
+      builder.AddListeningPort("unix:" + BindingPath(addresses[i].socket_path),
+                               credentials, &bound[i]);
+    } else {
+      builder.AddListeningPort(addresses[i].address, credentials, &bound[i]);
     }
-    builder.AddListeningPort(addresses[i].address, credentials, &bound[i]);
   }
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
@@ -233,7 +238,11 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   interceptors.push_back(
       s->open_calls_.CountingFactory(std::string(kIndexerKlPrefix)));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  // Sockets are born owner-only (socket_file.h); nothing else creates files
+  // while the server starts.
+  const mode_t umask_before = umask(0077);
   s->server_ = builder.BuildAndStart();
+  umask(umask_before);
   for (size_t i = 0; i < addresses.size(); ++i) {
     if (s->server_ == nullptr || bound[i] == 0) {
       return absl::UnavailableError(
@@ -245,7 +254,7 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
     if (address.is_unix()) {
       ASSIGN_OR_RETURN(
           std::unique_ptr<SocketFile> file,
-          SocketFile::Bound(address.socket_path, options.unix_socket_mode));
+          SocketFile::Publish(address.socket_path, options.unix_socket_mode));
       s->socket_files_.push_back(std::move(file));
     } else if (s->port_ == 0) {
       s->port_ = bound[i];

@@ -8,8 +8,8 @@
 namespace klserve::server {
 
 // Every IndexerKl method on gRPC's callback API, registered raw: requests
-// arrive as bytes and responses leave as bytes (server/codec/wire_messages.h says
-// why).
+// arrive as bytes and responses leave as bytes (server/codec/wire_messages.h
+// says why).
 using RawIndexerKlService = v1::IndexerKl::WithRawCallbackMethod_ComputeLoss<
     v1::IndexerKl::WithRawCallbackMethod_ComputeLossStream<
         v1::IndexerKl::WithRawCallbackMethod_GetServerInfo<

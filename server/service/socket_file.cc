@@ -1,11 +1,13 @@
 #include "server/service/socket_file.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -18,9 +20,11 @@ std::string Quoted(const std::string& path) {
 }
 
 // Whether a server accepts connections on the socket at `path`. Errors other
-// than "nobody listens" are reported: they leave the question open.
+// than "nobody listens" are reported: they leave the question open. The
+// connect does not block: a server whose backlog is full (stopped, or
+// overloaded) answers EAGAIN, and still holds the path.
 absl::StatusOr<bool> Answers(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     return absl::InternalError(
         absl::StrCat(Quoted(path), ": socket: ", std::strerror(errno)));
@@ -32,7 +36,7 @@ absl::StatusOr<bool> Answers(const std::string& path) {
       connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address);
   const int error = errno;
   close(fd);
-  if (result == 0) return true;
+  if (result == 0 || error == EAGAIN) return true;
   if (error == ECONNREFUSED) return false;
   return absl::FailedPreconditionError(absl::StrCat(
       Quoted(path), ": cannot tell whether a server uses the socket there (",
@@ -40,6 +44,10 @@ absl::StatusOr<bool> Answers(const std::string& path) {
 }
 
 }  // namespace
+
+std::string BindingPath(const std::string& path) {
+  return path + std::string(kBindingSuffix);
+}
 
 absl::Status ClaimSocketPath(const std::string& path) {
   struct stat info;
@@ -68,17 +76,30 @@ absl::Status ClaimSocketPath(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<SocketFile>> SocketFile::Bound(
+absl::StatusOr<std::unique_ptr<SocketFile>> SocketFile::Publish(
     const std::string& path, mode_t mode) {
+  const std::string binding = BindingPath(path);
   struct stat info;
-  if (lstat(path.c_str(), &info) != 0 || !S_ISSOCK(info.st_mode)) {
-    return absl::InternalError(
-        absl::StrCat(Quoted(path), ": no socket there after binding"));
+  if (lstat(binding.c_str(), &info) != 0 || !S_ISSOCK(info.st_mode)) {
+    return absl::InternalError(absl::StrCat(Quoted(path), ": no socket at ",
+                                            binding, " after binding"));
   }
-  if (chmod(path.c_str(), mode) != 0) {
+  if (chmod(binding.c_str(), mode) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(Quoted(path),
                      ": cannot set the socket's mode: ", std::strerror(errno)));
+  }
+  if (renameat2(AT_FDCWD, binding.c_str(), AT_FDCWD, path.c_str(),
+                RENAME_NOREPLACE) != 0) {
+    const int error = errno;
+    unlink(binding.c_str());
+    return error == EEXIST ? absl::UnavailableError(absl::StrCat(
+                                 Quoted(path),
+                                 ": another process claimed the path while "
+                                 "klserve started"))
+                           : absl::FailedPreconditionError(absl::StrCat(
+                                 Quoted(path), ": cannot move the socket from ",
+                                 binding, ": ", std::strerror(error)));
   }
   return std::unique_ptr<SocketFile>(
       new SocketFile(path, info.st_dev, info.st_ino));

@@ -5,25 +5,38 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
+// The life of a --listen=unix: socket file. gRPC binds it at a side name
+// (the path + kBindingSuffix) under a umask that lets only klserve's user
+// in; once bound it gets --unix_socket_mode and is renamed onto its path,
+// never over a file that appeared there meanwhile. So no one else can
+// connect before the mode is set, and gRPC, which deletes the names it bound
+// when it stops, never deletes a path a later server has claimed.
+
 namespace klserve::server {
 
-// Before binding `path`: UNAVAILABLE if a running server answers on it (gRPC
-// would otherwise replace its socket and take its clients),
+inline constexpr std::string_view kBindingSuffix = ".binding";
+
+// Where gRPC binds the socket for `path`.
+std::string BindingPath(const std::string& path);
+
+// Before binding `path`: UNAVAILABLE if a running server answers on it,
 // FAILED_PRECONDITION if something that is not a socket is there. A socket
 // nobody answers on is left over from a server that died, and is removed.
 absl::Status ClaimSocketPath(const std::string& path);
 
-// The socket file of one bound --listen=unix: address. Its mode is set once
-// bound; it is removed when this is destroyed, if the path still names the
-// same file (a server started since may have claimed the path).
+// A bound socket at its path, removed when this is destroyed if the path
+// still names it.
 class SocketFile {
  public:
-  // `mode`: permission bits; connecting needs write permission.
-  static absl::StatusOr<std::unique_ptr<SocketFile>> Bound(
+  // Sets the mode of the socket gRPC bound at BindingPath(path) and renames
+  // it onto `path`. `mode`: permission bits; connecting needs write
+  // permission.
+  static absl::StatusOr<std::unique_ptr<SocketFile>> Publish(
       const std::string& path, mode_t mode);
   ~SocketFile();
   SocketFile(const SocketFile&) = delete;

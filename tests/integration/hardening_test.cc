@@ -490,11 +490,10 @@ v1::ComputeLossRequest NearLimitRequest() {
 }
 
 TEST(MessageLimitTest, ResponsesPastTheLimitAreRefusedAndNotCounted) {
-  const int metrics_port = PickFreePort();
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
-      {absl::StrCat("--max_message_bytes=", kNearLimit), "--enable_echo",
-       absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)});
+      {absl::StrCat("--max_message_bytes=", kNearLimit), "--enable_echo"});
   ASSERT_TRUE(server.ok()) << server.status();
+  const int metrics_port = (*server)->metrics_port();
   std::unique_ptr<Client> client = MakeClient((*server)->target());
   const v1::ComputeLossRequest request = NearLimitRequest();
   ASSERT_LE(static_cast<int64_t>(request.ByteSizeLong()), kNearLimit);
@@ -534,10 +533,8 @@ TEST(MessageLimitTest, ResponsesPastTheLimitAreRefusedAndNotCounted) {
 class BadInputTest : public ServerTest {
  protected:
   void SetUp() override {
-    metrics_port_ = PickFreePort();
-    ASSERT_NO_FATAL_FAILURE(StartServer(
-        {"--max_tensor_bytes=4096",
-         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_)}));
+    ASSERT_NO_FATAL_FAILURE(StartServer({"--max_tensor_bytes=4096"}));
+    metrics_port_ = server().metrics_port();
     channel_ = ChannelTo(server().target());
     stub_ = MakeStub(server().target());
   }

@@ -157,6 +157,7 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     server->log_path_ = MakeTempFile("server");
     int metrics_port = PickFreePort();
     while (metrics_port == server->port_) metrics_port = PickFreePort();
+    server->metrics_port_ = metrics_port;
     std::vector<std::string> argv = {
         KLSERVE_BIN, "--listen=" + absl::StrJoin(addresses, ","), "--threads=2",
         // Loopback only, and tests running at once must not collide on the
@@ -180,7 +181,12 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
       if (health == nullptr)
         return absl::InternalError("Client::Create failed");
       absl::StatusOr<bool> serving = health->Health();
-      if (serving.ok() && *serving) return server;
+      // Another process may hold the port this one failed to bind: only
+      // this one's start-up line says the answer came from it.
+      if (serving.ok() && *serving &&
+          absl::StrContains(server->Log(), "klserve: serving on ")) {
+        return server;
+      }
       absl::SleepFor(absl::Milliseconds(10));
     }
     last_error = absl::InternalError(

@@ -71,6 +71,8 @@ class ServerProcess {
 
   const std::string& target() const { return target_; }
   int port() const { return port_; }
+  // The /metrics port it was started with.
+  int metrics_port() const { return metrics_port_; }
   pid_t pid() const { return pid_; }
 
   // False once the process has exited (reaping it).
@@ -91,6 +93,7 @@ class ServerProcess {
   bool exited_ = false;
   int wait_status_ = 0;
   int port_ = 0;
+  int metrics_port_ = 0;
   std::string target_;
   std::string log_path_;
 };

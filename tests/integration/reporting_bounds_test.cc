@@ -52,9 +52,6 @@ struct Reporting {
 
 std::optional<Reporting> StartReporting(std::vector<std::string> flags) {
   Reporting r;
-  r.metrics_port = PickFreePort();
-  // Later than the harness's own --metrics_listen, so it wins.
-  flags.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", r.metrics_port));
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
       ServerProcess::Start(flags);
   if (!server.ok()) {
@@ -62,6 +59,7 @@ std::optional<Reporting> StartReporting(std::vector<std::string> flags) {
     return std::nullopt;
   }
   r.server = *std::move(server);
+  r.metrics_port = r.server->metrics_port();
   r.client = MakeClient(r.server->target());
   return r;
 }

@@ -183,7 +183,9 @@ TEST_F(UnixSocketTest, BadListenAddressesAreStartupErrors) {
   } cases[] = {
       {"unix:relative.sock", "a socket path must be absolute"},
       {"127.0.0.1:0,,unix:/tmp/x.sock", "must be non-empty"},
-      {"unix:/tmp/twice.sock,unix:///tmp/twice.sock", "given once"},
+      {"unix:/tmp/twice.sock,unix:///tmp//./twice.sock", "given once"},
+      {"unix-abstract:klserve", "HOST:PORT or unix:/absolute/path"},
+      {"dns:///localhost:50051", "HOST:PORT or unix:/absolute/path"},
   };
   for (const auto& c : cases) {
     const CommandResult run =
@@ -196,7 +198,7 @@ TEST_F(UnixSocketTest, BadListenAddressesAreStartupErrors) {
   const std::string long_path = "unix:/tmp/" + std::string(120, 'x');
   const CommandResult run =
       RunCommand({KLSERVE_BIN, "--listen=" + long_path, "--metrics_listen="});
-  EXPECT_TRUE(absl::StrContains(run.err, "at most 107 bytes")) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.err, "at most 99 bytes")) << run.err;
 }
 
 TEST_F(UnixSocketTest, SigtermRemovesTheSocket) {
@@ -207,6 +209,22 @@ TEST_F(UnixSocketTest, SigtermRemovesTheSocket) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << server.Log();
   struct stat info;
   EXPECT_NE(lstat(socket_.c_str(), &info), 0) << "the socket is still there";
+}
+
+// A server that stops must not delete the socket of a later server on the
+// same path (gRPC deletes the name it bound; klserve binds at a side name).
+TEST_F(UnixSocketTest, StoppingAnOldServerLeavesTheNewOnesSocket) {
+  ServerProcess& old_server = Start({.loopback = true, .sockets = {socket_}});
+  ASSERT_EQ(unlink(socket_.c_str()), 0);  // someone removed its file
+  Start({.loopback = false, .sockets = {socket_}});
+  old_server.Signal(SIGTERM);
+  ASSERT_TRUE(old_server.WaitForExit(absl::Seconds(10)).has_value());
+  EXPECT_EQ(ModeOf(socket_), 0600u);
+  std::unique_ptr<Client> client = MakeClient(target());
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<bool> serving = client->Health();
+  ASSERT_TRUE(serving.ok()) << Describe(serving.status());
+  EXPECT_TRUE(*serving);
 }
 
 TEST_F(UnixSocketTest, TokenIsRequiredOverTheSocketToo) {

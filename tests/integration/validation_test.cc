@@ -862,6 +862,37 @@ TEST_F(StreamProtocolTest, CountingPassWithoutTheGradientPass) {
   ExpectFails(messages, "row_begin");
 }
 
+// N comes from the counting pass and scales the gradient pass: passes that
+// carry other rows (a client changing its arrays mid-stream) would give a
+// wrong answer, so the result is refused instead.
+TEST_F(StreamProtocolTest, PassesCarryingOtherRowsAreRefused) {
+  ProblemSpec spec;
+  spec.name = "passes";
+  spec.B = 2, spec.T = 5, spec.S = 8, spec.H = 0;
+  spec.options.set_reduction(v1::REDUCTION_MEAN_VALID);
+  const v1::ComputeLossRequest counted = MakeRequest(spec);
+  v1::ComputeLossRequest changed = counted;
+  // Row 0's target is all zero the second time: one positive row fewer.
+  for (int64_t j = 0; j < spec.S; ++j) {
+    SetFloat(*changed.mutable_attention_weights(), j, 0.0f);
+  }
+  std::vector<v1::ComputeLossStreamRequest> messages = {Header(counted)};
+  for (int64_t begin = 0; begin < 10; begin += 5) {
+    messages.push_back(Block(counted, begin, 5));
+    messages.back().mutable_block()->set_counting(true);
+  }
+  for (int64_t begin = 0; begin < 10; begin += 5) {
+    messages.push_back(Block(changed, begin, 5));
+  }
+  ExpectFails(messages, "counting");
+  // The same passes twice are answered.
+  for (size_t i = 3; i < messages.size(); ++i) {
+    messages[i] = Block(counted, 5 * static_cast<int64_t>(i - 3), 5);
+  }
+  StreamOutcome outcome = RunStream(*stub_, messages);
+  EXPECT_TRUE(outcome.status.ok()) << Describe(outcome.status);
+}
+
 TEST_F(StreamProtocolTest, HeaderSpecBadDtype) {
   v1::ComputeLossStreamRequest header = Header(GoodRequest());
   header.mutable_header()->mutable_indexer_scores()->set_dtype("F32");
