@@ -1,0 +1,23 @@
+#ifndef KLSERVE_KERNELS_PROJECTIONS_LOSS_H_
+#define KLSERVE_KERNELS_PROJECTIONS_LOSS_H_
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/loss_computation.h"
+#include "kernels/projections_problem.h"
+
+namespace klserve {
+
+// Computes the loss of the projections form, its row KL and diagnostics, the
+// gradients of index_query, index_key and index_weights and, when the service
+// selects, the top-k indices, into `outputs`. Value errors are
+// INVALID_ARGUMENT naming the tensor and the first bad position; the outputs
+// then hold partial results. A backend that does not compute this form
+// answers UNIMPLEMENTED. Thread-safe for concurrent calls on one backend.
+absl::StatusOr<IndexerKlResult> ComputeProjectionsLoss(
+    Backend& backend, const ProjectionsProblem& problem,
+    const ProjectionsOutputs& outputs);
+
+}  // namespace klserve
+
+#endif  // KLSERVE_KERNELS_PROJECTIONS_LOSS_H_
