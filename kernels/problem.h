@@ -70,6 +70,10 @@ struct IndexerKlInputs {
   std::optional<TensorView> key_padding_mask;
   // [B,T], BOOL: rows that count (see the spec's reductions).
   std::optional<TensorView> row_valid;
+  // Per-row key bounds [B,T], INT32, both or neither: key s is valid for row
+  // (b, t) only if key_start <= s < key_end.
+  std::optional<TensorView> key_start;
+  std::optional<TensorView> key_end;
 };
 
 struct IndexerKlOptions {
@@ -164,6 +168,8 @@ class IndexerKlProblem {
   const std::byte* segment_ids_kv = nullptr;    // [B,S]
   const std::byte* key_padding_mask = nullptr;  // [B,S]
   const std::byte* row_valid = nullptr;         // [B,T]
+  const std::byte* key_start = nullptr;         // [B,T], with key_end
+  const std::byte* key_end = nullptr;           // [B,T]
 
   bool has_attention_mask = false;
 
