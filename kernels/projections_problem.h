@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "kernels/dtype.h"
@@ -80,6 +81,9 @@ class ProjectionsProblem {
   // the projections form's; its per-row tensors carry no bytes here: the
   // computation forms them tile by tile.
   IndexerKlProblem logits;
+  // With server_topk: the dense problem over all S keys that the selection
+  // ranks the valid keys of.
+  std::optional<IndexerKlProblem> selection;
 
   // The inputs' views (checked to hold their bytes).
   TensorView query, key, index_query, index_key, index_weights;
