@@ -14,6 +14,7 @@
 #include "client/tensor_util.h"
 #include "kernels/half.h"
 #include "kernels/status_macros.h"
+#include "proto/request_tensors.h"
 
 namespace klserve {
 namespace {
@@ -210,6 +211,8 @@ bool UsesStream(const v1::ComputeLossRequest& request, StreamMode mode,
     case StreamMode::kAuto:
       break;
   }
+  // The stream does not carry the projections form yet.
+  if (FormOf(request) == RequestForm::kProjections) return false;
   return RequestTensorBytes(request) > client_options.stream_threshold_bytes;
 }
 
