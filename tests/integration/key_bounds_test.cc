@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,16 +20,6 @@
 
 namespace klserve::integration {
 namespace {
-
-v1::Tensor Int32Tensor(const std::vector<int64_t>& shape,
-                       const std::vector<int32_t>& values) {
-  v1::Tensor t;
-  t.set_dtype("INT32");
-  for (int64_t d : shape) t.add_shape(d);
-  t.mutable_data()->resize(values.size() * sizeof(int32_t));
-  std::memcpy(t.mutable_data()->data(), values.data(), t.data().size());
-  return t;
-}
 
 // Documents of `lengths` packed along T = S = sum(lengths), B = 1: row t
 // sees keys [start of its document, end), end being t + 1 (`causal`) or the
