@@ -161,6 +161,15 @@ ABSL_FLAG(absl::Duration, duration, absl::Seconds(10),
 ABSL_FLAG(int64_t, count, 0,
           "bench: stop after this many requests per mode; "
           "0 is no count limit");
+ABSL_FLAG(std::string, form, "logits",
+          "bench: logits (--heads, --topk as below) or projections (q, k "
+          "and the indexer's projections: --heads, --kv_heads, --head_dim, "
+          "--index_heads, --index_dim; --topk the service's selection)");
+ABSL_FLAG(int64_t, kv_heads, 0,
+          "bench, --form=projections: H_kv of the keys; 0 is --heads (MHA)");
+ABSL_FLAG(int64_t, head_dim, 128, "bench, --form=projections: D");
+ABSL_FLAG(int64_t, index_heads, 8, "bench, --form=projections: H_I");
+ABSL_FLAG(int64_t, index_dim, 64, "bench, --form=projections: D_I");
 ABSL_FLAG(std::string, mode, "loss",
           "bench: loss, echo (the same bytes through Echo) or both");
 
@@ -183,7 +192,9 @@ Commands:
           key: value lines; --grad_out / --row_kl_out / --topk_out write
           .npy files (--grad_out is a directory with --query)
   bench   bounded synthetic load (--shape, --heads, --topk, --dtype,
-          --concurrency, --duration, --count, --mode=loss|echo|both)
+          --concurrency, --duration, --count, --mode=loss|echo|both;
+          --form=projections with --kv_heads, --head_dim, --index_heads,
+          --index_dim)
   finish-step  publishes a run's step now (--run, --step); prints its
           indexer_loss
 
@@ -520,41 +531,74 @@ absl::Status Bench() {
         "--concurrency must be >= 1, --count >= 0, --duration finite and > 0");
   }
 
-  SyntheticProblem problem;
+  int64_t batch = 0, rows = 0, keys = 0;
   const std::vector<std::string> dims =
       absl::StrSplit(absl::GetFlag(FLAGS_shape), ',');
-  if (dims.size() != 3 || !absl::SimpleAtoi(dims[0], &problem.batch) ||
-      !absl::SimpleAtoi(dims[1], &problem.rows) ||
-      !absl::SimpleAtoi(dims[2], &problem.keys)) {
+  if (dims.size() != 3 || !absl::SimpleAtoi(dims[0], &batch) ||
+      !absl::SimpleAtoi(dims[1], &rows) || !absl::SimpleAtoi(dims[2], &keys)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--shape: must be B,T,S, got \"", absl::GetFlag(FLAGS_shape), "\""));
   }
-  problem.heads = absl::GetFlag(FLAGS_heads);
-  problem.topk = absl::GetFlag(FLAGS_topk);
-  ASSIGN_OR_RETURN(problem.dtype,
+  ASSIGN_OR_RETURN(const std::string dtype,
                    WireDType("dtype", absl::GetFlag(FLAGS_dtype)));
-  ASSIGN_OR_RETURN(problem.grad_dtype,
+  ASSIGN_OR_RETURN(const std::string grad_dtype,
                    WireDType("grad_dtype", absl::GetFlag(FLAGS_grad_dtype)));
-  ASSIGN_OR_RETURN(const v1::ComputeLossRequest request,
-                   MakeSyntheticRequest(problem));
+  const std::string form = absl::AsciiStrToLower(absl::GetFlag(FLAGS_form));
+  v1::ComputeLossRequest request;
+  if (form == "logits") {
+    SyntheticProblem problem;
+    problem.batch = batch, problem.rows = rows, problem.keys = keys;
+    problem.heads = absl::GetFlag(FLAGS_heads);
+    problem.topk = absl::GetFlag(FLAGS_topk);
+    problem.dtype = dtype;
+    problem.grad_dtype = grad_dtype;
+    ASSIGN_OR_RETURN(request, MakeSyntheticRequest(problem));
+    std::printf(
+        "problem: form=logits B=%lld T=%lld S=%lld H=%lld K=%lld dtype=%s "
+        "grad_dtype=%s\n",
+        static_cast<long long>(batch), static_cast<long long>(rows),
+        static_cast<long long>(keys), static_cast<long long>(problem.heads),
+        static_cast<long long>(problem.topk), dtype.c_str(),
+        grad_dtype.c_str());
+  } else if (form == "projections") {
+    SyntheticProjections problem;
+    problem.batch = batch, problem.rows = rows, problem.keys = keys;
+    if (absl::GetFlag(FLAGS_heads) > 0)
+      problem.heads = absl::GetFlag(FLAGS_heads);
+    problem.kv_heads = absl::GetFlag(FLAGS_kv_heads) > 0
+                           ? absl::GetFlag(FLAGS_kv_heads)
+                           : problem.heads;
+    problem.head_dim = absl::GetFlag(FLAGS_head_dim);
+    problem.index_heads = absl::GetFlag(FLAGS_index_heads);
+    problem.index_dim = absl::GetFlag(FLAGS_index_dim);
+    problem.topk = absl::GetFlag(FLAGS_topk);
+    problem.dtype = dtype;
+    problem.grad_dtype = grad_dtype;
+    ASSIGN_OR_RETURN(request, MakeSyntheticProjectionsRequest(problem));
+    std::printf(
+        "problem: form=projections B=%lld T=%lld S=%lld H=%lld H_kv=%lld "
+        "D=%lld H_I=%lld D_I=%lld K=%lld dtype=%s grad_dtype=%s\n",
+        static_cast<long long>(batch), static_cast<long long>(rows),
+        static_cast<long long>(keys), static_cast<long long>(problem.heads),
+        static_cast<long long>(problem.kv_heads),
+        static_cast<long long>(problem.head_dim),
+        static_cast<long long>(problem.index_heads),
+        static_cast<long long>(problem.index_dim),
+        static_cast<long long>(problem.topk), dtype.c_str(),
+        grad_dtype.c_str());
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--form: must be logits or projections, got \"", form, "\""));
+  }
 
   ClientOptions client_options;
   RETURN_IF_ERROR(MakeClient(&client_options).status());
-  ASSIGN_OR_RETURN(const int64_t grad_element_bytes,
-                   WireDTypeSize(problem.grad_dtype));
+  ASSIGN_OR_RETURN(const int64_t grad_element_bytes, WireDTypeSize(grad_dtype));
   ASSIGN_OR_RETURN(
       const std::vector<EchoMessageSize> plan,
       EchoPlanFor(request, grad_element_bytes, stream_mode, client_options));
   int64_t grad_bytes = 0;
   for (const EchoMessageSize& message : plan) grad_bytes += message.reply_bytes;
-  std::printf(
-      "problem: B=%lld T=%lld S=%lld H=%lld K=%lld dtype=%s grad_dtype=%s\n",
-      static_cast<long long>(problem.batch),
-      static_cast<long long>(problem.rows),
-      static_cast<long long>(problem.keys),
-      static_cast<long long>(problem.heads),
-      static_cast<long long>(problem.topk), problem.dtype.c_str(),
-      problem.grad_dtype.c_str());
   std::printf("request_bytes: %lld\ngrad_bytes: %lld\n",
               static_cast<long long>(RequestTensorBytes(request)),
               static_cast<long long>(grad_bytes));

@@ -77,8 +77,8 @@ absl::Status CheckForm(const Message& message, RequestForm form) {
                            ": not in the projections form (query is set), "
                            "got a tensor")
             : absl::StrCat(tensor.name,
-                           ": only in the projections form, which needs "
-                           "query, got none"));
+                           ": only in the projections form (a request "
+                           "with query), got it without query"));
   }
   return absl::OkStatus();
 }

@@ -37,9 +37,9 @@ absl::StatusOr<IndexerKlOptions> OptionsFrom(const v1::LossOptions& options);
 absl::StatusOr<ProjectionsOptions> ProjectionsOptionsFrom(
     const v1::LossOptions& options);
 
-// The inputs of a whole problem in the logits form, viewing the request's
-// bytes. INVALID_ARGUMENT naming the first tensor of the projections form
-// the request carries.
+// The inputs of a whole problem in the logits form (FormOf), viewing the
+// request's bytes. INVALID_ARGUMENT naming the first tensor of the
+// projections form the request carries.
 absl::StatusOr<IndexerKlInputs> InputsFrom(
     const v1::ComputeLossRequest& request);
 
