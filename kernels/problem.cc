@@ -2,10 +2,10 @@
 
 #include <cmath>
 #include <cstring>
-#include <utility>
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -19,8 +19,6 @@ namespace {
 // Keys must be addressable by INT32 indices.
 constexpr int64_t kMaxKeys = (int64_t{1} << 31) - 1;
 constexpr int64_t kMaxQOffset = int64_t{1} << 62;
-
-
 
 absl::Status CheckOptions(const IndexerKlOptions& options) {
   if (!std::isfinite(options.softmax_scale) || options.softmax_scale <= 0) {

@@ -73,8 +73,8 @@ absl::StatusOr<ProjectionsProblem> ProjectionsProblem::Create(
                                 " (MHA: H_kv = H; MQA: 1; GQA: a divisor)"),
                    absl::StrCat(H_kv));
   }
-  RETURN_IF_ERROR(CheckProjection("index_query", in.index_query,
-                                  "[B, T, H_I, D_I]", 4));
+  RETURN_IF_ERROR(
+      CheckProjection("index_query", in.index_query, "[B, T, H_I, D_I]", 4));
   const int64_t H_I = in.index_query.shape[2], D_I = in.index_query.shape[3];
   RETURN_IF_ERROR(CheckShape("index_query", in.index_query, "[B, T, H_I, D_I]",
                              {B, T, H_I, D_I}));
@@ -107,8 +107,8 @@ absl::StatusOr<ProjectionsProblem> ProjectionsProblem::Create(
   int64_t K = 0;
   std::optional<TensorView> indices;
   if (in.topk_indices) {
-    RETURN_IF_ERROR(CheckDType("topk_indices", *in.topk_indices,
-                               {DType::kInt32}));
+    RETURN_IF_ERROR(
+        CheckDType("topk_indices", *in.topk_indices, {DType::kInt32}));
     RETURN_IF_ERROR(
         CheckLayout("topk_indices", *in.topk_indices, "[B, T, K]", 3));
     K = in.topk_indices->shape[2];

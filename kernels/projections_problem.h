@@ -101,8 +101,8 @@ class ProjectionsProblem {
 // Caller-owned outputs, in options.loss.grad_dtype and shaped like the
 // inputs; the gradient buffers are required when options.loss.want_grad.
 struct ProjectionsOutputs {
-  std::byte* d_index_query = nullptr;  // [B,T,H_I,D_I]
-  std::byte* d_index_key = nullptr;    // [B,S,D_I]
+  std::byte* d_index_query = nullptr;    // [B,T,H_I,D_I]
+  std::byte* d_index_key = nullptr;      // [B,S,D_I]
   std::byte* d_index_weights = nullptr;  // [B,T,H_I]
   // [B,T,K] when the service selects (server_topk).
   int32_t* topk_indices = nullptr;

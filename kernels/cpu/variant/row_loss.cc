@@ -208,13 +208,12 @@ absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
   absl::StatusOr<ScannedRow> scanned =
       ScanTargetAndScores<kMasked>(p, data, r, v, next, scratch);
   if (!scanned.ok()) return scanned.status();
-  return ScannedRowLoss<kMasked>(p, r, v, *scanned, grad_scale, grad,
-                                 scratch);
+  return ScannedRowLoss<kMasked>(p, r, v, *scanned, grad_scale, grad, scratch);
 }
 
 template <bool kMasked>
-absl::StatusOr<RowResult> BuiltTargetLoss(const IndexerKlProblem& p,
-                                          int64_t r, const RowValidity& v,
+absl::StatusOr<RowResult> BuiltTargetLoss(const IndexerKlProblem& p, int64_t r,
+                                          const RowValidity& v,
                                           const RowTarget& target,
                                           const float* I, float grad_scale,
                                           float* grad, RowScratch& scratch) {
@@ -227,8 +226,8 @@ absl::StatusOr<RowResult> BuiltTargetLoss(const IndexerKlProblem& p,
 
 absl::StatusOr<RowResult> ComputeRowLossFromTarget(
     const IndexerKlProblem& problem, int64_t r, const RowValidity& validity,
-    const RowTarget& target, const float* scores, float grad_scale,
-    float* grad, RowScratch& scratch) {
+    const RowTarget& target, const float* scores, float grad_scale, float* grad,
+    RowScratch& scratch) {
   return validity.bytes != nullptr
              ? BuiltTargetLoss<true>(problem, r, validity, target, scores,
                                      grad_scale, grad, scratch)

@@ -33,8 +33,8 @@ absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& problem,
 // tile. The scores are checked as ComputeRowLoss checks them.
 absl::StatusOr<RowResult> ComputeRowLossFromTarget(
     const IndexerKlProblem& problem, int64_t r, const RowValidity& validity,
-    const RowTarget& target, const float* scores, float grad_scale,
-    float* grad, RowScratch& scratch);
+    const RowTarget& target, const float* scores, float grad_scale, float* grad,
+    RowScratch& scratch);
 
 }  // namespace klserve::cpu::KLSERVE_ISA
 
