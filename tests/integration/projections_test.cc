@@ -349,5 +349,30 @@ TEST_F(ServerTest, ProjectionsTensorsAreHeldToTheTensorLimit) {
       << Describe(response.status());
 }
 
+// BF16 projections with FP32 gradients: the response is about twice the
+// request, so a message limit between the two refuses the response before
+// computing it, naming its largest part.
+TEST_F(ServerTest, ProjectionsResponseIsHeldToTheMessageLimit) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_bytes=30000"}));
+  ProjectionsSpec spec;
+  spec.name = "MessageLimit";
+  spec.T = 64, spec.S = 64, spec.H = 1, spec.H_kv = 1, spec.D = 1;
+  spec.H_I = 8, spec.D_I = 16;
+  spec.dtype = "BF16";
+  spec.options.set_grad_dtype("FP32");
+  const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  ASSERT_LT(request.ByteSizeLong(), 30000u);
+  absl::StatusOr<v1::ComputeLossResponse> response =
+      client().ComputeLossUnary(request);
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(response.status().message(), "d_index_query:"))
+      << Describe(response.status());
+  // Without the gradients it fits.
+  v1::ComputeLossRequest loss_only = request;
+  loss_only.mutable_options()->set_skip_grad(true);
+  EXPECT_TRUE(client().ComputeLossUnary(loss_only).ok());
+}
+
 }  // namespace
 }  // namespace klserve::integration
