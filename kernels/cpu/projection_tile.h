@@ -21,10 +21,13 @@ namespace klserve::cpu {
 // several of them) stay a few MiB. Sparse: each row gathers its own keys, so
 // the tile only bounds the d_index_key contributions kept for the fold
 // ([rows, K, D_I] floats).
-inline constexpr int64_t kDenseTileRows = 64;
+inline constexpr int64_t kDenseTileRows = 128;
 inline constexpr int64_t kSparseTileRows = 16;
 // Keys per step of the dense tile's passes over the keys.
-inline constexpr int64_t kKeyTile = 256;
+inline constexpr int64_t kKeyTile = 512;
+// The most a dense tile keeps of its main logits between its two passes
+// over them (docs/PERFORMANCE.md: the working memory).
+inline constexpr int64_t kStoredLogitsBytes = int64_t{48} << 20;
 
 struct ProjectionTile {
   int64_t b = 0;  // batch entry

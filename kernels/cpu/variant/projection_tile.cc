@@ -142,6 +142,15 @@ struct TileInputs {
   }
 };
 
+// An ExpRow extra: w += scale * e on each vector of exponentials.
+struct AddScaled {
+  float* w;
+  float scale;
+  void operator()(int64_t i, int64_t count, VecF, VecF e) {
+    StoreAt(w, i, count, Fma(Splat(scale), e, LoadAt(w, i, count, 0.0f)));
+  }
+};
+
 // I[s] = sum_j w[j] relu(u[j, s]) for s < n (u rows `ld` apart).
 void IndexerScores(const float* u, int64_t ld, const float* w, int64_t heads,
                    int64_t n, bool use_relu, float* scores) {
@@ -258,12 +267,16 @@ class DenseTile {
       return s;
     }
     KeyRange();
-    w_.assign(n_ * p_.S, 0.0f);
-    I_.assign(n_ * p_.S, 0.0f);
+    // The rows end at hi_, past which no row of the tile has a valid key:
+    // the row code then passes over L = hi_ slots a row, not S.
+    IndexerKlProblem rows = lp_;
+    rows.row_length = L_ = std::max<int64_t>(hi_, 1);
+    w_.assign(n_ * L_, 0.0f);
+    I_.assign(n_ * L_, 0.0f);
     if (absl::Status s = TargetAndScores(failed_row); !s.ok()) return s;
-    if (tile_.want_grad) g_.assign(n_ * p_.S, 0.0f);
+    if (tile_.want_grad) g_.assign(n_ * L_, 0.0f);
     if (absl::Status s =
-            TileRowLosses(lp_, tile_, tv_, w_.data(), I_.data(), g_.data(),
+            TileRowLosses(rows, tile_, tv_, w_.data(), I_.data(), g_.data(),
                           out_.results, scratch, failed_row);
         !s.ok()) {
       return s;
@@ -313,12 +326,36 @@ class DenseTile {
     return std::clamp<int64_t>(v.limit - s0, 0, sk);
   }
 
+  // The error for a NaN or +inf among row i's logits of head h in the key
+  // tile at s0 (`limit` of them computed).
+  absl::Status LogitOverflow(int64_t i, int64_t h, int64_t s0, const float* a,
+                             int64_t limit) const {
+    int64_t k = 0;
+    while (k + 1 < limit && a[k] < kInf) ++k;
+    return OverflowError("query, key: the main logit", tile_.b,
+                         tile_.t_begin + i, h, s0 + k, a[k]);
+  }
+
   // Each head's log-sum-exp over each row's valid keys (given, or by an
   // online pass over the key tiles), then the target w = sum_h P_h and the
   // scores I, key tile by key tile.
   absl::Status TargetAndScores(int64_t& failed_row) {
     const int64_t H = p_.H;
-    std::vector<float> logits(n_ * kKeyTile), e(kKeyTile);
+    // Without an lse the logits are needed twice (each head's maximum and
+    // sum first, then its P_h). When the tile's logits fit in
+    // kStoredLogitsBytes the first pass keeps them; otherwise the second
+    // recomputes them, the same products giving the same bits.
+    const int64_t tile_logits = n_ * kKeyTile;
+    const int64_t key_tiles = (hi_ - lo_ + kKeyTile - 1) / kKeyTile;
+    const bool stored =
+        !p_.lse && key_tiles * H * tile_logits * int64_t{sizeof(float)} <=
+                       kStoredLogitsBytes;
+    logits_.resize(stored ? key_tiles * H * tile_logits : tile_logits);
+    const auto logits_of = [&](int64_t s0, int64_t h) {
+      return logits_.data() +
+             (stored ? ((s0 - lo_) / kKeyTile * H + h) * tile_logits : 0);
+    };
+    std::vector<float> e(kKeyTile);
     std::vector<float> u(n_ * p_.H_I * kKeyTile);
     // P_h = exp(a - shift) * scale, per (i, h) at [i * H + h]: the given
     // lse and 1, or (as the logits form does) the row's max and 1 / sum.
@@ -344,23 +381,22 @@ class DenseTile {
         const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
         const float* keys = KeyTile(s0, s1);
         for (int64_t h = 0; h < H; ++h) {
-          HeadLogits(keys, h, sk, logits.data());
+          float* logits = logits_of(s0, h);
+          HeadLogits(keys, h, sk, logits);
           for (int64_t i = 0; i < n_; ++i) {
             const RowValidity& v = tv_.rows[i];
             const int64_t limit = TileLimit(v, s0, sk);
             if (v.count == 0 || limit == 0) continue;
-            const float* a = logits.data() + i * sk;
-            if (const int64_t s = FirstNonFiniteValid(a, s0, limit, v);
-                s >= 0) {
-              failed_row = r0_ + i;
-              return OverflowError("query, key: the main logit", tile_.b,
-                                   tile_.t_begin + i, h, s, a[s - s0]);
-            }
+            const float* a = logits + i * sk;
             const uint8_t* bytes = v.bytes ? v.bytes + s0 : nullptr;
             const ScanResult scan =
                 bytes ? ScanLogits<true>(a, limit, limit, bytes)
                       : ScanLogits<false>(a, limit, limit, nullptr);
-            if (scan.max == -kInf) continue;  // no valid key in this tile
+            if (scan.any_bad) {
+              failed_row = r0_ + i;
+              return LogitOverflow(i, h, s0, a, limit);
+            }
+            if (scan.max == -kInf) continue;  // no finite valid logit here
             float& m = max[i * H + h];
             double& l = sum[i * H + h];
             if (scan.max > m) {
@@ -374,6 +410,17 @@ class DenseTile {
           }
         }
       }
+      for (int64_t i = 0; i < n_; ++i) {
+        for (int64_t h = 0; h < H; ++h) {
+          if (tv_.rows[i].count > 0 && max[i * H + h] == -kInf) {
+            failed_row = r0_ + i;
+            return absl::InvalidArgumentError(absl::StrCat(
+                "query, key: every valid main logit of row (b=", tile_.b,
+                ", t=", tile_.t_begin + i, "), head ", h,
+                " is -inf in float32 (the projections overflow)"));
+          }
+        }
+      }
       for (int64_t k = 0; k < n_ * H; ++k) {
         scale[k] = static_cast<float>(1.0 / sum[k]);
       }
@@ -381,32 +428,33 @@ class DenseTile {
 
     for (int64_t s0 = lo_; s0 < hi_; s0 += kKeyTile) {
       const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
-      const float* keys = KeyTile(s0, s1);
+      const float* keys = stored ? nullptr : KeyTile(s0, s1);
       for (int64_t h = 0; h < H; ++h) {
-        HeadLogits(keys, h, sk, logits.data());
+        float* logits = logits_of(s0, h);
+        if (!stored) HeadLogits(keys, h, sk, logits);
         for (int64_t i = 0; i < n_; ++i) {
           const RowValidity& v = tv_.rows[i];
           const int64_t limit = TileLimit(v, s0, sk);
           if (v.count == 0 || limit == 0) continue;
-          const float* a = logits.data() + i * sk;
+          const float* a = logits + i * sk;
+          const uint8_t* bytes = v.bytes ? v.bytes + s0 : nullptr;
           if (p_.lse) {  // not yet checked: there was no first pass
-            if (const int64_t s = FirstNonFiniteValid(a, s0, limit, v);
-                s >= 0) {
+            const ScanResult scan =
+                bytes ? ScanLogits<true>(a, limit, limit, bytes)
+                      : ScanLogits<false>(a, limit, limit, nullptr);
+            if (scan.any_bad) {
               failed_row = r0_ + i;
-              return OverflowError("query, key: the main logit", tile_.b,
-                                   tile_.t_begin + i, h, s, a[s - s0]);
+              return LogitOverflow(i, h, s0, a, limit);
             }
           }
-          float* w = w_.data() + i * p_.S + s0;
-          const uint8_t* bytes = v.bytes ? v.bytes + s0 : nullptr;
+          // w += P_h, folded into the loop of its exponentials.
+          AddScaled add{w_.data() + i * L_ + s0, scale[i * H + h]};
           const float head_shift = shift[i * H + h];
           const double head_mass =
               bytes ? ExpRow<true>(a, limit, bytes, head_shift, 1.0f, e.data(),
-                                   NoExtra())
+                                   add)
                     : ExpRow<false>(a, limit, nullptr, head_shift, 1.0f,
-                                    e.data(), NoExtra());
-          AccumulateHead(w, e.data(), scale[i * H + h], limit,
-                         /*first=*/false);
+                                    e.data(), add);
           if (p_.lse) mass[i * H + h] += head_mass;
         }
       }
@@ -415,7 +463,7 @@ class DenseTile {
              IndexKeyTile(s0, s1), p_.D_I, 0.0f, u.data(), sk);
       for (int64_t i = 0; i < n_; ++i) {
         const RowValidity& v = tv_.rows[i];
-        float* I = I_.data() + i * p_.S + s0;
+        float* I = I_.data() + i * L_ + s0;
         IndexerScores(u.data() + i * p_.H_I * sk, sk,
                       in_.weights.data() + i * p_.H_I, p_.H_I, sk, p_.use_relu,
                       I);
@@ -477,7 +525,7 @@ class DenseTile {
       for (int64_t i = 0; i < n_; ++i) {
         IndexerGrads(u.data() + i * p_.H_I * sk, sk,
                      in_.weights.data() + i * p_.H_I, p_.H_I, sk, p_.use_relu,
-                     g_.data() + i * p_.S + s0, e.data() + i * p_.H_I * sk,
+                     g_.data() + i * L_ + s0, e.data() + i * p_.H_I * sk,
                      dw.data() + i * p_.H_I);
       }
       GemmNN(M, p_.D_I, sk, e.data(), sk, index_keys, p_.D_I, 1.0f, dq.data(),
@@ -496,7 +544,9 @@ class DenseTile {
   TileInputs in_;
   TileValidity tv_;
   int64_t lo_ = 0, hi_ = 0;
-  std::vector<float> w_, I_, g_;
+  int64_t L_ = 0;                  // slots per row of w_, I_ and g_
+  std::vector<float> w_, I_, g_;   // [n, L]
+  std::vector<float> logits_;      // a tile of logits, or all of them
   std::vector<float> key_buffer_, index_key_buffer_;
 };
 
