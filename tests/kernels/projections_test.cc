@@ -496,10 +496,11 @@ TEST(ProjectionsTest, SparseManyRowsThreadCountsAgreeBitwise) {
 }
 
 TEST(ProjectionsTest, LogitsTooLargeToKeepAreRecomputed) {
-  // The first tile's main logits (128 rows x 16 heads x 6656 keys) pass the
-  // most a tile keeps between its two passes; the second tile's (2 rows)
-  // do not: both paths, against the reference.
-  RefProjections p = RandomProblem(21, 1, 130, 6200, 16, 1, 4, 1, 4);
+  // The first tile's main logits (128 rows x 16 heads x 6656 keys) and
+  // indexer dot products (x 8 heads) pass the most a tile keeps between its
+  // passes; the second tile's (2 rows) do not: both paths, against the
+  // reference.
+  RefProjections p = RandomProblem(21, 1, 130, 6200, 16, 1, 4, 8, 4);
   ExpectMatchesReference(p);
 }
 

@@ -99,6 +99,31 @@ absl::Status OverflowError(const char* what, int64_t b, int64_t t, int64_t h,
       value));
 }
 
+// Per key tile of a dense tile, `slices` blocks of `block` floats (a head's
+// logits; the indexer's dot products): kept for all key tiles when they fit
+// in `budget` bytes, so that a later pass reads them rather than computing
+// them again (the same products give the same bits), else one buffer that
+// each key tile overwrites.
+class KeyTileStore {
+ public:
+  void Reset(int64_t key_tiles, int64_t slices, int64_t block,
+             int64_t budget) {
+    slices_ = slices;
+    block_ = block;
+    kept_ = key_tiles * slices * block * int64_t{sizeof(float)} <= budget;
+    data_.resize(kept_ ? key_tiles * slices * block : block);
+  }
+  bool kept() const { return kept_; }
+  float* At(int64_t key_tile, int64_t slice) {
+    return data_.data() + (kept_ ? (key_tile * slices_ + slice) * block_ : 0);
+  }
+
+ private:
+  bool kept_ = false;
+  int64_t slices_ = 0, block_ = 0;
+  std::vector<float> data_;
+};
+
 // The validity of each row of a tile, copied out of the row scratch.
 struct TileValidity {
   std::vector<RowValidity> rows;
@@ -345,18 +370,17 @@ class DenseTile {
     // sum first, then its P_h). When the tile's logits fit in
     // kStoredLogitsBytes the first pass keeps them; otherwise the second
     // recomputes them, the same products giving the same bits.
-    const int64_t tile_logits = n_ * kKeyTile;
     const int64_t key_tiles = (hi_ - lo_ + kKeyTile - 1) / kKeyTile;
-    const bool stored =
-        !p_.lse && key_tiles * H * tile_logits * int64_t{sizeof(float)} <=
-                       kStoredLogitsBytes;
-    logits_.resize(stored ? key_tiles * H * tile_logits : tile_logits);
+    logits_.Reset(key_tiles, H, n_ * kKeyTile,
+                  p_.lse ? 0 : kStoredLogitsBytes);
+    const bool stored = logits_.kept();
     const auto logits_of = [&](int64_t s0, int64_t h) {
-      return logits_.data() +
-             (stored ? ((s0 - lo_) / kKeyTile * H + h) * tile_logits : 0);
+      return logits_.At((s0 - lo_) / kKeyTile, h);
     };
+    // The dot products u again in the gradients' pass.
+    dots_.Reset(key_tiles, 1, n_ * p_.H_I * kKeyTile,
+                tile_.want_grad ? kStoredDotsBytes : 0);
     std::vector<float> e(kKeyTile);
-    std::vector<float> u(n_ * p_.H_I * kKeyTile);
     // P_h = exp(a - shift) * scale, per (i, h) at [i * H + h]: the given
     // lse and 1, or (as the logits form does) the row's max and 1 / sum.
     std::vector<float> shift(n_ * H), scale(n_ * H, 1.0f);
@@ -459,12 +483,13 @@ class DenseTile {
         }
       }
       // The indexer scores of the tile's rows: u = q_I k_I^T, rows (i, j).
+      float* u = dots_.At((s0 - lo_) / kKeyTile, 0);
       GemmNT(n_ * p_.H_I, sk, p_.D_I, 1.0f, in_.index_query, p_.D_I,
-             IndexKeyTile(s0, s1), p_.D_I, 0.0f, u.data(), sk);
+             IndexKeyTile(s0, s1), p_.D_I, 0.0f, u, sk);
       for (int64_t i = 0; i < n_; ++i) {
         const RowValidity& v = tv_.rows[i];
         float* I = I_.data() + i * L_ + s0;
-        IndexerScores(u.data() + i * p_.H_I * sk, sk,
+        IndexerScores(u + i * p_.H_I * sk, sk,
                       in_.weights.data() + i * p_.H_I, p_.H_I, sk, p_.use_relu,
                       I);
         const int64_t limit = TileLimit(v, s0, sk);
@@ -516,14 +541,17 @@ class DenseTile {
     dk.keys.resize(dk.count);
     for (int64_t s = lo_; s < hi_; ++s)
       dk.keys[s - lo_] = static_cast<int32_t>(s);
-    std::vector<float> u(M * kKeyTile), e(M * kKeyTile);
+    std::vector<float> e(M * kKeyTile);
     for (int64_t s0 = lo_; s0 < hi_; s0 += kKeyTile) {
       const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
       const float* index_keys = IndexKeyTile(s0, s1);
-      GemmNT(M, sk, p_.D_I, 1.0f, in_.index_query, p_.D_I, index_keys, p_.D_I,
-             0.0f, u.data(), sk);
+      float* u = dots_.At((s0 - lo_) / kKeyTile, 0);
+      if (!dots_.kept()) {
+        GemmNT(M, sk, p_.D_I, 1.0f, in_.index_query, p_.D_I, index_keys,
+               p_.D_I, 0.0f, u, sk);
+      }
       for (int64_t i = 0; i < n_; ++i) {
-        IndexerGrads(u.data() + i * p_.H_I * sk, sk,
+        IndexerGrads(u + i * p_.H_I * sk, sk,
                      in_.weights.data() + i * p_.H_I, p_.H_I, sk, p_.use_relu,
                      g_.data() + i * L_ + s0, e.data() + i * p_.H_I * sk,
                      dw.data() + i * p_.H_I);
@@ -546,7 +574,8 @@ class DenseTile {
   int64_t lo_ = 0, hi_ = 0;
   int64_t L_ = 0;                  // slots per row of w_, I_ and g_
   std::vector<float> w_, I_, g_;   // [n, L]
-  std::vector<float> logits_;      // a tile of logits, or all of them
+  KeyTileStore logits_;  // the main logits, [key tile][head][n, kKeyTile]
+  KeyTileStore dots_;    // u = q_I k_I^T, [key tile][n * H_I, kKeyTile]
   std::vector<float> key_buffer_, index_key_buffer_;
 };
 
