@@ -121,9 +121,11 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
       "send fewer rows per request (the stream does not carry the "
       "projections form yet)",
       response, *ctx.options));
-  ASSIGN_OR_RETURN(
-      const IndexerKlResult result,
-      ComputeProjectionsLoss(ctx.backends->ForProjections(), problem, outputs));
+  ASSIGN_OR_RETURN(const ProjectionsRowData rows,
+                   WholeProjectionsRows(problem, inputs));
+  ASSIGN_OR_RETURN(const IndexerKlResult result,
+                   ComputeProjectionsLoss(ctx.backends->ForProjections(),
+                                          problem, rows, outputs));
   rows_computed = problem.B * problem.T;
   return result;
 }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -49,6 +50,14 @@ const float* Floats(const TensorView& view, int64_t offset, int64_t n,
   if (buffer.size() < static_cast<size_t>(n)) buffer.resize(n);
   return FloatRow(view.dtype, Bytes(view) + offset * DTypeSize(view.dtype), n,
                   buffer.data());
+}
+
+// The n elements of `rows` from row r's first on (a tile's rows lie
+// together), as floats.
+const float* RowFloats(const RowView& rows, int64_t r, int64_t T, int64_t n,
+                       std::vector<float>& buffer) {
+  if (buffer.size() < static_cast<size_t>(n)) buffer.resize(n);
+  return FloatRow(rows.dtype, rows.Row(r, T), n, buffer.data());
 }
 
 // C[m, n] = alpha * A[m, k] B[n, k]^T (+ beta * C), row-major.
@@ -99,6 +108,58 @@ absl::Status OverflowError(const char* what, int64_t b, int64_t t, int64_t h,
       value));
 }
 
+// Floats reused from tile to tile, grown as needed and left uninitialised
+// (the large buffers of a dense tile would otherwise be zeroed and faulted
+// in again for every tile).
+class FloatBuffer {
+ public:
+  float* Get(int64_t n) {
+    if (n > size_) {
+      data_.reset(new float[n]);
+      size_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<float[]> data_;
+  int64_t size_ = 0;
+};
+
+// Per key tile of a dense tile, `slices` blocks of `block` floats (a head's
+// logits; the indexer's dot products): kept for all key tiles when they fit
+// in `budget` bytes, so that a later pass reads them rather than computing
+// them again (the same products give the same bits), else one buffer that
+// each key tile overwrites.
+class KeyTileStore {
+ public:
+  void Reset(int64_t key_tiles, int64_t slices, int64_t block, int64_t budget) {
+    slices_ = slices;
+    block_ = block;
+    kept_ = key_tiles * slices * block * int64_t{sizeof(float)} <= budget;
+    data_ = buffer_.Get(kept_ ? key_tiles * slices * block : block);
+  }
+  bool kept() const { return kept_; }
+  float* At(int64_t key_tile, int64_t slice) {
+    return data_ + (kept_ ? (key_tile * slices_ + slice) * block_ : 0);
+  }
+
+ private:
+  bool kept_ = false;
+  int64_t slices_ = 0, block_ = 0;
+  FloatBuffer buffer_;
+  float* data_ = nullptr;
+};
+
+// The large buffers of a dense tile, kept by each thread while it computes
+// the tiles of one request (ReleaseProjectionScratch frees them after).
+struct DenseScratch {
+  FloatBuffer w, I, g;  // [n, L]
+  KeyTileStore logits;  // the main logits, [key tile][head][n, kKeyTile]
+  KeyTileStore dots;    // u = q_I k_I^T, [key tile][n * H_I, kKeyTile]
+};
+thread_local std::unique_ptr<DenseScratch> dense_scratch;
+
 // The validity of each row of a tile, copied out of the row scratch.
 struct TileValidity {
   std::vector<RowValidity> rows;
@@ -130,15 +191,28 @@ struct TileInputs {
   const float* query = nullptr;        // [n, H, D]
   const float* index_query = nullptr;  // [n, H_I, D_I]
   std::vector<float> weights;          // w_eff [n, H_I]
-  std::vector<float> query_buffer, index_query_buffer;
+  std::vector<float> query_buffer, index_query_buffer, weights_buffer;
 
-  TileInputs(const ProjectionsProblem& p, int64_t r0, int64_t n) {
-    query = Floats(p.query, r0 * p.H * p.D, n * p.H * p.D, query_buffer);
-    index_query = Floats(p.index_query, r0 * p.H_I * p.D_I, n * p.H_I * p.D_I,
-                         index_query_buffer);
+  TileInputs(const ProjectionsProblem& p, const ProjectionsRowData& data,
+             int64_t r0, int64_t n) {
+    query = RowFloats(data.query, r0, p.T, n * p.H * p.D, query_buffer);
+    index_query = RowFloats(data.index_query, r0, p.T, n * p.H_I * p.D_I,
+                            index_query_buffer);
+    const float* w =
+        RowFloats(data.index_weights, r0, p.T, n * p.H_I, weights_buffer);
     weights.resize(n * p.H_I);
-    CopyFloats(p.index_weights, r0 * p.H_I, n * p.H_I, weights.data());
-    for (float& w : weights) w *= p.index_weight_scale;
+    for (int64_t i = 0; i < n * p.H_I; ++i) {
+      weights[i] = w[i] * p.index_weight_scale;
+    }
+  }
+};
+
+// An ExpRow extra: w += scale * e on each vector of exponentials.
+struct AddScaled {
+  float* w;
+  float scale;
+  void operator()(int64_t i, int64_t count, VecF, VecF e) {
+    StoreAt(w, i, count, Fma(Splat(scale), e, LoadAt(w, i, count, 0.0f)));
   }
 };
 
@@ -189,7 +263,7 @@ void StoreQueryGrads(const ProjectionsProblem& p, const ProjectionTile& tile,
                      const ProjectionTileOutputs& out, const float* dq,
                      const double* dw) {
   const int64_t n = tile.t_end - tile.t_begin;
-  const int64_t r0 = tile.b * p.T + tile.t_begin;
+  const int64_t r0 = tile.b * p.T + tile.t_begin - out.origin_row;
   const int64_t size = DTypeSize(out.grad_dtype);
   StoreFloatRow(dq, n * p.H_I * p.D_I, out.grad_dtype,
                 out.d_index_query + r0 * p.H_I * p.D_I * size);
@@ -236,35 +310,49 @@ absl::Status TileRowLosses(const IndexerKlProblem& lp,
 // ---------------------------------------------------------------------------
 // The dense stage: every valid key of each row, in key tiles.
 
+DenseScratch& ThisThreadsScratch() {
+  if (dense_scratch == nullptr)
+    dense_scratch = std::make_unique<DenseScratch>();
+  return *dense_scratch;
+}
+
 class DenseTile {
  public:
-  DenseTile(const ProjectionsProblem& p, const ProjectionTile& tile,
-            const ProjectionTileOutputs& out)
+  DenseTile(const ProjectionsProblem& p, const ProjectionsRowData& data,
+            const ProjectionTile& tile, const ProjectionTileOutputs& out)
       : p_(p),
         lp_(p.logits),
+        data_(data),
         tile_(tile),
         out_(out),
         n_(tile.t_end - tile.t_begin),
         r0_(tile.b * p.T + tile.t_begin),
-        in_(p, r0_, n_) {}
+        in_(p, data, r0_, n_) {}
 
   absl::Status Compute(int64_t& failed_row) {
     RowScratch& scratch = RowScratch::ForThisThread(lp_);
     RowData data;
-    if (p_.attention_mask)
-      data.mask = WholeRows(*p_.attention_mask, p_.T, p_.S, 1);
+    data.mask = data_.mask;
     if (absl::Status s = tv_.Build(lp_, data, r0_, n_, scratch, failed_row);
         !s.ok()) {
       return s;
     }
     KeyRange();
-    w_.assign(n_ * p_.S, 0.0f);
-    I_.assign(n_ * p_.S, 0.0f);
+    // The rows end at hi_, past which no row of the tile has a valid key:
+    // the row code then passes over L = hi_ slots a row, not S.
+    IndexerKlProblem rows = lp_;
+    rows.row_length = L_ = std::max<int64_t>(hi_, 1);
+    // w accumulates; the scores are written on [lo_, hi_) and must be finite
+    // (0) before; the row code writes every slot of g.
+    w_ = big_.w.Get(n_ * L_);
+    I_ = big_.I.Get(n_ * L_);
+    std::fill(w_, w_ + n_ * L_, 0.0f);
+    for (int64_t i = 0; i < n_; ++i)
+      std::fill(I_ + i * L_, I_ + i * L_ + lo_, 0.0f);
     if (absl::Status s = TargetAndScores(failed_row); !s.ok()) return s;
-    if (tile_.want_grad) g_.assign(n_ * p_.S, 0.0f);
-    if (absl::Status s =
-            TileRowLosses(lp_, tile_, tv_, w_.data(), I_.data(), g_.data(),
-                          out_.results, scratch, failed_row);
+    if (tile_.want_grad) g_ = big_.g.Get(n_ * L_);
+    if (absl::Status s = TileRowLosses(rows, tile_, tv_, w_, I_, g_,
+                                       out_.results, scratch, failed_row);
         !s.ok()) {
       return s;
     }
@@ -313,27 +401,47 @@ class DenseTile {
     return std::clamp<int64_t>(v.limit - s0, 0, sk);
   }
 
+  // The error for a NaN or +inf among row i's logits of head h in the key
+  // tile at s0 (`limit` of them computed).
+  absl::Status LogitOverflow(int64_t i, int64_t h, int64_t s0, const float* a,
+                             int64_t limit) const {
+    int64_t k = 0;
+    while (k + 1 < limit && a[k] < kInf) ++k;
+    return OverflowError("query, key: the main logit", tile_.b,
+                         tile_.t_begin + i, h, s0 + k, a[k]);
+  }
+
   // Each head's log-sum-exp over each row's valid keys (given, or by an
   // online pass over the key tiles), then the target w = sum_h P_h and the
   // scores I, key tile by key tile.
   absl::Status TargetAndScores(int64_t& failed_row) {
     const int64_t H = p_.H;
-    std::vector<float> logits(n_ * kKeyTile), e(kKeyTile);
-    std::vector<float> u(n_ * p_.H_I * kKeyTile);
+    // Without an lse the logits are needed twice (each head's maximum and
+    // sum first, then its P_h). When the tile's logits fit in
+    // kStoredLogitsBytes the first pass keeps them; otherwise the second
+    // recomputes them, the same products giving the same bits.
+    const int64_t key_tiles = (hi_ - lo_ + kKeyTile - 1) / kKeyTile;
+    logits_.Reset(key_tiles, H, n_ * kKeyTile,
+                  p_.has_lse ? 0 : kStoredLogitsBytes);
+    const bool stored = logits_.kept();
+    const auto logits_of = [&](int64_t s0, int64_t h) {
+      return logits_.At((s0 - lo_) / kKeyTile, h);
+    };
+    // The dot products u again in the gradients' pass.
+    dots_.Reset(key_tiles, 1, n_ * p_.H_I * kKeyTile,
+                tile_.want_grad ? kStoredDotsBytes : 0);
+    std::vector<float> e(kKeyTile);
     // P_h = exp(a - shift) * scale, per (i, h) at [i * H + h]: the given
     // lse and 1, or (as the logits form does) the row's max and 1 / sum.
     std::vector<float> shift(n_ * H), scale(n_ * H, 1.0f);
     // With the given lse, each head's mass, checked against 1.
     std::vector<double> mass;
-    if (p_.lse) {
+    if (p_.has_lse) {
       mass.assign(n_ * H, 0.0);
-      const std::byte* given = Bytes(*p_.lse);
       for (int64_t i = 0; i < n_; ++i) {
         for (int64_t h = 0; h < H; ++h) {
-          std::memcpy(
-              &shift[i * H + h],
-              given + 4 * ((tile_.b * H + h) * p_.T + tile_.t_begin + i),
-              sizeof(float));
+          std::memcpy(&shift[i * H + h], data_.lse.Row(r0_ + i, p_.T, h),
+                      sizeof(float));
         }
       }
     } else {
@@ -344,23 +452,22 @@ class DenseTile {
         const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
         const float* keys = KeyTile(s0, s1);
         for (int64_t h = 0; h < H; ++h) {
-          HeadLogits(keys, h, sk, logits.data());
+          float* logits = logits_of(s0, h);
+          HeadLogits(keys, h, sk, logits);
           for (int64_t i = 0; i < n_; ++i) {
             const RowValidity& v = tv_.rows[i];
             const int64_t limit = TileLimit(v, s0, sk);
             if (v.count == 0 || limit == 0) continue;
-            const float* a = logits.data() + i * sk;
-            if (const int64_t s = FirstNonFiniteValid(a, s0, limit, v);
-                s >= 0) {
-              failed_row = r0_ + i;
-              return OverflowError("query, key: the main logit", tile_.b,
-                                   tile_.t_begin + i, h, s, a[s - s0]);
-            }
+            const float* a = logits + i * sk;
             const uint8_t* bytes = v.bytes ? v.bytes + s0 : nullptr;
             const ScanResult scan =
                 bytes ? ScanLogits<true>(a, limit, limit, bytes)
                       : ScanLogits<false>(a, limit, limit, nullptr);
-            if (scan.max == -kInf) continue;  // no valid key in this tile
+            if (scan.any_bad) {
+              failed_row = r0_ + i;
+              return LogitOverflow(i, h, s0, a, limit);
+            }
+            if (scan.max == -kInf) continue;  // no finite valid logit here
             float& m = max[i * H + h];
             double& l = sum[i * H + h];
             if (scan.max > m) {
@@ -374,6 +481,17 @@ class DenseTile {
           }
         }
       }
+      for (int64_t i = 0; i < n_; ++i) {
+        for (int64_t h = 0; h < H; ++h) {
+          if (tv_.rows[i].count > 0 && max[i * H + h] == -kInf) {
+            failed_row = r0_ + i;
+            return absl::InvalidArgumentError(absl::StrCat(
+                "query, key: every valid main logit of row (b=", tile_.b,
+                ", t=", tile_.t_begin + i, "), head ", h,
+                " is -inf in float32 (the projections overflow)"));
+          }
+        }
+      }
       for (int64_t k = 0; k < n_ * H; ++k) {
         scale[k] = static_cast<float>(1.0 / sum[k]);
       }
@@ -381,44 +499,45 @@ class DenseTile {
 
     for (int64_t s0 = lo_; s0 < hi_; s0 += kKeyTile) {
       const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
-      const float* keys = KeyTile(s0, s1);
+      const float* keys = stored ? nullptr : KeyTile(s0, s1);
       for (int64_t h = 0; h < H; ++h) {
-        HeadLogits(keys, h, sk, logits.data());
+        float* logits = logits_of(s0, h);
+        if (!stored) HeadLogits(keys, h, sk, logits);
         for (int64_t i = 0; i < n_; ++i) {
           const RowValidity& v = tv_.rows[i];
           const int64_t limit = TileLimit(v, s0, sk);
           if (v.count == 0 || limit == 0) continue;
-          const float* a = logits.data() + i * sk;
-          if (p_.lse) {  // not yet checked: there was no first pass
-            if (const int64_t s = FirstNonFiniteValid(a, s0, limit, v);
-                s >= 0) {
+          const float* a = logits + i * sk;
+          const uint8_t* bytes = v.bytes ? v.bytes + s0 : nullptr;
+          if (p_.has_lse) {  // not yet checked: there was no first pass
+            const ScanResult scan =
+                bytes ? ScanLogits<true>(a, limit, limit, bytes)
+                      : ScanLogits<false>(a, limit, limit, nullptr);
+            if (scan.any_bad) {
               failed_row = r0_ + i;
-              return OverflowError("query, key: the main logit", tile_.b,
-                                   tile_.t_begin + i, h, s, a[s - s0]);
+              return LogitOverflow(i, h, s0, a, limit);
             }
           }
-          float* w = w_.data() + i * p_.S + s0;
-          const uint8_t* bytes = v.bytes ? v.bytes + s0 : nullptr;
+          // w += P_h, folded into the loop of its exponentials.
+          AddScaled add{w_ + i * L_ + s0, scale[i * H + h]};
           const float head_shift = shift[i * H + h];
           const double head_mass =
               bytes ? ExpRow<true>(a, limit, bytes, head_shift, 1.0f, e.data(),
-                                   NoExtra())
+                                   add)
                     : ExpRow<false>(a, limit, nullptr, head_shift, 1.0f,
-                                    e.data(), NoExtra());
-          AccumulateHead(w, e.data(), scale[i * H + h], limit,
-                         /*first=*/false);
-          if (p_.lse) mass[i * H + h] += head_mass;
+                                    e.data(), add);
+          if (p_.has_lse) mass[i * H + h] += head_mass;
         }
       }
       // The indexer scores of the tile's rows: u = q_I k_I^T, rows (i, j).
+      float* u = dots_.At((s0 - lo_) / kKeyTile, 0);
       GemmNT(n_ * p_.H_I, sk, p_.D_I, 1.0f, in_.index_query, p_.D_I,
-             IndexKeyTile(s0, s1), p_.D_I, 0.0f, u.data(), sk);
+             IndexKeyTile(s0, s1), p_.D_I, 0.0f, u, sk);
       for (int64_t i = 0; i < n_; ++i) {
         const RowValidity& v = tv_.rows[i];
-        float* I = I_.data() + i * p_.S + s0;
-        IndexerScores(u.data() + i * p_.H_I * sk, sk,
-                      in_.weights.data() + i * p_.H_I, p_.H_I, sk, p_.use_relu,
-                      I);
+        float* I = I_ + i * L_ + s0;
+        IndexerScores(u + i * p_.H_I * sk, sk, in_.weights.data() + i * p_.H_I,
+                      p_.H_I, sk, p_.use_relu, I);
         const int64_t limit = TileLimit(v, s0, sk);
         if (const int64_t s = FirstNonFiniteValid(I, s0, limit, v); s >= 0) {
           failed_row = r0_ + i;
@@ -432,7 +551,7 @@ class DenseTile {
         }
       }
     }
-    if (p_.lse) return CheckLseMass(mass, failed_row);
+    if (p_.has_lse) return CheckLseMass(mass, failed_row);
     return absl::OkStatus();
   }
 
@@ -468,17 +587,19 @@ class DenseTile {
     dk.keys.resize(dk.count);
     for (int64_t s = lo_; s < hi_; ++s)
       dk.keys[s - lo_] = static_cast<int32_t>(s);
-    std::vector<float> u(M * kKeyTile), e(M * kKeyTile);
+    std::vector<float> e(M * kKeyTile);
     for (int64_t s0 = lo_; s0 < hi_; s0 += kKeyTile) {
       const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
       const float* index_keys = IndexKeyTile(s0, s1);
-      GemmNT(M, sk, p_.D_I, 1.0f, in_.index_query, p_.D_I, index_keys, p_.D_I,
-             0.0f, u.data(), sk);
+      float* u = dots_.At((s0 - lo_) / kKeyTile, 0);
+      if (!dots_.kept()) {
+        GemmNT(M, sk, p_.D_I, 1.0f, in_.index_query, p_.D_I, index_keys, p_.D_I,
+               0.0f, u, sk);
+      }
       for (int64_t i = 0; i < n_; ++i) {
-        IndexerGrads(u.data() + i * p_.H_I * sk, sk,
-                     in_.weights.data() + i * p_.H_I, p_.H_I, sk, p_.use_relu,
-                     g_.data() + i * p_.S + s0, e.data() + i * p_.H_I * sk,
-                     dw.data() + i * p_.H_I);
+        IndexerGrads(u + i * p_.H_I * sk, sk, in_.weights.data() + i * p_.H_I,
+                     p_.H_I, sk, p_.use_relu, g_ + i * L_ + s0,
+                     e.data() + i * p_.H_I * sk, dw.data() + i * p_.H_I);
       }
       GemmNN(M, p_.D_I, sk, e.data(), sk, index_keys, p_.D_I, 1.0f, dq.data(),
              p_.D_I);
@@ -490,13 +611,18 @@ class DenseTile {
 
   const ProjectionsProblem& p_;
   const IndexerKlProblem& lp_;
+  const ProjectionsRowData& data_;
   const ProjectionTile& tile_;
   const ProjectionTileOutputs& out_;
   const int64_t n_, r0_;
   TileInputs in_;
   TileValidity tv_;
   int64_t lo_ = 0, hi_ = 0;
-  std::vector<float> w_, I_, g_;
+  int64_t L_ = 0;  // slots per row of w_, I_ and g_
+  DenseScratch& big_ = ThisThreadsScratch();
+  float *w_ = nullptr, *I_ = nullptr, *g_ = nullptr;  // [n, L]
+  KeyTileStore& logits_ = big_.logits;
+  KeyTileStore& dots_ = big_.dots;
   std::vector<float> key_buffer_, index_key_buffer_;
 };
 
@@ -506,14 +632,16 @@ class DenseTile {
 // The service's selection for the tile's rows into `indices` ([n, K]): the
 // K valid keys with the highest scores, ties to the lower key, in ascending
 // key order, then -1.
-absl::Status SelectTopk(const ProjectionsProblem& p, const ProjectionTile& tile,
-                        const TileInputs& in, int32_t* indices,
-                        RowScratch& scratch, int64_t& failed_row) {
+absl::Status SelectTopk(const ProjectionsProblem& p,
+                        const ProjectionsRowData& rows,
+                        const ProjectionTile& tile, const TileInputs& in,
+                        int32_t* indices, RowScratch& scratch,
+                        int64_t& failed_row) {
   const IndexerKlProblem& dense = *p.selection;
   const int64_t n = tile.t_end - tile.t_begin;
   const int64_t r0 = tile.b * p.T + tile.t_begin;
   RowData data;
-  if (p.attention_mask) data.mask = WholeRows(*p.attention_mask, p.T, p.S, 1);
+  data.mask = rows.mask;
   TileValidity tv;
   if (absl::Status s = tv.Build(dense, data, r0, n, scratch, failed_row);
       !s.ok()) {
@@ -566,15 +694,16 @@ absl::Status SelectTopk(const ProjectionsProblem& p, const ProjectionTile& tile,
 
 class SparseTile {
  public:
-  SparseTile(const ProjectionsProblem& p, const ProjectionTile& tile,
-             const ProjectionTileOutputs& out)
+  SparseTile(const ProjectionsProblem& p, const ProjectionsRowData& data,
+             const ProjectionTile& tile, const ProjectionTileOutputs& out)
       : p_(p),
         lp_(p.logits),
+        data_(data),
         tile_(tile),
         out_(out),
         n_(tile.t_end - tile.t_begin),
         r0_(tile.b * p.T + tile.t_begin),
-        in_(p, r0_, n_) {}
+        in_(p, data, r0_, n_) {}
 
   absl::Status Compute(int64_t& failed_row) {
     RowData data;
@@ -582,14 +711,14 @@ class SparseTile {
     if (p_.server_topk) {
       selected.resize(n_ * p_.K);
       RowScratch& wide = RowScratch::ForThisThread(*p_.selection);
-      if (absl::Status s =
-              SelectTopk(p_, tile_, in_, selected.data(), wide, failed_row);
+      if (absl::Status s = SelectTopk(p_, data_, tile_, in_, selected.data(),
+                                      wide, failed_row);
           !s.ok()) {
         return s;
       }
       if (out_.topk_indices != nullptr) {
         std::copy(selected.begin(), selected.end(),
-                  out_.topk_indices + r0_ * p_.K);
+                  out_.topk_indices + (r0_ - out_.origin_row) * p_.K);
       }
       data.indices =
           RowView{.dtype = DType::kInt32,
@@ -598,10 +727,9 @@ class SparseTile {
                   .batch_stride = p_.T * p_.K,
                   .row_stride = p_.K};
     } else {
-      data.indices = WholeRows(*p_.topk_indices, p_.T, p_.K, 1);
+      data.indices = data_.indices;
     }
-    if (p_.attention_mask)
-      data.mask = WholeRows(*p_.attention_mask, p_.T, p_.S, 1);
+    data.mask = data_.mask;
     RowScratch& rows = RowScratch::ForThisThread(lp_);
     if (absl::Status s = tv_.Build(lp_, data, r0_, n_, rows, failed_row);
         !s.ok()) {
@@ -677,17 +805,14 @@ class SparseTile {
         }
         float shift = m;
         double mass = 0;
-        if (p_.lse) {
-          std::memcpy(&shift,
-                      static_cast<const std::byte*>(p_.lse->data) +
-                          4 * ((tile_.b * p_.H + h) * p_.T + t),
-                      sizeof(float));
+        if (p_.has_lse) {
+          std::memcpy(&shift, data_.lse.Row(r, p_.T, h), sizeof(float));
         }
         for (int64_t x = 0; x < nv; ++x) {
           a[x] = std::exp(a[x] - shift);
           mass += a[x];
         }
-        if (p_.lse && !(std::abs(mass - 1.0) <= kLseMassTolerance)) {
+        if (p_.has_lse && !(std::abs(mass - 1.0) <= kLseMassTolerance)) {
           failed_row = r;
           return absl::InvalidArgumentError(absl::StrCat(
               "lse: head ", h, " of row (b=", tile_.b, ", t=", t,
@@ -695,7 +820,7 @@ class SparseTile {
               kLseMassTolerance,
               " (the lse must be taken over the row's valid slots)"));
         }
-        const float inv = p_.lse ? 1.0f : static_cast<float>(1.0 / mass);
+        const float inv = p_.has_lse ? 1.0f : static_cast<float>(1.0 / mass);
         for (int64_t x = 0; x < nv; ++x) head_w[x] += a[x] * inv;
       }
     }
@@ -767,6 +892,7 @@ class SparseTile {
 
   const ProjectionsProblem& p_;
   const IndexerKlProblem& lp_;
+  const ProjectionsRowData& data_;
   const ProjectionTile& tile_;
   const ProjectionTileOutputs& out_;
   const int64_t n_, r0_;
@@ -784,18 +910,19 @@ class SparseTile {
 
 }  // namespace
 
-absl::Status CountRowsWithKeys(const ProjectionsProblem& problem, RowRange rows,
-                               int64_t& count, int64_t& failed_row) {
+void ReleaseProjectionScratch() { dense_scratch.reset(); }
+
+absl::Status CountRowsWithKeys(const ProjectionsProblem& problem,
+                               const ProjectionsRowData& rows_data,
+                               RowRange rows, int64_t& count,
+                               int64_t& failed_row) {
   // With the service's selection a row has a valid slot iff it has a valid
   // key; with the client's indices, its slots decide (and are checked).
   const IndexerKlProblem& p =
       problem.server_topk ? *problem.selection : problem.logits;
   RowData data;
-  if (problem.attention_mask) {
-    data.mask = WholeRows(*problem.attention_mask, p.T, p.S, 1);
-  }
-  if (p.sparse())
-    data.indices = WholeRows(*problem.topk_indices, p.T, p.row_length, 1);
+  data.mask = rows_data.mask;
+  data.indices = rows_data.indices;
   RowScratch& scratch = RowScratch::ForThisThread(p);
   count = 0;
   for (int64_t r = rows.begin; r < rows.end; ++r) {
@@ -810,13 +937,14 @@ absl::Status CountRowsWithKeys(const ProjectionsProblem& problem, RowRange rows,
 }
 
 absl::Status ComputeProjectionTile(const ProjectionsProblem& problem,
+                                   const ProjectionsRowData& data,
                                    const ProjectionTile& tile,
                                    const ProjectionTileOutputs& outputs,
                                    int64_t& failed_row) {
   if (problem.sparse()) {
-    return SparseTile(problem, tile, outputs).Compute(failed_row);
+    return SparseTile(problem, data, tile, outputs).Compute(failed_row);
   }
-  return DenseTile(problem, tile, outputs).Compute(failed_row);
+  return DenseTile(problem, data, tile, outputs).Compute(failed_row);
 }
 
 }  // namespace klserve::cpu::KLSERVE_ISA
