@@ -365,7 +365,8 @@ def invalid(call, field):
 def test_mixing_the_forms_names_the_field(client):
     p = projections(30)
     scores = np.zeros((2, 8, 8), np.float32)
-    details = invalid(lambda: client.compute_loss(scores, **p), "indexer_scores")
+    details = invalid(lambda: client.compute_loss(scores, **p),
+                      "indexer_scores")
     assert "query" in details
     invalid(lambda: client.compute_loss(
         attention_weights=np.ones((2, 8, 8), np.float32), **p),

@@ -390,12 +390,8 @@ class Client:
         this form yet, so a problem past max_message_bytes raises
         KlserveError RESOURCE_EXHAUSTED before anything is sent.
         """
-        for name, value in zip(PROJECTIONS, (query, key, index_query,
-                                             index_key, index_weights)):
-            if name in arguments:
-                raise TypeError("compute_loss_from_projections: %s given "
-                                "twice" % name)
-            arguments[name] = value
+        arguments.update(zip(PROJECTIONS, (query, key, index_query,
+                                           index_key, index_weights)))
         return self.compute_loss(**arguments)
 
     def _check_unary_only(self, tensors, total_bytes, stream):
