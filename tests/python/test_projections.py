@@ -327,7 +327,7 @@ def test_key_bounds_on_the_weights_form_streamed_in_blocks(small_server):
     with small_server.client(block_bytes=32 << 10) as c:
         result = c.compute_loss(scores, attention_weights=weights,
                                 key_start=key_start, key_end=key_end,
-                                reduction="mean_valid")
+                                reduction="mean_valid", stream=True)
     want = indexer_kl_reference(scores, attention_weights=weights,
                                 key_start=key_start, key_end=key_end,
                                 reduction="mean_valid")
@@ -401,21 +401,32 @@ def test_the_projections_form_is_not_streamed(server):
         assert not c.compute_loss_from_projections(**p).streamed
 
 
-def test_the_server_validates_the_projections(client):
-    p = projections(32)
-    bad = dict(p, key=p["key"][:, :, :3])  # H = 4 not divisible by 3
-    invalid(lambda: client.compute_loss_from_projections(**bad), "key")
-    bad = dict(p, index_key=p["index_key"][:, :, :5])  # D_I disagrees
-    invalid(lambda: client.compute_loss_from_projections(**bad), "index_key")
-    bad = dict(p, index_query=p["index_query"].copy())
-    bad["index_query"][1, 2, 0, 3] = np.nan
-    invalid(lambda: client.compute_loss_from_projections(**bad),
-            "index_query")
+def bad_key_heads(p):
+    return dict(p, key=p["key"][:, :, :3])  # H = 4 not divisible by 3
+
+
+def bad_index_dim(p):
+    return dict(p, index_key=p["index_key"][:, :, :5])  # D_I disagrees
+
+
+def nan_index_query(p):
+    index_query = p["index_query"].copy()
+    index_query[1, 2, 0, 3] = np.nan
+    return dict(p, index_query=index_query)
+
+
+def topk_with_indices(p):
     indices = np.zeros((2, 8, 2), np.int32)
     indices[..., 1] = 1
-    invalid(lambda: client.compute_loss_from_projections(
-        **p, topk=2, topk_indices=indices, num_keys=8), "topk")
-    invalid(lambda: client.compute_loss_from_projections(**p, topk=-1),
-            "topk")
-    invalid(lambda: client.compute_loss_from_projections(
-        **p, index_weight_scale=float("inf")), "index_weight_scale")
+    return dict(p, topk=2, topk_indices=indices, num_keys=8)
+
+
+@pytest.mark.parametrize("make,field", [
+    (bad_key_heads, "key"), (bad_index_dim, "index_key"),
+    (nan_index_query, "index_query"), (topk_with_indices, "topk"),
+    (lambda p: dict(p, topk=-1), "topk"),
+    (lambda p: dict(p, index_weight_scale=float("inf")),
+     "index_weight_scale")])
+def test_the_server_validates_the_projections(client, make, field):
+    request = make(projections(32))
+    invalid(lambda: client.compute_loss_from_projections(**request), field)
