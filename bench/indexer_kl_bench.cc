@@ -38,6 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "benchmark/benchmark.h"
+#include "bench/parallel_timing.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/dtype.h"
@@ -48,6 +49,8 @@
 
 namespace klserve {
 namespace {
+
+using bench::BestParallelSeconds;
 
 using Clock = std::chrono::steady_clock;
 
@@ -60,40 +63,6 @@ struct Ceilings {
   double exps_per_s = 0;
 };
 Ceilings g_ceilings;
-
-// Runs body(i) for i in [0, threads) on `threads` threads, `reps` times, and
-// returns the fastest repetition's wall time in seconds: from the first
-// thread's start to the last thread's end, each read by the workers
-// themselves (a coordinating thread may wake late on 2 cores, which would
-// make a repetition look shorter than it was). The threads are made once, so
-// thread start-up is not timed.
-template <typename Body>
-double BestParallelSeconds(int threads, int reps, const Body& body) {
-  std::barrier sync(threads);
-  std::vector<Clock::time_point> starts(threads), ends(threads);
-  double best = 1e300;
-  std::vector<std::thread> workers;
-  workers.reserve(threads);
-  for (int i = 0; i < threads; ++i) {
-    workers.emplace_back([&, i] {
-      for (int r = 0; r < reps; ++r) {
-        sync.arrive_and_wait();
-        starts[i] = Clock::now();
-        body(i);
-        ends[i] = Clock::now();
-        sync.arrive_and_wait();
-        if (i == 0) {
-          const auto first = *std::min_element(starts.begin(), starts.end());
-          const auto last = *std::max_element(ends.begin(), ends.end());
-          best = std::min(best,
-                          std::chrono::duration<double>(last - first).count());
-        }
-      }
-    });
-  }
-  for (std::thread& worker : workers) worker.join();
-  return best;
-}
 
 // dst = src with ordinary 16-byte vector stores, n a multiple of 4. Not
 // memcpy: glibc's large-copy path uses non-temporal stores, a different

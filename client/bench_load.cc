@@ -14,6 +14,7 @@
 #include "client/tensor_util.h"
 #include "kernels/half.h"
 #include "kernels/status_macros.h"
+#include "proto/request_tensors.h"
 
 namespace klserve {
 namespace {
@@ -200,6 +201,47 @@ absl::StatusOr<v1::ComputeLossRequest> MakeSyntheticRequest(
   return request;
 }
 
+absl::StatusOr<v1::ComputeLossRequest> MakeSyntheticProjectionsRequest(
+    const SyntheticProjections& p) {
+  if (p.batch < 1 || p.rows < 1 || p.keys < 1 || p.heads < 1 ||
+      p.kv_heads < 1 || p.heads % p.kv_heads != 0 || p.head_dim < 1 ||
+      p.index_heads < 1 || p.index_dim < 1 || p.topk < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bench problem: need B, T, S, H, D, H_I, D_I >= 1, H_kv dividing H "
+        "and topk >= 0, got B=",
+        p.batch, " T=", p.rows, " S=", p.keys, " H=", p.heads,
+        " H_kv=", p.kv_heads, " D=", p.head_dim, " H_I=", p.index_heads,
+        " D_I=", p.index_dim, " topk=", p.topk));
+  }
+  if (p.dtype != "FP32" && p.dtype != "BF16" && p.dtype != "FP16") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bench problem: dtype must be FP32, BF16 or FP16, got ", p.dtype));
+  }
+  const int64_t B = p.batch, T = p.rows, S = p.keys;
+  v1::ComputeLossRequest request;
+  request.set_request_id("klctl-bench-projections");
+  v1::LossOptions* options = request.mutable_options();
+  options->set_causal(true);
+  options->set_softmax_scale(
+      static_cast<float>(1 / std::sqrt(static_cast<double>(p.head_dim))));
+  options->set_topk(p.topk);
+  options->set_grad_dtype(p.grad_dtype);
+
+  Rng rng(0x70726f6a656374ull);
+  const auto value = [&rng] { return rng.Unit() * 2.0f - 1.0f; };
+  *request.mutable_query() =
+      FloatTensor(p.dtype, {B, T, p.heads, p.head_dim}, value);
+  *request.mutable_key() =
+      FloatTensor(p.dtype, {B, S, p.kv_heads, p.head_dim}, value);
+  *request.mutable_index_query() =
+      FloatTensor(p.dtype, {B, T, p.index_heads, p.index_dim}, value);
+  *request.mutable_index_key() =
+      FloatTensor(p.dtype, {B, S, p.index_dim}, value);
+  *request.mutable_index_weights() =
+      FloatTensor(p.dtype, {B, T, p.index_heads}, value);
+  return request;
+}
+
 bool UsesStream(const v1::ComputeLossRequest& request, StreamMode mode,
                 const ClientOptions& client_options) {
   switch (mode) {
@@ -210,12 +252,27 @@ bool UsesStream(const v1::ComputeLossRequest& request, StreamMode mode,
     case StreamMode::kAuto:
       break;
   }
+  // The stream does not carry the projections form yet.
+  if (FormOf(request) == RequestForm::kProjections) return false;
   return RequestTensorBytes(request) > client_options.stream_threshold_bytes;
 }
 
 absl::StatusOr<std::vector<EchoMessageSize>> EchoPlanFor(
     const v1::ComputeLossRequest& request, int64_t grad_element_bytes,
     StreamMode mode, const ClientOptions& client_options) {
+  if (FormOf(request) == RequestForm::kProjections) {
+    // d_index_query and d_index_weights per query row, d_index_key per key.
+    const auto& q = request.index_query().shape();
+    const auto& k = request.index_key().shape();
+    if (q.size() != 4 || k.size() != 3) {
+      return absl::InvalidArgumentError(
+          "index_query, index_key: must be [B, T, H_I, D_I] and [B, S, D_I]");
+    }
+    const int64_t elements =
+        q[0] * q[1] * q[2] * q[3] + k[0] * k[1] * k[2] + q[0] * q[1] * q[2];
+    return std::vector<EchoMessageSize>{
+        {RequestTensorBytes(request), elements * grad_element_bytes}};
+  }
   ASSIGN_OR_RETURN(const RequestSlicer slicer, RequestSlicer::Create(request));
   const int64_t grad_row_bytes = slicer.row_width() * grad_element_bytes;
   const int64_t request_bytes = RequestTensorBytes(request);
@@ -263,24 +320,29 @@ LoadResult RunLossLoad(const v1::ComputeLossRequest& request, StreamMode mode,
                        const ClientOptions& client_options,
                        const LoadLimits& limits) {
   const int64_t request_bytes = RequestTensorBytes(request);
-  return RunLoad(client_options, limits,
-                 [&](Client& client) -> absl::StatusOr<int64_t> {
-                   absl::StatusOr<v1::ComputeLossResponse> response;
-                   switch (mode) {
-                     case StreamMode::kAuto:
-                       response = client.ComputeLoss(request);
-                       break;
-                     case StreamMode::kAlways:
-                       response = client.ComputeLossStreaming(request);
-                       break;
-                     case StreamMode::kNever:
-                       response = client.ComputeLossUnary(request);
-                       break;
-                   }
-                   if (!response.ok()) return response.status();
-                   return request_bytes +
-                          static_cast<int64_t>(response->grad().data().size());
-                 });
+  return RunLoad(
+      client_options, limits, [&](Client& client) -> absl::StatusOr<int64_t> {
+        absl::StatusOr<v1::ComputeLossResponse> response;
+        switch (mode) {
+          case StreamMode::kAuto:
+            response = client.ComputeLoss(request);
+            break;
+          case StreamMode::kAlways:
+            response = client.ComputeLossStreaming(request);
+            break;
+          case StreamMode::kNever:
+            response = client.ComputeLossUnary(request);
+            break;
+        }
+        if (!response.ok()) return response.status();
+        int64_t grad_bytes = 0;
+        for (const v1::Tensor* grad :
+             {&response->grad(), &response->d_index_query(),
+              &response->d_index_key(), &response->d_index_weights()}) {
+          grad_bytes += static_cast<int64_t>(grad->data().size());
+        }
+        return request_bytes + grad_bytes;
+      });
 }
 
 LoadResult RunEchoLoad(const std::vector<EchoMessageSize>& plan,

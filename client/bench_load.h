@@ -39,12 +39,38 @@ struct SyntheticProblem {
 absl::StatusOr<v1::ComputeLossRequest> MakeSyntheticRequest(
     const SyntheticProblem& problem);
 
+// The synthetic problem of the projections form: the main attention's q
+// and k and the indexer's q_I, k_I and head weights, causal, dense
+// (topk == 0) or with the service's own top-k selection.
+struct SyntheticProjections {
+  int64_t batch = 1;        // B
+  int64_t rows = 4096;      // T
+  int64_t keys = 4096;      // S
+  int64_t heads = 16;       // H
+  int64_t kv_heads = 16;    // H_kv, dividing H
+  int64_t head_dim = 128;   // D
+  int64_t index_heads = 8;  // H_I
+  int64_t index_dim = 64;   // D_I
+  int64_t topk = 0;         // K of the service's selection; 0: dense
+  std::string dtype = "FP32";
+  std::string grad_dtype = "FP32";
+};
+
+// Random valid inputs for `problem`: every projection uniform in [-1, 1),
+// softmax_scale D^-1/2. The gradients are requested, row_kl and diagnostics
+// are not. INVALID_ARGUMENT for non-positive sizes, kv_heads not dividing
+// heads, topk < 0 or an unknown dtype.
+absl::StatusOr<v1::ComputeLossRequest> MakeSyntheticProjectionsRequest(
+    const SyntheticProjections& problem);
+
 // The Echo messages that move exactly the tensor bytes a ComputeLoss of
 // `request` moves, in the same pieces: one message (request bytes up,
 // gradient bytes down) when it goes unary, otherwise one per row block
 // (block bytes up, with the header's small tensors in the first; that
 // block's gradient bytes down). `grad_element_bytes` is the gradient dtype's
-// size. Follows `client_options` for the threshold and block size.
+// size. Follows `client_options` for the threshold and block size. A
+// projections-form request goes unary: one message, its three gradients'
+// bytes down.
 absl::StatusOr<std::vector<EchoMessageSize>> EchoPlanFor(
     const v1::ComputeLossRequest& request, int64_t grad_element_bytes,
     StreamMode mode, const ClientOptions& client_options);
@@ -61,7 +87,7 @@ struct LoadLimits {
 
 // What one bench phase measured.
 struct LoadResult {
-  int64_t requests = 0;              // completed
+  int64_t requests = 0;  // completed
   // Calls the server refused for lack of a slot (RESOURCE_EXHAUSTED at its
   // --max_concurrent_requests or --max_open_streams): sent again after a
   // short pause, not counted as requests.
@@ -78,7 +104,7 @@ struct LoadResult {
 
 // Runs ComputeLoss of `request` (by `mode`) from `limits.concurrency`
 // threads until `limits` stop it or a call fails. Counts request tensor
-// bytes plus returned gradient bytes.
+// bytes plus returned gradient bytes (the projections form's three).
 LoadResult RunLossLoad(const v1::ComputeLossRequest& request, StreamMode mode,
                        const ClientOptions& client_options,
                        const LoadLimits& limits);

@@ -19,6 +19,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/status_macros.h"
 #include "klserve/v1/klserve.grpc.pb.h"
+#include "proto/request_tensors.h"
 
 namespace klserve {
 namespace {
@@ -248,7 +249,9 @@ absl::StatusOr<v1::FinishStepResponse> Client::FinishStep(
 
 absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLoss(
     const v1::ComputeLossRequest& request) {
-  if (RequestTensorBytes(request) <= options_.stream_threshold_bytes) {
+  // The stream does not carry the projections form yet.
+  if (FormOf(request) == RequestForm::kProjections ||
+      RequestTensorBytes(request) <= options_.stream_threshold_bytes) {
     return ComputeLossUnary(request);
   }
   return ComputeLossStreaming(request);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +32,8 @@
 #include "client/client.h"
 #include "client/npy.h"
 #include "client/tensor_util.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "kernels/status_macros.h"
 #include "klserve/v1/klserve.pb.h"
 #include "proto/request_tensors.h"
@@ -63,12 +66,21 @@ ABSL_FLAG(std::string, service, "", "health: the service to ask about");
 // loss: inputs (.npy files), one flag for each of the request's tensors,
 // named after it (LossRequestFromFlags finds them by name).
 namespace {
-// A loss input flag's help: the tensor's layout and dtypes.
+// A loss input flag's help: the tensor's layout and dtypes, and the forms
+// that need it.
 std::string InputHelp(absl::string_view name) {
+  using klserve::RequestForm;
   const klserve::RequestTensor& tensor = *klserve::FindRequestTensor(name);
+  const char* need = "";
+  if (klserve::RequiredIn(RequestForm::kLogits, tensor)) {
+    need = " (required)";
+  } else if (klserve::RequiredIn(RequestForm::kProjections, tensor)) {
+    need = " (required with --query)";
+  } else if (!klserve::TakenIn(RequestForm::kLogits, tensor)) {
+    need = " (with --query)";
+  }
   return absl::StrCat("loss: ", tensor.layout, " ",
-                      klserve::DTypeRuleText(tensor.dtype), " .npy",
-                      klserve::IsRequired(tensor) ? " (required)" : "");
+                      klserve::DTypeRuleText(tensor.dtype), " .npy", need);
 }
 }  // namespace
 ABSL_FLAG(std::string, attention_logits, "", InputHelp("attention_logits"));
@@ -80,6 +92,15 @@ ABSL_FLAG(std::string, segment_ids_kv, "", InputHelp("segment_ids_kv"));
 ABSL_FLAG(std::string, attention_mask, "", InputHelp("attention_mask"));
 ABSL_FLAG(std::string, key_padding_mask, "", InputHelp("key_padding_mask"));
 ABSL_FLAG(std::string, row_valid, "", InputHelp("row_valid"));
+ABSL_FLAG(std::string, key_start, "", InputHelp("key_start"));
+ABSL_FLAG(std::string, key_end, "", InputHelp("key_end"));
+// The projections form (--query set).
+ABSL_FLAG(std::string, query, "", InputHelp("query"));
+ABSL_FLAG(std::string, key, "", InputHelp("key"));
+ABSL_FLAG(std::string, lse, "", InputHelp("lse"));
+ABSL_FLAG(std::string, index_query, "", InputHelp("index_query"));
+ABSL_FLAG(std::string, index_key, "", InputHelp("index_key"));
+ABSL_FLAG(std::string, index_weights, "", InputHelp("index_weights"));
 
 // loss: LossOptions.
 ABSL_FLAG(bool, causal, false, "loss: key s valid only if s <= t + q_offset");
@@ -98,9 +119,19 @@ ABSL_FLAG(std::string, grad_dtype, "fp32",
           "loss, bench: gradient dtype fp32, bf16 or fp16");
 ABSL_FLAG(bool, diagnostics, false, "loss: ask for entropies and row counts");
 ABSL_FLAG(int64_t, recall_k, 0, "loss: k of the top-k recall diagnostic");
+ABSL_FLAG(std::optional<double>, index_weight_scale, std::nullopt,
+          "loss, with --query: multiplies index_weights (default "
+          "1/sqrt(H_I * D_I))");
+ABSL_FLAG(bool, use_relu, true,
+          "loss, with --query: relu on each indexer head's dot product");
 ABSL_FLAG(std::string, grad_out, "",
           "loss: write the gradient here (.npy; BF16 as '<u2'); the gradient "
-          "is only requested when this is set");
+          "is only requested when this is set. With --query: a directory, "
+          "which gets d_index_query.npy, d_index_key.npy and "
+          "d_index_weights.npy");
+ABSL_FLAG(std::string, topk_out, "",
+          "loss, with --query and --topk: write the service's top-k "
+          "selection here ('<i4' .npy)");
 ABSL_FLAG(std::string, row_kl_out, "",
           "loss: ask for each row's KL and write it here ('<f8' .npy)");
 
@@ -118,7 +149,9 @@ ABSL_FLAG(std::optional<int32_t>, microbatch, std::nullopt,
 ABSL_FLAG(std::string, shape, "1,4096,4096", "bench: B,T,S");
 ABSL_FLAG(int64_t, heads, 0,
           "bench: H of per-head logits; 0 sends a head-aggregated target");
-ABSL_FLAG(int64_t, topk, 0, "bench: K for the sparse stage; 0 is dense");
+ABSL_FLAG(int64_t, topk, 0,
+          "bench: K for the sparse stage, 0 is dense; loss, with --query: "
+          "the sparse stage with the service's own selection of K keys");
 ABSL_FLAG(std::string, dtype, "fp32", "bench: input dtype fp32, bf16, fp16");
 ABSL_FLAG(int, concurrency, 1,
           "bench: concurrent requests (one connection "
@@ -128,6 +161,15 @@ ABSL_FLAG(absl::Duration, duration, absl::Seconds(10),
 ABSL_FLAG(int64_t, count, 0,
           "bench: stop after this many requests per mode; "
           "0 is no count limit");
+ABSL_FLAG(std::string, form, "logits",
+          "bench: logits (--heads, --topk as below) or projections (q, k "
+          "and the indexer's projections: --heads, --kv_heads, --head_dim, "
+          "--index_heads, --index_dim; --topk the service's selection)");
+ABSL_FLAG(int64_t, kv_heads, 0,
+          "bench, --form=projections: H_kv of the keys; 0 is --heads (MHA)");
+ABSL_FLAG(int64_t, head_dim, 128, "bench, --form=projections: D");
+ABSL_FLAG(int64_t, index_heads, 8, "bench, --form=projections: H_I");
+ABSL_FLAG(int64_t, index_dim, 64, "bench, --form=projections: D_I");
 ABSL_FLAG(std::string, mode, "loss",
           "bench: loss, echo (the same bytes through Echo) or both");
 
@@ -144,10 +186,15 @@ Commands:
   info    prints GetServerInfo
   loss    computes the loss of a problem read from .npy files
           (--indexer_scores plus --attention_logits or --attention_weights,
-          optional masks and --topk_indices); prints the result as
-          key: value lines; --grad_out / --row_kl_out write .npy files
+          optional masks, key bounds and --topk_indices; or the projections
+          form: --query, --key, --index_query, --index_key, --index_weights,
+          optional --lse, --topk_indices or --topk); prints the result as
+          key: value lines; --grad_out / --row_kl_out / --topk_out write
+          .npy files (--grad_out is a directory with --query)
   bench   bounded synthetic load (--shape, --heads, --topk, --dtype,
-          --concurrency, --duration, --count, --mode=loss|echo|both)
+          --concurrency, --duration, --count, --mode=loss|echo|both;
+          --form=projections with --kv_heads, --head_dim, --index_heads,
+          --index_dim)
   finish-step  publishes a run's step now (--run, --step); prints its
           indexer_loss
 
@@ -268,11 +315,20 @@ absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
   std::vector<std::string> paths;
   for (const RequestTensor& tensor : kRequestTensors) {
     ASSIGN_OR_RETURN(std::string path, InputPath(tensor));
-    if (path.empty() && IsRequired(tensor)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", tensor.name, ": required"));
-    }
     paths.push_back(std::move(path));
+  }
+  // --query selects the projections form; a tensor of the other form is
+  // sent as given, for the server to refuse by name.
+  const RequestForm form =
+      paths[FindRequestTensor("query") - kRequestTensors].empty()
+          ? RequestForm::kLogits
+          : RequestForm::kProjections;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (paths[i].empty() && RequiredIn(form, kRequestTensors[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", kRequestTensors[i].name, ": required",
+          form == RequestForm::kProjections ? " with --query" : ""));
+    }
   }
   for (size_t i = 0; i < paths.size(); ++i) {
     if (paths[i].empty()) continue;
@@ -324,6 +380,13 @@ absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
   options->set_want_row_kl(!absl::GetFlag(FLAGS_row_kl_out).empty());
   options->set_want_diagnostics(absl::GetFlag(FLAGS_diagnostics));
   options->set_recall_k(absl::GetFlag(FLAGS_recall_k));
+  if (auto scale = absl::GetFlag(FLAGS_index_weight_scale)) {
+    options->set_index_weight_scale(*scale);
+  }
+  if (form == RequestForm::kProjections) {
+    options->set_use_relu(absl::GetFlag(FLAGS_use_relu));
+  }
+  options->set_topk(absl::GetFlag(FLAGS_topk));
 
   request.set_request_id(absl::GetFlag(FLAGS_request_id));
   v1::Tags* tags = request.mutable_tags();
@@ -338,6 +401,47 @@ absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
 
 std::string ShapeString(const v1::Tensor& tensor) {
   return absl::StrCat("[", absl::StrJoin(tensor.shape(), ","), "]");
+}
+
+// Writes the response's tensor field `name` to `path` and says so.
+absl::Status WriteOutput(const std::string& name,
+                         const v1::ComputeLossResponse& response,
+                         const std::string& path) {
+  const google::protobuf::FieldDescriptor* field =
+      response.GetDescriptor()->FindFieldByName(name);
+  const google::protobuf::Reflection& reflection = *response.GetReflection();
+  if (field == nullptr || !reflection.HasField(response, field)) {
+    return absl::InternalError(absl::StrCat("the response carries no ", name));
+  }
+  const auto& tensor =
+      static_cast<const v1::Tensor&>(reflection.GetMessage(response, field));
+  RETURN_IF_ERROR(WriteNpy(path, tensor));
+  std::printf("%s: %s %s -> %s\n", name.c_str(), tensor.dtype().c_str(),
+              ShapeString(tensor).c_str(), path.c_str());
+  return absl::OkStatus();
+}
+
+// --grad_out: the logits forms' gradient into that file; the projections
+// form's three gradients into that directory (made if missing), one .npy
+// each, named after its field.
+absl::Status WriteGradients(const v1::ComputeLossResponse& response,
+                            const std::string& grad_out) {
+  if (!response.has_d_index_query()) {
+    return WriteOutput("grad", response, grad_out);
+  }
+  std::error_code error;
+  std::filesystem::create_directories(grad_out, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--grad_out: cannot make the directory \"", grad_out,
+                     "\": ", error.message()));
+  }
+  for (const char* name : {"d_index_query", "d_index_key", "d_index_weights"}) {
+    RETURN_IF_ERROR(WriteOutput(
+        name, response,
+        (std::filesystem::path(grad_out) / name).string() + ".npy"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Loss() {
@@ -382,22 +486,14 @@ absl::Status Loss() {
   std::printf("latency_ms: %.3f\n", latency_ms);
 
   const std::string grad_out = absl::GetFlag(FLAGS_grad_out);
-  if (!grad_out.empty()) {
-    if (!response->has_grad()) {
-      return absl::InternalError("the response carries no gradient");
-    }
-    RETURN_IF_ERROR(WriteNpy(grad_out, response->grad()));
-    std::printf("grad: %s %s -> %s\n", response->grad().dtype().c_str(),
-                ShapeString(response->grad()).c_str(), grad_out.c_str());
+  if (!grad_out.empty()) RETURN_IF_ERROR(WriteGradients(*response, grad_out));
+  const std::string topk_out = absl::GetFlag(FLAGS_topk_out);
+  if (!topk_out.empty()) {
+    RETURN_IF_ERROR(WriteOutput("topk_indices", *response, topk_out));
   }
   const std::string row_kl_out = absl::GetFlag(FLAGS_row_kl_out);
   if (!row_kl_out.empty()) {
-    if (!response->has_row_kl()) {
-      return absl::InternalError("the response carries no row_kl");
-    }
-    RETURN_IF_ERROR(WriteNpy(row_kl_out, response->row_kl()));
-    std::printf("row_kl: %s %s -> %s\n", response->row_kl().dtype().c_str(),
-                ShapeString(response->row_kl()).c_str(), row_kl_out.c_str());
+    RETURN_IF_ERROR(WriteOutput("row_kl", *response, row_kl_out));
   }
   return absl::OkStatus();
 }
@@ -435,41 +531,74 @@ absl::Status Bench() {
         "--concurrency must be >= 1, --count >= 0, --duration finite and > 0");
   }
 
-  SyntheticProblem problem;
+  int64_t batch = 0, rows = 0, keys = 0;
   const std::vector<std::string> dims =
       absl::StrSplit(absl::GetFlag(FLAGS_shape), ',');
-  if (dims.size() != 3 || !absl::SimpleAtoi(dims[0], &problem.batch) ||
-      !absl::SimpleAtoi(dims[1], &problem.rows) ||
-      !absl::SimpleAtoi(dims[2], &problem.keys)) {
+  if (dims.size() != 3 || !absl::SimpleAtoi(dims[0], &batch) ||
+      !absl::SimpleAtoi(dims[1], &rows) || !absl::SimpleAtoi(dims[2], &keys)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--shape: must be B,T,S, got \"", absl::GetFlag(FLAGS_shape), "\""));
   }
-  problem.heads = absl::GetFlag(FLAGS_heads);
-  problem.topk = absl::GetFlag(FLAGS_topk);
-  ASSIGN_OR_RETURN(problem.dtype,
+  ASSIGN_OR_RETURN(const std::string dtype,
                    WireDType("dtype", absl::GetFlag(FLAGS_dtype)));
-  ASSIGN_OR_RETURN(problem.grad_dtype,
+  ASSIGN_OR_RETURN(const std::string grad_dtype,
                    WireDType("grad_dtype", absl::GetFlag(FLAGS_grad_dtype)));
-  ASSIGN_OR_RETURN(const v1::ComputeLossRequest request,
-                   MakeSyntheticRequest(problem));
+  const std::string form = absl::AsciiStrToLower(absl::GetFlag(FLAGS_form));
+  v1::ComputeLossRequest request;
+  if (form == "logits") {
+    SyntheticProblem problem;
+    problem.batch = batch, problem.rows = rows, problem.keys = keys;
+    problem.heads = absl::GetFlag(FLAGS_heads);
+    problem.topk = absl::GetFlag(FLAGS_topk);
+    problem.dtype = dtype;
+    problem.grad_dtype = grad_dtype;
+    ASSIGN_OR_RETURN(request, MakeSyntheticRequest(problem));
+    std::printf(
+        "problem: form=logits B=%lld T=%lld S=%lld H=%lld K=%lld dtype=%s "
+        "grad_dtype=%s\n",
+        static_cast<long long>(batch), static_cast<long long>(rows),
+        static_cast<long long>(keys), static_cast<long long>(problem.heads),
+        static_cast<long long>(problem.topk), dtype.c_str(),
+        grad_dtype.c_str());
+  } else if (form == "projections") {
+    SyntheticProjections problem;
+    problem.batch = batch, problem.rows = rows, problem.keys = keys;
+    if (absl::GetFlag(FLAGS_heads) > 0)
+      problem.heads = absl::GetFlag(FLAGS_heads);
+    problem.kv_heads = absl::GetFlag(FLAGS_kv_heads) > 0
+                           ? absl::GetFlag(FLAGS_kv_heads)
+                           : problem.heads;
+    problem.head_dim = absl::GetFlag(FLAGS_head_dim);
+    problem.index_heads = absl::GetFlag(FLAGS_index_heads);
+    problem.index_dim = absl::GetFlag(FLAGS_index_dim);
+    problem.topk = absl::GetFlag(FLAGS_topk);
+    problem.dtype = dtype;
+    problem.grad_dtype = grad_dtype;
+    ASSIGN_OR_RETURN(request, MakeSyntheticProjectionsRequest(problem));
+    std::printf(
+        "problem: form=projections B=%lld T=%lld S=%lld H=%lld H_kv=%lld "
+        "D=%lld H_I=%lld D_I=%lld K=%lld dtype=%s grad_dtype=%s\n",
+        static_cast<long long>(batch), static_cast<long long>(rows),
+        static_cast<long long>(keys), static_cast<long long>(problem.heads),
+        static_cast<long long>(problem.kv_heads),
+        static_cast<long long>(problem.head_dim),
+        static_cast<long long>(problem.index_heads),
+        static_cast<long long>(problem.index_dim),
+        static_cast<long long>(problem.topk), dtype.c_str(),
+        grad_dtype.c_str());
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--form: must be logits or projections, got \"", form, "\""));
+  }
 
   ClientOptions client_options;
   RETURN_IF_ERROR(MakeClient(&client_options).status());
-  ASSIGN_OR_RETURN(const int64_t grad_element_bytes,
-                   WireDTypeSize(problem.grad_dtype));
+  ASSIGN_OR_RETURN(const int64_t grad_element_bytes, WireDTypeSize(grad_dtype));
   ASSIGN_OR_RETURN(
       const std::vector<EchoMessageSize> plan,
       EchoPlanFor(request, grad_element_bytes, stream_mode, client_options));
   int64_t grad_bytes = 0;
   for (const EchoMessageSize& message : plan) grad_bytes += message.reply_bytes;
-  std::printf(
-      "problem: B=%lld T=%lld S=%lld H=%lld K=%lld dtype=%s grad_dtype=%s\n",
-      static_cast<long long>(problem.batch),
-      static_cast<long long>(problem.rows),
-      static_cast<long long>(problem.keys),
-      static_cast<long long>(problem.heads),
-      static_cast<long long>(problem.topk), problem.dtype.c_str(),
-      problem.grad_dtype.c_str());
   std::printf("request_bytes: %lld\ngrad_bytes: %lld\n",
               static_cast<long long>(RequestTensorBytes(request)),
               static_cast<long long>(grad_bytes));

@@ -44,6 +44,11 @@ absl::Status ProtocolError(absl::string_view what) {
 absl::StatusOr<RequestSlicer> RequestSlicer::Create(
     const v1::ComputeLossRequest& request) {
   RequestSlicer slicer(request);
+  if (FormOf(request) == RequestForm::kProjections) {
+    return absl::InvalidArgumentError(
+        "query: the stream does not carry the projections form yet, got "
+        "query; send it as one ComputeLoss message");
+  }
   const v1::Tensor& scores = request.indexer_scores();
   if (!request.has_indexer_scores() || scores.shape().size() != 3) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -68,7 +73,10 @@ absl::StatusOr<RequestSlicer> RequestSlicer::Create(
   for (const bool required : {true, false}) {
     for (const RequestTensor& tensor : PerRowTensors()) {
       const v1::Tensor* t = FindTensor(request, tensor);
-      if (IsRequired(tensor) != required || t == nullptr) continue;
+      if (RequiredIn(RequestForm::kLogits, tensor) != required ||
+          t == nullptr) {
+        continue;
+      }
       RETURN_IF_ERROR(CheckRowShape(
           tensor.name, *t, tensor.per_head ? 4 : 3, tensor.per_head ? 2 : 1,
           slicer.batch_, slicer.rows_per_batch_,

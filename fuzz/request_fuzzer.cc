@@ -1,7 +1,9 @@
 // libFuzzer target: arbitrary bytes as a klserve.v1.ComputeLossRequest,
 // through the server's request -> kernel-input translation and problem
-// validation, and, for small valid problems, the CPU loss itself. Nothing may
-// crash, read out of bounds or hit undefined behaviour, whatever the request.
+// validation, and, for small valid problems, the CPU loss itself (of the
+// logits forms or of the projections form, as the request's form says). Nothing
+// may crash, read out of bounds or hit undefined behaviour, whatever the
+// request.
 //
 // Built only with clang and -DKLSERVE_FUZZ=ON (fuzz/CMakeLists.txt); run by
 // `scripts/klserve.sh sanitize` on fuzz/corpus.
@@ -15,7 +17,10 @@
 #include "kernels/dtype.h"
 #include "kernels/loss.h"
 #include "kernels/problem.h"
+#include "kernels/projections_loss.h"
+#include "kernels/projections_problem.h"
 #include "klserve/v1/klserve.pb.h"
+#include "proto/request_tensors.h"
 #include "server/codec/tensor_codec.h"
 
 namespace {
@@ -26,6 +31,55 @@ constexpr int64_t kMaxElements = int64_t{1} << 16;
 
 bool Mul(int64_t a, int64_t b, int64_t& out) {
   return !__builtin_mul_overflow(a, b, &out);
+}
+
+// The projections form, as the server computes it
+// (server/service/loss_service.cc), for problems whose work,
+// B * T * S * (H * D + H_I * D_I) multiply-adds, and whose selection,
+// B * T * K, are at most kMaxElements.
+void FuzzProjections(klserve::Backend& backend,
+                     const klserve::v1::ComputeLossRequest& request) {
+  using namespace klserve;
+  const auto options = server::ProjectionsOptionsFrom(request.options());
+  if (!options.ok()) return;
+  const auto inputs = server::ProjectionsInputsFrom(request);
+  if (!inputs.ok()) return;
+  const auto problem = ProjectionsProblem::Create(*inputs, *options);
+  if (!problem.ok()) return;
+  const ProjectionsProblem& p = *problem;
+  // B * T * S * (H * D + H_I * D_I), overflow-checked.
+  int64_t pairs = 0, per_pair = 0, main = 0, indexer = 0;
+  if (!Mul(p.B, p.T, pairs) || !Mul(pairs, p.S, pairs) ||
+      !Mul(p.H, p.D, main) || !Mul(p.H_I, p.D_I, indexer) ||
+      __builtin_add_overflow(main, indexer, &per_pair) ||
+      !Mul(pairs, per_pair, pairs) || pairs > kMaxElements) {
+    return;
+  }
+  int64_t slots = 0;
+  if (!Mul(p.B * p.T, p.K, slots) || slots > kMaxElements) return;
+  const IndexerKlOptions& o = p.logits.options;
+  const size_t element = DTypeSize(o.grad_dtype);
+  std::vector<std::byte> d_query, d_key, d_weights;
+  std::vector<int32_t> topk;
+  std::vector<double> row_kl;
+  ProjectionsOutputs outputs;
+  if (o.want_grad) {
+    d_query.resize(static_cast<size_t>(p.B * p.T * p.H_I * p.D_I) * element);
+    d_key.resize(static_cast<size_t>(p.B * p.S * p.D_I) * element);
+    d_weights.resize(static_cast<size_t>(p.B * p.T * p.H_I) * element);
+    outputs.d_index_query = d_query.data();
+    outputs.d_index_key = d_key.data();
+    outputs.d_index_weights = d_weights.data();
+  }
+  if (p.server_topk) {
+    topk.resize(static_cast<size_t>(p.B * p.T * p.K));
+    outputs.topk_indices = topk.data();
+  }
+  if (o.want_row_kl) {
+    row_kl.resize(static_cast<size_t>(p.B * p.T));
+    outputs.row_kl = row_kl.data();
+  }
+  (void)ComputeProjectionsLoss(backend, p, outputs);
 }
 
 }  // namespace
@@ -43,6 +97,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   v1::ComputeLossRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+  if (FormOf(request) == RequestForm::kProjections) {
+    FuzzProjections(*backend, request);
+    return 0;
+  }
 
   const auto options = server::OptionsFrom(request.options());
   if (!options.ok()) return 0;

@@ -7,8 +7,10 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/loss_accumulator.h"
 #include "kernels/problem.h"
+#include "kernels/projections_problem.h"
 
 // The interface a compute backend (CPU, CUDA) implements: compute a block of
 // consecutive rows. Computing blocks in row order and folding each into one
@@ -57,6 +59,20 @@ class Backend {
                                    const RowData& data, RowRange rows,
                                    const BlockOutputs& outputs,
                                    LossAccumulator& accumulator) = 0;
+
+  // The projections form (kernels/projections_loss.h), whole: finds N,
+  // writes the outputs and folds every row, in order, into `accumulator`.
+  // Its inputs' values are already checked finite. A backend that does not
+  // compute this form answers UNIMPLEMENTED.
+  virtual absl::Status ComputeProjections(const ProjectionsProblem& /*problem*/,
+                                          const ProjectionsOutputs& /*outputs*/,
+                                          LossAccumulator& /*accumulator*/,
+                                          int64_t& /*denominator*/) {
+    return absl::UnimplementedError(
+        absl::StrCat("query: the ", std::string(name()),
+                     " backend does not compute the projections form; "
+                     "--backend=auto or cpu serves it on the CPU"));
+  }
 };
 
 }  // namespace klserve

@@ -5,12 +5,10 @@
 #include "kernels/status_macros.h"
 
 namespace klserve {
-namespace {
 
-// Turns the folded rows into the result; `denominator` is N.
-IndexerKlResult FinishLoss(const IndexerKlProblem& problem,
-                           const LossAccumulator& accumulator,
-                           int64_t denominator) {
+IndexerKlResult LossResultOf(const IndexerKlProblem& problem,
+                             const LossAccumulator& accumulator,
+                             int64_t denominator) {
   IndexerKlResult result;
   result.denominator = denominator;
   result.kl_sum = accumulator.kl_sum();
@@ -36,8 +34,6 @@ IndexerKlResult FinishLoss(const IndexerKlProblem& problem,
   }
   return result;
 }
-
-}  // namespace
 
 double GradScale(const IndexerKlProblem& problem, int64_t denominator) {
   if (denominator == 0) return 0;
@@ -168,7 +164,7 @@ absl::StatusOr<IndexerKlResult> LossComputation::Finish() const {
         accumulator_.rows_nonempty(),
         "; both passes must carry the same rows"));
   }
-  return FinishLoss(problem_, accumulator_, *denominator_);
+  return LossResultOf(problem_, accumulator_, *denominator_);
 }
 
 }  // namespace klserve

@@ -52,6 +52,11 @@ struct LossOutputs {
 // The gradient's scale c / N * grad_scale (0 when N = 0).
 double GradScale(const IndexerKlProblem& problem, int64_t denominator);
 
+// The result from every row folded into `accumulator`, with N = denominator.
+IndexerKlResult LossResultOf(const IndexerKlProblem& problem,
+                             const LossAccumulator& accumulator,
+                             int64_t denominator);
+
 // A block that LossComputation::Admit accepted as the next one.
 struct AdmittedBlock {
   RowRange rows;

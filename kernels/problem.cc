@@ -1,14 +1,17 @@
 #include "kernels/problem.h"
 
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/status_macros.h"
+#include "kernels/tensor_checks.h"
 
 namespace klserve {
 namespace {
@@ -16,113 +19,6 @@ namespace {
 // Keys must be addressable by INT32 indices.
 constexpr int64_t kMaxKeys = (int64_t{1} << 31) - 1;
 constexpr int64_t kMaxQOffset = int64_t{1} << 62;
-
-std::string ShapeString(absl::Span<const int64_t> shape) {
-  // A message quotes a few dimensions, not a whole hostile shape.
-  constexpr size_t kMaxQuoted = 8;
-  if (shape.size() <= kMaxQuoted) {
-    return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-  }
-  return absl::StrCat("[", absl::StrJoin(shape.first(kMaxQuoted), ", "),
-                      ", ...] (", shape.size(), " dimensions)");
-}
-
-absl::Status Invalid(absl::string_view field, absl::string_view rule,
-                     absl::string_view got) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": ", rule, ", got ", got));
-}
-
-absl::Status CheckDType(absl::string_view field, const TensorView& view,
-                        std::initializer_list<DType> allowed) {
-  for (DType dtype : allowed) {
-    if (view.dtype == dtype) return absl::OkStatus();
-  }
-  std::string names;
-  for (DType dtype : allowed) {
-    absl::StrAppend(&names, names.empty() ? "" : ", ", DTypeName(dtype));
-  }
-  return Invalid(field, absl::StrCat("dtype must be one of ", names),
-                 DTypeName(view.dtype));
-}
-
-// Rank, positive dims, and no overflow of the byte size.
-absl::Status CheckLayout(absl::string_view field, const TensorView& view,
-                         absl::string_view layout, size_t rank) {
-  if (view.shape.size() != rank) {
-    return Invalid(field, absl::StrCat("shape must be ", layout),
-                   ShapeString(view.shape));
-  }
-  int64_t bytes = DTypeSize(view.dtype);
-  for (int64_t dim : view.shape) {
-    if (dim <= 0) {
-      return Invalid(
-          field,
-          absl::StrCat("every dimension of ", layout, " must be positive"),
-          ShapeString(view.shape));
-    }
-    if (__builtin_mul_overflow(bytes, dim, &bytes)) {
-      return Invalid(field, "the shape's byte size must fit in 64 bits",
-                     ShapeString(view.shape));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// The bytes of a tensor whose layout is checked: as many as its shape needs,
-// and present.
-absl::Status CheckBytes(absl::string_view field, const TensorView& view) {
-  int64_t bytes = DTypeSize(view.dtype);
-  for (int64_t dim : view.shape) bytes *= dim;
-  if (view.byte_size != bytes) {
-    return Invalid(
-        field,
-        absl::StrCat("byte size must be ", bytes, " for shape ",
-                     ShapeString(view.shape), " of ", DTypeName(view.dtype)),
-        absl::StrCat(view.byte_size));
-  }
-  if (view.data == nullptr) {
-    return Invalid(field, "data must be present", "none");
-  }
-  return absl::OkStatus();
-}
-
-// A per-row tensor's bytes, when its view carries any. A view without
-// (a stream header's) gives dtype and shape only: the rows come later, whole
-// (WholeRowData) or in blocks (BlockRowData), and are checked there.
-absl::Status CheckBytesIfAny(absl::string_view field, const TensorView& view) {
-  if (view.data == nullptr && view.byte_size == 0) return absl::OkStatus();
-  return CheckBytes(field, view);
-}
-
-// Checks a tensor whose shape the problem already fixes.
-absl::Status CheckTensor(absl::string_view field, const TensorView& view,
-                         std::initializer_list<DType> allowed,
-                         absl::string_view layout,
-                         std::initializer_list<int64_t> expected) {
-  RETURN_IF_ERROR(CheckDType(field, view, allowed));
-  RETURN_IF_ERROR(CheckLayout(field, view, layout, expected.size()));
-  if (!std::equal(expected.begin(), expected.end(), view.shape.begin())) {
-    return Invalid(
-        field,
-        absl::StrCat("shape must be ", layout, " = ", ShapeString(expected)),
-        ShapeString(view.shape));
-  }
-  return absl::OkStatus();
-}
-
-constexpr std::initializer_list<DType> kFloatTypes = {
-    DType::kFloat32, DType::kBFloat16, DType::kFloat16};
-
-RowView RowsOf(const TensorView& view, int64_t T, int64_t n, int64_t H) {
-  RowView rows;
-  rows.dtype = view.dtype;
-  rows.data = static_cast<const std::byte*>(view.data);
-  rows.batch_stride = H * T * n;
-  rows.row_stride = n;
-  rows.head_stride = T * n;
-  return rows;
-}
 
 absl::Status CheckOptions(const IndexerKlOptions& options) {
   if (!std::isfinite(options.softmax_scale) || options.softmax_scale <= 0) {
@@ -240,8 +136,36 @@ absl::Status TakeTarget(const IndexerKlInputs& in, IndexerKlProblem& p) {
   return absl::OkStatus();
 }
 
-// Which keys each query may see (segments, the explicit mask, key padding)
-// and which rows count (row_valid).
+// Per-row key bounds: both or neither, INT32 [B, T], each bound in [0, S].
+// They are small, so their values are checked here rather than per row.
+absl::Status TakeKeyBounds(const IndexerKlInputs& in, IndexerKlProblem& p) {
+  if (in.key_start.has_value() != in.key_end.has_value()) {
+    return Invalid(in.key_start ? "key_end" : "key_start",
+                   "key_start and key_end must be given together", "only one");
+  }
+  if (!in.key_start) return absl::OkStatus();
+  for (const auto& [field, view] :
+       {std::pair{"key_start", &*in.key_start}, {"key_end", &*in.key_end}}) {
+    RETURN_IF_ERROR(
+        CheckTensor(field, *view, {DType::kInt32}, "[B, T]", {p.B, p.T}));
+    RETURN_IF_ERROR(CheckBytes(field, *view));
+    const auto* bytes = static_cast<const std::byte*>(view->data);
+    for (int64_t r = 0; r < p.num_rows(); ++r) {
+      const int32_t bound = LoadInt32(bytes + 4 * r);
+      if (bound < 0 || bound > p.S) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": every bound must be in [0, S = ", p.S, "], got ", bound,
+            " at (b=", r / p.T, ", t=", r % p.T, ")"));
+      }
+    }
+  }
+  p.key_start = static_cast<const std::byte*>(in.key_start->data);
+  p.key_end = static_cast<const std::byte*>(in.key_end->data);
+  return absl::OkStatus();
+}
+
+// Which keys each query may see (segments, the explicit mask, key padding,
+// key bounds) and which rows count (row_valid).
 absl::Status TakeMasks(const IndexerKlInputs& in, IndexerKlProblem& p) {
   if (in.segment_ids_q.has_value() != in.segment_ids_kv.has_value()) {
     return Invalid(in.segment_ids_q ? "segment_ids_kv" : "segment_ids_q",
@@ -277,7 +201,7 @@ absl::Status TakeMasks(const IndexerKlInputs& in, IndexerKlProblem& p) {
     RETURN_IF_ERROR(CheckBytes("row_valid", *in.row_valid));
     p.row_valid = static_cast<const std::byte*>(in.row_valid->data);
   }
-  return absl::OkStatus();
+  return TakeKeyBounds(in, p);
 }
 
 // N of the spec's reductions, where it is known before computing.
@@ -327,6 +251,16 @@ absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
   return p;
 }
 
+RowView WholeRows(const TensorView& view, int64_t T, int64_t n, int64_t H) {
+  RowView rows;
+  rows.dtype = view.dtype;
+  rows.data = static_cast<const std::byte*>(view.data);
+  rows.batch_stride = H * T * n;
+  rows.row_stride = n;
+  rows.head_stride = T * n;
+  return rows;
+}
+
 absl::StatusOr<RowData> WholeRowData(const IndexerKlProblem& p,
                                      const IndexerKlInputs& in) {
   // A tensor the problem uses, viewed whole once its bytes are checked.
@@ -335,7 +269,7 @@ absl::StatusOr<RowData> WholeRowData(const IndexerKlProblem& p,
                          int64_t heads) -> absl::StatusOr<RowView> {
     if (!view.has_value()) return Invalid(field, "must be given", "none");
     RETURN_IF_ERROR(CheckBytes(field, *view));
-    return RowsOf(*view, p.T, width, heads);
+    return WholeRows(*view, p.T, width, heads);
   };
   RowData rows;
   ASSIGN_OR_RETURN(rows.scores,

@@ -188,6 +188,8 @@ class IndexerKlProblem {
   int64_t num_rows() const { return B * T; }
   // Whether row r counts in the loss: row_valid true, or absent.
   bool row_counts(int64_t r) const { return RowCounts(row_valid, r); }
+  // Masks beyond the causal cut and the key bounds' end, which a row's
+  // validity needs a byte per key for.
   bool has_row_mask() const {
     return segment_ids_q != nullptr || key_padding_mask != nullptr ||
            has_attention_mask;
@@ -196,6 +198,11 @@ class IndexerKlProblem {
  private:
   IndexerKlProblem() = default;
 };
+
+// All rows of a whole per-row tensor [B, heads, T, width] (heads = 1:
+// [B, T, width]) as a RowView.
+RowView WholeRows(const TensorView& view, int64_t T, int64_t width,
+                  int64_t heads);
 
 // The views of all rows of the per-row tensors in `inputs`, the inputs
 // `problem` was created from, after checking that each holds its bytes

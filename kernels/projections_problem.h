@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "kernels/dtype.h"
@@ -80,6 +81,9 @@ class ProjectionsProblem {
   // the projections form's; its per-row tensors carry no bytes here: the
   // computation forms them tile by tile.
   IndexerKlProblem logits;
+  // With server_topk: the dense problem over all S keys that the selection
+  // ranks the valid keys of.
+  std::optional<IndexerKlProblem> selection;
 
   // The inputs' views (checked to hold their bytes).
   TensorView query, key, index_query, index_key, index_weights;
@@ -97,8 +101,8 @@ class ProjectionsProblem {
 // Caller-owned outputs, in options.loss.grad_dtype and shaped like the
 // inputs; the gradient buffers are required when options.loss.want_grad.
 struct ProjectionsOutputs {
-  std::byte* d_index_query = nullptr;  // [B,T,H_I,D_I]
-  std::byte* d_index_key = nullptr;    // [B,S,D_I]
+  std::byte* d_index_query = nullptr;    // [B,T,H_I,D_I]
+  std::byte* d_index_key = nullptr;      // [B,S,D_I]
   std::byte* d_index_weights = nullptr;  // [B,T,H_I]
   // [B,T,K] when the service selects (server_topk).
   int32_t* topk_indices = nullptr;

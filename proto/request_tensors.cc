@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <iterator>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "google/protobuf/descriptor.h"
@@ -42,11 +44,13 @@ const Fields& FieldsOf(const RequestTensor& tensor) {
   return (*fields)[&tensor - kRequestTensors];
 }
 
-// The message field `field` of `message`, or null when unset. The field's
-// type is the one the table promises (tests/proto checks it), so the cast
-// is to the generated class the field holds.
+// The message field `field` of `message`, or null when unset or when the
+// message has no such field (a projections tensor in a StreamHeader). The
+// field's type is the one the table promises (tests/proto checks it), so the
+// cast is to the generated class the field holds.
 template <typename Field>
 const Field* FindField(const Message& message, const FieldDescriptor* field) {
+  if (field == nullptr) return nullptr;
   const google::protobuf::Reflection& reflection = *message.GetReflection();
   if (!reflection.HasField(message, field)) return nullptr;
   return &static_cast<const Field&>(reflection.GetMessage(message, field));
@@ -82,6 +86,8 @@ absl::string_view DTypeRuleText(DTypeRule rule) {
   switch (rule) {
     case DTypeRule::kFloat:
       return "FP32, BF16 or FP16";
+    case DTypeRule::kFloat32:
+      return "FP32";
     case DTypeRule::kInt32:
       return "INT32";
     case DTypeRule::kBool:
@@ -90,8 +96,27 @@ absl::string_view DTypeRuleText(DTypeRule rule) {
   return "";
 }
 
-bool IsRequired(const RequestTensor& tensor) {
-  return std::holds_alternative<RequiredInput>(tensor.input);
+RequestForm FormOf(const v1::ComputeLossRequest& request) {
+  return request.has_query() ? RequestForm::kProjections : RequestForm::kLogits;
+}
+
+absl::string_view FormName(RequestForm form) {
+  return form == RequestForm::kProjections ? "the projections form"
+                                           : "the logits form";
+}
+
+bool TakenIn(RequestForm form, const RequestTensor& tensor) {
+  return form == RequestForm::kProjections
+             ? !std::holds_alternative<std::monostate>(tensor.projections)
+             : !std::holds_alternative<std::monostate>(tensor.logits);
+}
+
+bool RequiredIn(RequestForm form, const RequestTensor& tensor) {
+  return form == RequestForm::kProjections
+             ? std::holds_alternative<TensorView ProjectionsInputs::*>(
+                   tensor.projections)
+             : std::holds_alternative<TensorView IndexerKlInputs::*>(
+                   tensor.logits);
 }
 
 const v1::Tensor* FindTensor(const v1::ComputeLossRequest& request,
@@ -133,20 +158,53 @@ const std::string& BlockBytes(const v1::RowBlock& block,
       block, FieldsOf(tensor).block, &scratch);
 }
 
+namespace {
+
+template <typename Inputs>
+const TensorView* FindMember(const Inputs& inputs,
+                             const InputMember<Inputs>& member) {
+  if (const auto* required = std::get_if<TensorView Inputs::*>(&member)) {
+    return &(inputs.**required);
+  }
+  if (const auto* optional =
+          std::get_if<std::optional<TensorView> Inputs::*>(&member)) {
+    const std::optional<TensorView>& view = inputs.**optional;
+    return view.has_value() ? &*view : nullptr;
+  }
+  return nullptr;
+}
+
+template <typename Inputs>
+void SetMember(const InputMember<Inputs>& member, TensorView view,
+               Inputs& inputs) {
+  if (const auto* required = std::get_if<TensorView Inputs::*>(&member)) {
+    inputs.** required = std::move(view);
+  } else if (const auto* optional =
+                 std::get_if<std::optional<TensorView> Inputs::*>(&member)) {
+    inputs.** optional = std::move(view);
+  }
+}
+
+}  // namespace
+
 const TensorView* FindInput(const IndexerKlInputs& inputs,
                             const RequestTensor& tensor) {
-  if (IsRequired(tensor)) {
-    return &(inputs.*std::get<RequiredInput>(tensor.input));
-  }
-  const std::optional<TensorView>& view =
-      inputs.*std::get<OptionalInput>(tensor.input);
-  return view.has_value() ? &*view : nullptr;
+  return FindMember(inputs, tensor.logits);
+}
+
+const TensorView* FindInput(const ProjectionsInputs& inputs,
+                            const RequestTensor& tensor) {
+  return FindMember(inputs, tensor.projections);
 }
 
 void SetInput(const RequestTensor& tensor, TensorView view,
               IndexerKlInputs& inputs) {
-  std::visit([&](auto member) { inputs.*member = std::move(view); },
-             tensor.input);
+  SetMember(tensor.logits, std::move(view), inputs);
+}
+
+void SetInput(const RequestTensor& tensor, TensorView view,
+              ProjectionsInputs& inputs) {
+  SetMember(tensor.projections, std::move(view), inputs);
 }
 
 }  // namespace klserve

@@ -6,15 +6,21 @@
 // slicer, klctl, the tests' harness) iterates kRequestTensors, so a tensor
 // cannot be left out of one of them. Adding a tensor is one entry here, its
 // field in proto/klserve/v1/klserve.proto (ComputeLossRequest, StreamHeader
-// and, when per-row, RowBlock), its member of IndexerKlInputs and its use in
-// the kernels (for a per-row tensor also its slot in RowBlockBytes, filled
-// by server/codec/tensor_codec.cc's BlockBytesOf), and its flag in client/klctl.cc
-// (a flag is a macro, so it is written out; klctl refuses a loss call while
-// one is missing). tests/proto/request_tensors_test.cc fails until the table
-// and the proto agree.
+// and, when per-row, RowBlock), its member of IndexerKlInputs or
+// ProjectionsInputs (or both: the masks) and its use in the kernels (for a
+// per-row tensor also its slot in RowBlockBytes, filled by
+// server/codec/tensor_codec.cc's BlockBytesOf), and its flag in
+// client/klctl.cc (a flag is a macro, so it is written out; klctl refuses a
+// loss call while one is missing). tests/proto/request_tensors_test.cc fails
+// until the table and the proto agree.
 //
-// Shared by the server and the client libraries; needs no kernels code
-// (IndexerKlInputs is named only through member pointers).
+// A request is in one of two forms: the logits forms (the target and the
+// indexer scores given, IndexerKlInputs) or the projections form (`query`
+// given, ProjectionsInputs). Each entry names its member in each form that
+// takes it; a tensor the request's form does not take is an error.
+//
+// Shared by the server and the client libraries; needs no kernels code (the
+// inputs structs are named only through member pointers).
 
 #include <functional>
 #include <optional>
@@ -24,6 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/problem.h"
+#include "kernels/projections_problem.h"
 #include "kernels/tensor_view.h"
 #include "klserve/v1/klserve.pb.h"
 
@@ -36,19 +43,33 @@ enum class TensorRole {
   kPerRow,
   // Per batch entry ([B, T] or [B, S]): sent whole, in the StreamHeader too.
   kSmall,
+  // A projections-form tensor ([B, T, ...] or [B, S, ...]): sent whole in a
+  // ComputeLossRequest. The stream does not carry the projections form yet,
+  // so StreamHeader and RowBlock have no field for it.
+  kProjection,
+};
+
+// The two forms of a request.
+enum class RequestForm {
+  kLogits,       // attention_logits or attention_weights, indexer_scores
+  kProjections,  // query, key, index_query, index_key, index_weights
 };
 
 // The dtypes a tensor may have (the kernels check them).
 enum class DTypeRule {
   kFloat,  // FP32, BF16 or FP16
+  kFloat32,
   kInt32,
   kBool,  // one byte per element, nonzero is true
 };
 
-// A tensor's member of IndexerKlInputs: optional, or a plain view for the
-// one tensor every request must carry.
-using OptionalInput = std::optional<TensorView> IndexerKlInputs::*;
-using RequiredInput = TensorView IndexerKlInputs::*;
+// A tensor's member of one form's inputs struct: none (the form does not
+// take the tensor), optional, or a plain view for a tensor every request of
+// that form must carry.
+template <typename Inputs>
+using InputMember =
+    std::variant<std::monostate, std::optional<TensorView> Inputs::*,
+                 TensorView Inputs::*>;
 
 struct RequestTensor {
   // The field's name in ComputeLossRequest (a Tensor), StreamHeader (a
@@ -58,13 +79,16 @@ struct RequestTensor {
   TensorRole role;
   DTypeRule dtype;
   // Letters as in klserve.proto: B batch, H heads, T query rows, S keys,
-  // K top-k slots.
+  // K top-k slots; in the projections form D the head dimension, H_kv the
+  // key heads, H_I and D_I the indexer's heads and their dimension.
   absl::string_view layout;
   // Per-row: the layout of a RowBlock's bytes of num_rows rows; else empty.
   absl::string_view block_layout;
   // Per-row with a head axis: [B, H, T, X], blocks head-major [H, n, X].
   bool per_head;
-  std::variant<OptionalInput, RequiredInput> input;
+  // Its member in each form.
+  InputMember<IndexerKlInputs> logits;
+  InputMember<ProjectionsInputs> projections;
   // Per-row: the RowBlock's bytes for writing, else null. A function, as
   // protobuf's reflection writes a bytes field only by replacing its string,
   // and the client refills one block's strings to keep their capacity.
@@ -80,7 +104,8 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .layout = "[B, H, T, S or K]",
      .block_layout = "[H, num_rows, S or K]",
      .per_head = true,
-     .input = &IndexerKlInputs::attention_logits,
+     .logits = &IndexerKlInputs::attention_logits,
+     .projections = {},
      .mutable_block_bytes =
          [](v1::RowBlock& b) { return b.mutable_attention_logits(); }},
     {.name = "attention_weights",
@@ -89,7 +114,8 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .layout = "[B, T, S or K]",
      .block_layout = "[num_rows, S or K]",
      .per_head = false,
-     .input = &IndexerKlInputs::attention_weights,
+     .logits = &IndexerKlInputs::attention_weights,
+     .projections = {},
      .mutable_block_bytes =
          [](v1::RowBlock& b) { return b.mutable_attention_weights(); }},
     {.name = "indexer_scores",
@@ -98,7 +124,8 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .layout = "[B, T, S or K]",
      .block_layout = "[num_rows, S or K]",
      .per_head = false,
-     .input = &IndexerKlInputs::indexer_scores,
+     .logits = &IndexerKlInputs::indexer_scores,
+     .projections = {},
      .mutable_block_bytes =
          [](v1::RowBlock& b) { return b.mutable_indexer_scores(); }},
     {.name = "topk_indices",
@@ -107,7 +134,8 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .layout = "[B, T, K]",
      .block_layout = "[num_rows, K]",
      .per_head = false,
-     .input = &IndexerKlInputs::topk_indices,
+     .logits = &IndexerKlInputs::topk_indices,
+     .projections = &ProjectionsInputs::topk_indices,
      .mutable_block_bytes =
          [](v1::RowBlock& b) { return b.mutable_topk_indices(); }},
     {.name = "attention_mask",
@@ -116,7 +144,8 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .layout = "[B, T, S]",
      .block_layout = "[num_rows, S]",
      .per_head = false,
-     .input = &IndexerKlInputs::attention_mask,
+     .logits = &IndexerKlInputs::attention_mask,
+     .projections = &ProjectionsInputs::attention_mask,
      .mutable_block_bytes =
          [](v1::RowBlock& b) { return b.mutable_attention_mask(); }},
     {.name = "segment_ids_q",
@@ -125,7 +154,8 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .layout = "[B, T]",
      .block_layout = "",
      .per_head = false,
-     .input = &IndexerKlInputs::segment_ids_q,
+     .logits = &IndexerKlInputs::segment_ids_q,
+     .projections = &ProjectionsInputs::segment_ids_q,
      .mutable_block_bytes = nullptr},
     {.name = "segment_ids_kv",
      .role = TensorRole::kSmall,
@@ -133,7 +163,8 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .layout = "[B, S]",
      .block_layout = "",
      .per_head = false,
-     .input = &IndexerKlInputs::segment_ids_kv,
+     .logits = &IndexerKlInputs::segment_ids_kv,
+     .projections = &ProjectionsInputs::segment_ids_kv,
      .mutable_block_bytes = nullptr},
     {.name = "key_padding_mask",
      .role = TensorRole::kSmall,
@@ -141,7 +172,8 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .layout = "[B, S]",
      .block_layout = "",
      .per_head = false,
-     .input = &IndexerKlInputs::key_padding_mask,
+     .logits = &IndexerKlInputs::key_padding_mask,
+     .projections = &ProjectionsInputs::key_padding_mask,
      .mutable_block_bytes = nullptr},
     {.name = "row_valid",
      .role = TensorRole::kSmall,
@@ -149,7 +181,80 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .layout = "[B, T]",
      .block_layout = "",
      .per_head = false,
-     .input = &IndexerKlInputs::row_valid,
+     .logits = &IndexerKlInputs::row_valid,
+     .projections = &ProjectionsInputs::row_valid,
+     .mutable_block_bytes = nullptr},
+    {.name = "key_start",
+     .role = TensorRole::kSmall,
+     .dtype = DTypeRule::kInt32,
+     .layout = "[B, T]",
+     .block_layout = "",
+     .per_head = false,
+     .logits = &IndexerKlInputs::key_start,
+     .projections = &ProjectionsInputs::key_start,
+     .mutable_block_bytes = nullptr},
+    {.name = "key_end",
+     .role = TensorRole::kSmall,
+     .dtype = DTypeRule::kInt32,
+     .layout = "[B, T]",
+     .block_layout = "",
+     .per_head = false,
+     .logits = &IndexerKlInputs::key_end,
+     .projections = &ProjectionsInputs::key_end,
+     .mutable_block_bytes = nullptr},
+    {.name = "query",
+     .role = TensorRole::kProjection,
+     .dtype = DTypeRule::kFloat,
+     .layout = "[B, T, H, D]",
+     .block_layout = "",
+     .per_head = false,
+     .logits = {},
+     .projections = &ProjectionsInputs::query,
+     .mutable_block_bytes = nullptr},
+    {.name = "key",
+     .role = TensorRole::kProjection,
+     .dtype = DTypeRule::kFloat,
+     .layout = "[B, S, H_kv, D]",
+     .block_layout = "",
+     .per_head = false,
+     .logits = {},
+     .projections = &ProjectionsInputs::key,
+     .mutable_block_bytes = nullptr},
+    {.name = "lse",
+     .role = TensorRole::kProjection,
+     .dtype = DTypeRule::kFloat32,
+     .layout = "[B, H, T]",
+     .block_layout = "",
+     .per_head = false,
+     .logits = {},
+     .projections = &ProjectionsInputs::lse,
+     .mutable_block_bytes = nullptr},
+    {.name = "index_query",
+     .role = TensorRole::kProjection,
+     .dtype = DTypeRule::kFloat,
+     .layout = "[B, T, H_I, D_I]",
+     .block_layout = "",
+     .per_head = false,
+     .logits = {},
+     .projections = &ProjectionsInputs::index_query,
+     .mutable_block_bytes = nullptr},
+    {.name = "index_key",
+     .role = TensorRole::kProjection,
+     .dtype = DTypeRule::kFloat,
+     .layout = "[B, S, D_I]",
+     .block_layout = "",
+     .per_head = false,
+     .logits = {},
+     .projections = &ProjectionsInputs::index_key,
+     .mutable_block_bytes = nullptr},
+    {.name = "index_weights",
+     .role = TensorRole::kProjection,
+     .dtype = DTypeRule::kFloat,
+     .layout = "[B, T, H_I]",
+     .block_layout = "",
+     .per_head = false,
+     .logits = {},
+     .projections = &ProjectionsInputs::index_weights,
      .mutable_block_bytes = nullptr},
 };
 
@@ -161,10 +266,17 @@ absl::Span<const std::reference_wrapper<const RequestTensor>> PerRowTensors();
 // The entry named `name`, or null.
 const RequestTensor* FindRequestTensor(absl::string_view name);
 
-// "FP32, BF16 or FP16", "INT32" or "BOOL".
+// "FP32, BF16 or FP16", "FP32", "INT32" or "BOOL".
 absl::string_view DTypeRuleText(DTypeRule rule);
 
-bool IsRequired(const RequestTensor& tensor);
+// The form of `request`: the projections form when it carries `query`.
+RequestForm FormOf(const v1::ComputeLossRequest& request);
+// "the logits form" or "the projections form", for messages.
+absl::string_view FormName(RequestForm form);
+
+// Whether requests of `form` take `tensor`, and must carry it.
+bool TakenIn(RequestForm form, const RequestTensor& tensor);
+bool RequiredIn(RequestForm form, const RequestTensor& tensor);
 
 // The accessors below take entries of kRequestTensors (they look the fields
 // up by the entry's place in it), and find the message fields by name.
@@ -191,11 +303,16 @@ v1::TensorSpec* MutableSpec(v1::StreamHeader& header,
 const std::string& BlockBytes(const v1::RowBlock& block,
                               const RequestTensor& tensor);
 
-// The tensor's view in `inputs`, or null when absent.
+// The tensor's view in `inputs`, or null when absent or not of that form.
 const TensorView* FindInput(const IndexerKlInputs& inputs,
                             const RequestTensor& tensor);
+const TensorView* FindInput(const ProjectionsInputs& inputs,
+                            const RequestTensor& tensor);
+// Sets the tensor's member; the inputs' form must take it (TakenIn).
 void SetInput(const RequestTensor& tensor, TensorView view,
               IndexerKlInputs& inputs);
+void SetInput(const RequestTensor& tensor, TensorView view,
+              ProjectionsInputs& inputs);
 
 }  // namespace klserve
 

@@ -46,6 +46,7 @@ SERVICE_PACKAGES=(
   grpc-proto
   libtcmalloc-minimal4
   prometheus-cpp-dev
+  libopenblas-dev
 )
 TEST_PACKAGES=(
   libgtest-dev

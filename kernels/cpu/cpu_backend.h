@@ -25,6 +25,10 @@ class CpuBackend final : public Backend {
   absl::Status ComputeRows(const IndexerKlProblem& problem, const RowData& data,
                            RowRange rows, const BlockOutputs& outputs,
                            LossAccumulator& accumulator) override;
+  absl::Status ComputeProjections(const ProjectionsProblem& problem,
+                                  const ProjectionsOutputs& outputs,
+                                  LossAccumulator& accumulator,
+                                  int64_t& denominator) override;
 
   // The variant it computes with (its exp sets the benchmark's ceiling).
   const cpu::IsaKernels& kernels() const { return kernels_; }

@@ -6,8 +6,10 @@
 #include "absl/status/status.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/projection_tile.h"
 #include "kernels/loss_accumulator.h"
 #include "kernels/problem.h"
+#include "kernels/projections_problem.h"
 
 // The dispatch table: the entry points of the CPU backend's hot code, one
 // table per ISA variant. The sources behind them (kernels/cpu/variant/) are
@@ -30,6 +32,15 @@ struct IsaKernels {
   // out[i] = exp(in[i]) by the kernels' own exp, n a multiple of 16: the
   // benchmark's compute ceiling.
   void (*exp)(const float* in, float* out, int64_t n);
+  // The projections form: one tile of query rows, and MEAN_VALID's count of
+  // rows with a valid key (kernels/cpu/variant/projection_tile.h).
+  absl::Status (*compute_projection_tile)(const ProjectionsProblem& problem,
+                                          const ProjectionTile& tile,
+                                          const ProjectionTileOutputs& outputs,
+                                          int64_t& failed_row);
+  absl::Status (*count_rows_with_keys)(const ProjectionsProblem& problem,
+                                       RowRange rows, int64_t& count,
+                                       int64_t& failed_row);
 };
 
 // The table of `isa`, which the caller has checked the CPU runs (CpuRuns).

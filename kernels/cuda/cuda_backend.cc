@@ -115,6 +115,15 @@ absl::Status CudaBackend::ComputeRows(const IndexerKlProblem& p,
                                       const RowData& data, RowRange rows,
                                       const BlockOutputs& outputs,
                                       LossAccumulator& accumulator) {
+  // The device kernels know no per-row key bounds: refused rather than
+  // computed without them (--backend=auto serves such problems on a CPU
+  // backend instead, server/service/backend_selection.h).
+  if (p.key_start != nullptr) {
+    return absl::UnimplementedError(
+        "key_start: per-row key bounds are not served by the CUDA backend "
+        "yet (--backend=auto or --backend=cpu serves them), got key_start "
+        "and key_end");
+  }
   if (rows.size() <= 0) return absl::OkStatus();
 
   // The index rules, on the host and in row order before any launch: within

@@ -51,20 +51,72 @@ absl::StatusOr<std::optional<TensorView>> ViewIn(const v1::StreamHeader& header,
   return SpecView(tensor.name, *spec);
 }
 
-// The inputs `message` carries, each tensor viewed as ViewIn gives it.
+// Whether `message` carries the per-row tensor: whole in a request, as its
+// spec in a stream header.
+bool HasSpecOrTensor(const v1::ComputeLossRequest& request,
+                     const RequestTensor& tensor) {
+  return FindTensor(request, tensor) != nullptr;
+}
+bool HasSpecOrTensor(const v1::StreamHeader& header,
+                     const RequestTensor& tensor) {
+  return FindSpec(header, tensor) != nullptr;
+}
+
+// INVALID_ARGUMENT naming the first tensor `message` carries that requests
+// of `form` do not take: a request is in one form or the other, never both.
 template <typename Message>
-absl::StatusOr<IndexerKlInputs> InputsIn(const Message& message) {
-  IndexerKlInputs in;
+absl::Status CheckForm(const Message& message, RequestForm form) {
   for (const RequestTensor& tensor : kRequestTensors) {
+    const bool present = tensor.role == TensorRole::kPerRow
+                             ? HasSpecOrTensor(message, tensor)
+                             : FindTensor(message, tensor) != nullptr;
+    if (!present || TakenIn(form, tensor)) continue;
+    return absl::InvalidArgumentError(
+        form == RequestForm::kProjections
+            ? absl::StrCat(tensor.name,
+                           ": not in the projections form (query is set), "
+                           "got a tensor")
+            : absl::StrCat(tensor.name,
+                           ": only in the projections form (a request "
+                           "with query), got it without query"));
+  }
+  return absl::OkStatus();
+}
+
+// The inputs of `form` that `message` carries, each tensor viewed as ViewIn
+// gives it.
+template <typename Inputs, typename Message>
+absl::StatusOr<Inputs> InputsIn(const Message& message, RequestForm form) {
+  RETURN_IF_ERROR(CheckForm(message, form));
+  Inputs in;
+  for (const RequestTensor& tensor : kRequestTensors) {
+    if (!TakenIn(form, tensor)) continue;
     ASSIGN_OR_RETURN(std::optional<TensorView> view, ViewIn(message, tensor));
     if (view.has_value()) {
       SetInput(tensor, *std::move(view), in);
-    } else if (IsRequired(tensor)) {
+    } else if (RequiredIn(form, tensor)) {
       return absl::InvalidArgumentError(
           absl::StrCat(tensor.name, ": required, got none"));
     }
   }
   return in;
+}
+
+// INVALID_ARGUMENT naming the first option of the projections form that `o`
+// sets, for a request in the logits form.
+absl::Status CheckNoProjectionsOptions(const v1::LossOptions& o) {
+  const auto refuse = [](absl::string_view option, const auto& value) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.", option, ": only in the projections form (with query), got ",
+        value));
+  };
+  if (o.has_index_weight_scale()) {
+    return refuse("index_weight_scale", o.index_weight_scale());
+  }
+  if (o.has_use_relu())
+    return refuse("use_relu", o.use_relu() ? "true" : "false");
+  if (o.topk() != 0) return refuse("topk", o.topk());
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -90,7 +142,10 @@ absl::StatusOr<TensorView> ViewOf(absl::string_view field,
   return view;
 }
 
-absl::StatusOr<IndexerKlOptions> OptionsFrom(const v1::LossOptions& o) {
+namespace {
+
+// The options every form shares.
+absl::StatusOr<IndexerKlOptions> LossOptionsFrom(const v1::LossOptions& o) {
   IndexerKlOptions options;
   options.causal = o.causal();
   if (o.has_q_offset()) options.q_offset = o.q_offset();
@@ -136,13 +191,37 @@ absl::StatusOr<IndexerKlOptions> OptionsFrom(const v1::LossOptions& o) {
   return options;
 }
 
+}  // namespace
+
+absl::StatusOr<IndexerKlOptions> OptionsFrom(const v1::LossOptions& o) {
+  RETURN_IF_ERROR(CheckNoProjectionsOptions(o));
+  return LossOptionsFrom(o);
+}
+
+absl::StatusOr<ProjectionsOptions> ProjectionsOptionsFrom(
+    const v1::LossOptions& o) {
+  ProjectionsOptions options;
+  ASSIGN_OR_RETURN(options.loss, LossOptionsFrom(o));
+  if (o.has_index_weight_scale()) {
+    options.index_weight_scale = o.index_weight_scale();
+  }
+  if (o.has_use_relu()) options.use_relu = o.use_relu();
+  options.topk = o.topk();
+  return options;
+}
+
 absl::StatusOr<IndexerKlInputs> InputsFrom(
     const v1::ComputeLossRequest& request) {
-  return InputsIn(request);
+  return InputsIn<IndexerKlInputs>(request, RequestForm::kLogits);
+}
+
+absl::StatusOr<ProjectionsInputs> ProjectionsInputsFrom(
+    const v1::ComputeLossRequest& request) {
+  return InputsIn<ProjectionsInputs>(request, RequestForm::kProjections);
 }
 
 absl::StatusOr<IndexerKlInputs> InputsFrom(const v1::StreamHeader& header) {
-  return InputsIn(header);
+  return InputsIn<IndexerKlInputs>(header, RequestForm::kLogits);
 }
 
 RowBlockBytes BlockBytesOf(const v1::RowBlock& block) {

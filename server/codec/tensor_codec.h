@@ -15,6 +15,7 @@
 #include "kernels/dtype.h"
 #include "kernels/loss.h"
 #include "kernels/problem.h"
+#include "kernels/projections_problem.h"
 #include "kernels/row_block.h"
 #include "klserve/v1/klserve.pb.h"
 
@@ -28,10 +29,25 @@ absl::StatusOr<DType> ParseDType(absl::string_view field,
 absl::StatusOr<TensorView> ViewOf(absl::string_view field,
                                   const v1::Tensor& tensor);
 
+// The options of a logits-form request: INVALID_ARGUMENT naming an option
+// of the projections form (index_weight_scale, use_relu, topk) set.
 absl::StatusOr<IndexerKlOptions> OptionsFrom(const v1::LossOptions& options);
 
-// The inputs of a whole problem, viewing the request's bytes.
+// The options of a projections-form request.
+absl::StatusOr<ProjectionsOptions> ProjectionsOptionsFrom(
+    const v1::LossOptions& options);
+
+// The inputs of a whole problem in the logits form (FormOf), viewing the
+// request's bytes. INVALID_ARGUMENT naming the first tensor of the
+// projections form the request carries.
 absl::StatusOr<IndexerKlInputs> InputsFrom(
+    const v1::ComputeLossRequest& request);
+
+// The inputs of a whole problem in the projections form (FormOf), viewing
+// the request's bytes. INVALID_ARGUMENT naming the first tensor of the
+// logits forms the request carries (attention_logits, attention_weights,
+// indexer_scores).
+absl::StatusOr<ProjectionsInputs> ProjectionsInputsFrom(
     const v1::ComputeLossRequest& request);
 
 // The inputs of a streamed problem: per-row tensors give dtype and shape

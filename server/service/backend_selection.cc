@@ -33,25 +33,49 @@ std::unique_ptr<Backend> Cpu(int threads, cpu::Isa isa, bool forced) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> SelectBackend(absl::string_view name,
-                                                       int threads,
-                                                       absl::string_view isa) {
+Backend& ServingBackends::For(const IndexerKlProblem& problem) const {
+  // The CUDA kernels know no key bounds (kernels/cuda/cuda_backend.cc).
+  if (cpu_fallback_ != nullptr && problem.key_start != nullptr) {
+    return *cpu_fallback_;
+  }
+  return *primary_;
+}
+
+Backend& ServingBackends::ForProjections() const {
+  return cpu_fallback_ != nullptr ? *cpu_fallback_ : *primary_;
+}
+
+absl::StatusOr<std::unique_ptr<ServingBackends>> SelectBackends(
+    absl::string_view name, int threads, absl::string_view isa) {
   ASSIGN_OR_RETURN(const cpu::Isa cpu_isa, cpu::ResolveIsa(isa, "--isa"));
   const bool forced = isa != "auto";
-  if (name == "cpu") return Cpu(threads, cpu_isa, forced);
+  const auto cpu_only = [&] {
+    return std::make_unique<ServingBackends>(Cpu(threads, cpu_isa, forced),
+                                             nullptr);
+  };
+  if (name == "cpu") return cpu_only();
   if (name != "cuda" && name != "auto") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--backend: must be auto, cpu or cuda, got \"", name, "\""));
   }
   absl::StatusOr<std::unique_ptr<Backend>> cuda = Cuda();
-  if (cuda.ok()) return cuda;
+  if (cuda.ok()) {
+    if (name == "cuda") {
+      return std::make_unique<ServingBackends>(*std::move(cuda), nullptr);
+    }
+    std::fprintf(stderr,
+                 "klserve: the CPU computes what the CUDA backend does not "
+                 "serve (per-row key bounds, the projections form)\n");
+    return std::make_unique<ServingBackends>(*std::move(cuda),
+                                             Cpu(threads, cpu_isa, forced));
+  }
   if (name == "cuda") {
     return absl::FailedPreconditionError(
         absl::StrCat("--backend=cuda: ", cuda.status().message()));
   }
   std::fprintf(stderr, "klserve: no usable CUDA device (%s); using the CPU\n",
                std::string(cuda.status().message()).c_str());
-  return Cpu(threads, cpu_isa, forced);
+  return cpu_only();
 }
 
 }  // namespace klserve::server

@@ -158,13 +158,13 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   ASSIGN_OR_RETURN(const std::vector<ListenAddress> addresses,
                    ParseListenAddresses(options.listen));
   std::unique_ptr<KlServer> s(new KlServer(options));
-  ASSIGN_OR_RETURN(s->backend_, SelectBackend(options.backend, options.threads,
-                                              options.isa));
+  ASSIGN_OR_RETURN(s->backends_, SelectBackends(options.backend,
+                                                options.threads, options.isa));
   MetricsOptions metrics;
   metrics.listen_address = options.metrics_listen;
   metrics.version = std::string(kVersion);
-  metrics.backend = std::string(s->backend_->name());
-  metrics.device = s->backend_->device();
+  metrics.backend = std::string(s->backends_->primary().name());
+  metrics.device = s->backends_->primary().device();
   ASSIGN_OR_RETURN(s->metrics_, Metrics::Create(metrics));
   for (absl::string_view method : kIndexerKlMethods) {
     s->metrics_->RegisterMethod(method);
@@ -193,7 +193,7 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
       std::make_unique<ComputeExecutor>(options.max_concurrent_requests);
   s->watchdog_ = std::make_unique<StreamWatchdog>(WatchdogPeriod(options));
   s->service_ = std::make_unique<LossService>(
-      ServiceContext{s->backend_.get(), s->executor_.get(), s->requests_.get(),
+      ServiceContext{s->backends_.get(), s->executor_.get(), s->requests_.get(),
                      s->streams_.get(), s->watchdog_.get(), s->metrics_.get(),
                      s->reporter_.get(), &s->options_});
 
@@ -287,8 +287,8 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   }
   std::fprintf(stderr, "klserve: serving on %s, backend %s (%s), %s, %s\n",
                absl::StrJoin(serving, " and ").c_str(),
-               std::string(s->backend_->name()).c_str(),
-               s->backend_->device().c_str(), metrics_at.c_str(),
+               std::string(s->backends_->primary().name()).c_str(),
+               s->backends_->primary().device().c_str(), metrics_at.c_str(),
                tensorboard_at.c_str());
   return s;
 }

@@ -11,6 +11,7 @@
 #include "server/metrics/metrics.h"
 #include "server/service/admission.h"
 #include "server/service/auth.h"
+#include "server/service/backend_selection.h"
 #include "server/service/compute_executor.h"
 #include "server/service/loss_service.h"
 #include "server/service/open_calls.h"
@@ -37,7 +38,7 @@ class KlServer {
   int port() const { return port_; }
   // The /metrics port, 0 when not serving metrics.
   int metrics_port() const { return metrics_->port(); }
-  const Backend& backend() const { return *backend_; }
+  const Backend& backend() const { return backends_->primary(); }
 
   // Health turns NOT_SERVING, new requests get UNAVAILABLE, requests in
   // flight finish and their answers go out (up to options.drain_timeout,
@@ -54,7 +55,7 @@ class KlServer {
   const ServerOptions options_;
   // Destroyed in reverse: the executor finishes its last tasks while the
   // admission and the backend they use still exist.
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<ServingBackends> backends_;
   std::unique_ptr<Metrics> metrics_;
   // Shared with the credentials; null when no token is required.
   std::shared_ptr<TokenAuth> auth_;

@@ -14,14 +14,28 @@ absl::Status CheckTensorBytes(absl::string_view field, int64_t bytes,
                    options.max_tensor_bytes, " (--max_tensor_bytes)"));
 }
 
-absl::Status CheckInputBytes(const IndexerKlInputs& in,
-                             const ServerOptions& options) {
+namespace {
+
+template <typename Inputs>
+absl::Status CheckEveryInput(const Inputs& in, const ServerOptions& options) {
   for (const RequestTensor& tensor : kRequestTensors) {
     const TensorView* view = FindInput(in, tensor);
     if (view == nullptr) continue;
     RETURN_IF_ERROR(CheckTensorBytes(tensor.name, view->byte_size, options));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckInputBytes(const IndexerKlInputs& in,
+                             const ServerOptions& options) {
+  return CheckEveryInput(in, options);
+}
+
+absl::Status CheckInputBytes(const ProjectionsInputs& in,
+                             const ServerOptions& options) {
+  return CheckEveryInput(in, options);
 }
 
 absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,
@@ -40,6 +54,27 @@ absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,
         "grad: the response would carry ", grad_bytes + row_kl_bytes,
         " bytes, over the message limit of ", options.max_message_bytes,
         " (--max_message_bytes); send the problem with ComputeLossStream"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOutputBytes(const ProjectionsProblem& p,
+                              const ServerOptions& options) {
+  const IndexerKlOptions& o = p.logits.options;
+  const int64_t element = DTypeSize(o.grad_dtype);
+  const struct {
+    const char* field;
+    int64_t bytes;
+  } outputs[] = {
+      {"d_index_query", o.want_grad ? p.B * p.T * p.H_I * p.D_I * element : 0},
+      {"d_index_key", o.want_grad ? p.B * p.S * p.D_I * element : 0},
+      {"d_index_weights", o.want_grad ? p.B * p.T * p.H_I * element : 0},
+      {"topk_indices",
+       p.server_topk ? p.B * p.T * p.K * int64_t{sizeof(int32_t)} : 0},
+      {"row_kl", o.want_row_kl ? p.B * p.T * int64_t{sizeof(double)} : 0},
+  };
+  for (const auto& output : outputs) {
+    RETURN_IF_ERROR(CheckTensorBytes(output.field, output.bytes, options));
   }
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "kernels/problem.h"
+#include "kernels/projections_problem.h"
 #include "server/service/server_options.h"
 
 namespace klserve::server {
@@ -17,12 +18,21 @@ absl::Status CheckTensorBytes(absl::string_view field, int64_t bytes,
 // Every tensor a whole request carries, against --max_tensor_bytes.
 absl::Status CheckInputBytes(const IndexerKlInputs& inputs,
                              const ServerOptions& options);
+absl::Status CheckInputBytes(const ProjectionsInputs& inputs,
+                             const ServerOptions& options);
 
 // The outputs of `rows` rows of `problem` (gradient and row KL) against the
 // tensor limit and, for a response that carries them in one message
 // (`one_message`), the message limit. Checked before allocating them.
 absl::Status CheckOutputBytes(const IndexerKlProblem& problem, int64_t rows,
                               bool one_message, const ServerOptions& options);
+
+// Each output of a projections problem (the three gradients, the service's
+// top-k selection, row KL) against the tensor limit, before allocating them.
+// The response's message limit is checked on its encoded size
+// (CheckMessageBytes), as the unary call does.
+absl::Status CheckOutputBytes(const ProjectionsProblem& problem,
+                              const ServerOptions& options);
 
 // RESOURCE_EXHAUSTED naming `field` when a message that encodes to
 // `encoded_bytes` (gRPC's count: the protobuf encoding, framing included) is

@@ -1,7 +1,10 @@
 #include "server/service/loss_service.h"
 
 #include "kernels/loss.h"
+#include "kernels/projections_loss.h"
+#include "kernels/projections_problem.h"
 #include "kernels/status_macros.h"
+#include "proto/request_tensors.h"
 #include "server/codec/grpc_status.h"
 #include "server/codec/tensor_codec.h"
 #include "server/codec/wire_messages.h"
@@ -20,19 +23,34 @@ const char* LargestOutput(const IndexerKlOptions& options) {
   return options.want_row_kl ? "row_kl" : "request_id";
 }
 
-// The whole unary computation, on an executor thread: `bytes` in, `out`
-// encoded; `rows_computed` gets the rows computed.
-absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
-                          grpc::ByteBuffer& out, int64_t& rows_computed) {
-  v1::ComputeLossRequest request;
-  RETURN_IF_ERROR(ParseMessage(bytes, "ComputeLoss request", request));
-  // The parsed request is all that is read from here on: its bytes go now
-  // instead of when the call ends, so a large request is held once, not
-  // twice.
-  bytes.Clear();
-  RETURN_IF_ERROR(ctx.reporter->CheckTags(LossTagsFrom(request.tags())));
-  ASSIGN_OR_RETURN(const IndexerKlOptions options,
-                   OptionsFrom(request.options()));
+// The same for the projections form.
+const char* LargestOutput(const ProjectionsProblem& p) {
+  const IndexerKlOptions& o = p.logits.options;
+  if (o.want_grad) {
+    return p.T * p.H_I >= p.S ? "d_index_query" : "d_index_key";
+  }
+  if (p.server_topk) return "topk_indices";
+  return o.want_row_kl ? "row_kl" : "request_id";
+}
+
+// Checks, before computing, that `response` with the widest result fits
+// one message, so that a response gRPC would refuse to send is never
+// computed or counted.
+absl::Status CheckResponseFits(const char* largest,
+                               v1::ComputeLossResponse& response,
+                               const ServerOptions& options) {
+  WidestResultTo(response.mutable_result());
+  const auto bytes = static_cast<int64_t>(response.ByteSizeLong());
+  response.clear_result();
+  return CheckMessageBytes(largest, bytes,
+                           "send the problem with ComputeLossStream", options);
+}
+
+// A logits-form request's computation into `response`.
+absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
+    const ServiceContext& ctx, const v1::ComputeLossRequest& request,
+    const IndexerKlOptions& options, v1::ComputeLossResponse& response,
+    int64_t& rows_computed) {
   ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(request));
   RETURN_IF_ERROR(CheckInputBytes(inputs, *ctx.options));
   ASSIGN_OR_RETURN(const IndexerKlProblem problem,
@@ -40,8 +58,6 @@ absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
   ASSIGN_OR_RETURN(const RowData rows, WholeRowData(problem, inputs));
   RETURN_IF_ERROR(CheckOutputBytes(problem, problem.num_rows(),
                                    /*one_message=*/true, *ctx.options));
-  v1::ComputeLossResponse response;
-  response.set_request_id(request.request_id());
   LossOutputs outputs;
   if (options.want_grad) {
     outputs.grad = AllocateTensor(options.grad_dtype,
@@ -55,21 +71,92 @@ absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
                                            response.mutable_row_kl());
     outputs.row_kl_size = problem.num_rows();
   }
-  // Decided before computing, so that a response gRPC would refuse to send
-  // is never computed or counted.
-  WidestResultTo(response.mutable_result());
-  RETURN_IF_ERROR(CheckMessageBytes(
-      LargestOutput(options), static_cast<int64_t>(response.ByteSizeLong()),
-      "send the problem with ComputeLossStream", *ctx.options));
-  response.clear_result();
-  ASSIGN_OR_RETURN(const IndexerKlResult result,
-                   ComputeIndexerKl(*ctx.backend, problem, rows, outputs));
-  ResultTo(result, response.mutable_result());
-  RETURN_IF_ERROR(EncodeMessage(response, out));
+  RETURN_IF_ERROR(
+      CheckResponseFits(LargestOutput(options), response, *ctx.options));
+  ASSIGN_OR_RETURN(
+      const IndexerKlResult result,
+      ComputeIndexerKl(ctx.backends->For(problem), problem, rows, outputs));
   rows_computed = problem.num_rows();
+  return result;
+}
+
+// A projections-form request's computation into `response`: the indexer's
+// three gradients in place of grad, and the service's top-k selection.
+absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
+    const ServiceContext& ctx, const v1::ComputeLossRequest& request,
+    const ProjectionsOptions& options, v1::ComputeLossResponse& response,
+    int64_t& rows_computed) {
+  ASSIGN_OR_RETURN(const ProjectionsInputs inputs,
+                   ProjectionsInputsFrom(request));
+  RETURN_IF_ERROR(CheckInputBytes(inputs, *ctx.options));
+  ASSIGN_OR_RETURN(const ProjectionsProblem problem,
+                   ProjectionsProblem::Create(inputs, options));
+  RETURN_IF_ERROR(CheckOutputBytes(problem, *ctx.options));
+  const IndexerKlOptions& o = problem.logits.options;
+  ProjectionsOutputs outputs;
+  if (o.want_grad) {
+    outputs.d_index_query = AllocateTensor(
+        o.grad_dtype, {problem.B, problem.T, problem.H_I, problem.D_I},
+        response.mutable_d_index_query());
+    outputs.d_index_key =
+        AllocateTensor(o.grad_dtype, {problem.B, problem.S, problem.D_I},
+                       response.mutable_d_index_key());
+    outputs.d_index_weights =
+        AllocateTensor(o.grad_dtype, {problem.B, problem.T, problem.H_I},
+                       response.mutable_d_index_weights());
+  }
+  if (problem.server_topk) {
+    // std::string's buffer is aligned for int32.
+    outputs.topk_indices = reinterpret_cast<int32_t*>(
+        AllocateTensor(DType::kInt32, {problem.B, problem.T, problem.K},
+                       response.mutable_topk_indices()));
+  }
+  if (o.want_row_kl) {
+    outputs.row_kl = AllocateFloat64Tensor({problem.B, problem.T},
+                                           response.mutable_row_kl());
+  }
+  RETURN_IF_ERROR(
+      CheckResponseFits(LargestOutput(problem), response, *ctx.options));
+  ASSIGN_OR_RETURN(
+      const IndexerKlResult result,
+      ComputeProjectionsLoss(ctx.backends->ForProjections(), problem, outputs));
+  rows_computed = problem.B * problem.T;
+  return result;
+}
+
+// The whole unary computation, on an executor thread: `bytes` in, `out`
+// encoded; `rows_computed` gets the rows computed.
+absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
+                          grpc::ByteBuffer& out, int64_t& rows_computed) {
+  v1::ComputeLossRequest request;
+  RETURN_IF_ERROR(ParseMessage(bytes, "ComputeLoss request", request));
+  // The parsed request is all that is read from here on: its bytes go now
+  // instead of when the call ends, so a large request is held once, not
+  // twice.
+  bytes.Clear();
+  RETURN_IF_ERROR(ctx.reporter->CheckTags(LossTagsFrom(request.tags())));
+  v1::ComputeLossResponse response;
+  response.set_request_id(request.request_id());
+  int64_t rows = 0;
+  absl::StatusOr<IndexerKlResult> result;
+  double scaling_factor = 1;
+  if (FormOf(request) == RequestForm::kProjections) {
+    ASSIGN_OR_RETURN(const ProjectionsOptions options,
+                     ProjectionsOptionsFrom(request.options()));
+    scaling_factor = options.loss.scaling_factor;
+    result = ComputeProjectionsForm(ctx, request, options, response, rows);
+  } else {
+    ASSIGN_OR_RETURN(const IndexerKlOptions options,
+                     OptionsFrom(request.options()));
+    scaling_factor = options.scaling_factor;
+    result = ComputeLogitsForm(ctx, request, options, response, rows);
+  }
+  if (!result.ok()) return result.status();
+  ResultTo(*result, response.mutable_result());
+  RETURN_IF_ERROR(EncodeMessage(response, out));
+  rows_computed = rows;
   // Tags were checked above: this cannot fail.
-  ctx.reporter
-      ->Add(LossTagsFrom(request.tags()), result, options.scaling_factor)
+  ctx.reporter->Add(LossTagsFrom(request.tags()), *result, scaling_factor)
       .IgnoreError();
   return absl::OkStatus();
 }
@@ -150,9 +237,9 @@ grpc::ServerUnaryReactor* LossService::GetServerInfo(
     const ServerOptions& options = *context_.options;
     v1::GetServerInfoResponse info;
     info.set_version(std::string(kVersion));
-    info.set_backend(std::string(context_.backend->name()));
-    info.set_device(context_.backend->device());
-    info.set_threads(context_.backend->threads());
+    info.set_backend(std::string(context_.backends->primary().name()));
+    info.set_device(context_.backends->primary().device());
+    info.set_threads(context_.backends->primary().threads());
     info.set_max_message_bytes(options.max_message_bytes);
     info.set_max_tensor_bytes(options.max_tensor_bytes);
     info.set_max_concurrent_requests(options.max_concurrent_requests);

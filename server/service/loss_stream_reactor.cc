@@ -48,7 +48,7 @@ absl::Status LossStreamReactor::TakeHeader() {
   ASSIGN_OR_RETURN(IndexerKlProblem problem,
                    IndexerKlProblem::Create(inputs, options));
   problem_.emplace(std::move(problem));
-  computation_.emplace(*context_.backend, *problem_);
+  computation_.emplace(context_.backends->For(*problem_), *problem_);
   return absl::OkStatus();
 }
 

@@ -1,10 +1,10 @@
 #ifndef KLSERVE_SERVER_SERVICE_SERVICE_CONTEXT_H_
 #define KLSERVE_SERVER_SERVICE_SERVICE_CONTEXT_H_
 
-#include "kernels/backend.h"
 #include "server/metrics/loss_reporter.h"
 #include "server/metrics/metrics.h"
 #include "server/service/admission.h"
+#include "server/service/backend_selection.h"
 #include "server/service/compute_executor.h"
 #include "server/service/server_options.h"
 #include "server/service/stream_watchdog.h"
@@ -13,7 +13,7 @@ namespace klserve::server {
 
 // What every RPC handler shares; all of it outlives the gRPC server.
 struct ServiceContext {
-  Backend* backend;
+  const ServingBackends* backends;
   ComputeExecutor* executor;
   Admission* requests;  // unary ComputeLoss calls computing or queued
   Admission* streams;   // ComputeLossStream and Echo calls open

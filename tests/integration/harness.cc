@@ -347,6 +347,16 @@ float GetFloat(const v1::Tensor& tensor, int64_t index) {
                                   : Float16ToFloat(bits);
 }
 
+v1::Tensor Int32Tensor(std::vector<int64_t> shape,
+                       const std::vector<int32_t>& values) {
+  v1::Tensor t;
+  t.set_dtype("INT32");
+  for (int64_t d : shape) t.add_shape(d);
+  t.set_data(std::string(reinterpret_cast<const char*>(values.data()),
+                         values.size() * 4));
+  return t;
+}
+
 namespace {
 
 v1::Tensor FloatTensor(const std::string& dtype, std::vector<int64_t> shape,
@@ -355,16 +365,6 @@ v1::Tensor FloatTensor(const std::string& dtype, std::vector<int64_t> shape,
   t.set_dtype(dtype);
   for (int64_t d : shape) t.add_shape(d);
   t.set_data(EncodeFloats(values, dtype));
-  return t;
-}
-
-v1::Tensor Int32Tensor(std::vector<int64_t> shape,
-                       const std::vector<int32_t>& values) {
-  v1::Tensor t;
-  t.set_dtype("INT32");
-  for (int64_t d : shape) t.add_shape(d);
-  t.set_data(std::string(reinterpret_cast<const char*>(values.data()),
-                         values.size() * 4));
   return t;
 }
 
@@ -379,6 +379,62 @@ v1::Tensor BoolTensor(std::vector<int64_t> shape,
 }
 
 }  // namespace
+
+v1::ComputeLossRequest MakeProjectionsRequest(const ProjectionsSpec& spec) {
+  std::mt19937_64 rng(spec.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  const auto random = [&](int64_t n) {
+    std::vector<float> values(n);
+    for (float& v : values) v = normal(rng);
+    return values;
+  };
+  const int64_t B = spec.B, T = spec.T, S = spec.S;
+
+  v1::ComputeLossRequest request;
+  request.set_request_id(absl::StrCat(spec.name, "-", spec.seed));
+  *request.mutable_options() = spec.options;
+  const std::string& dtype = spec.dtype;
+  *request.mutable_query() = FloatTensor(dtype, {B, T, spec.H, spec.D},
+                                         random(B * T * spec.H * spec.D));
+  *request.mutable_key() = FloatTensor(dtype, {B, S, spec.H_kv, spec.D},
+                                       random(B * S * spec.H_kv * spec.D));
+  *request.mutable_index_query() = FloatTensor(
+      dtype, {B, T, spec.H_I, spec.D_I}, random(B * T * spec.H_I * spec.D_I));
+  *request.mutable_index_key() =
+      FloatTensor(dtype, {B, S, spec.D_I}, random(B * S * spec.D_I));
+  *request.mutable_index_weights() =
+      FloatTensor(dtype, {B, T, spec.H_I}, random(B * T * spec.H_I));
+  if (spec.K > 0) {
+    // K distinct keys per row (partial Fisher-Yates), about one slot in six
+    // empty.
+    std::vector<int32_t> topk(B * T * spec.K);
+    std::vector<int32_t> keys(S);
+    for (int64_t r = 0; r < B * T; ++r) {
+      for (int64_t s = 0; s < S; ++s) keys[s] = static_cast<int32_t>(s);
+      for (int64_t j = 0; j < spec.K; ++j) {
+        std::swap(keys[j], keys[j + rng() % (S - j)]);
+        topk[r * spec.K + j] = unit(rng) < 1.0 / 6 ? -1 : keys[j];
+      }
+    }
+    *request.mutable_topk_indices() = Int32Tensor({B, T, spec.K}, topk);
+  }
+  if (!spec.documents.empty()) {
+    // B = 1 rows packed along T = S, each seeing its document up to itself.
+    std::vector<int32_t> start, end;
+    int32_t begin = 0;
+    for (const int32_t length : spec.documents) {
+      for (int32_t t = begin; t < begin + length; ++t) {
+        start.push_back(begin);
+        end.push_back(t + 1);
+      }
+      begin += length;
+    }
+    *request.mutable_key_start() = Int32Tensor({1, begin}, start);
+    *request.mutable_key_end() = Int32Tensor({1, begin}, end);
+  }
+  return request;
+}
 
 ProblemSpec WideSpec(int64_t T, uint64_t seed) {
   ProblemSpec s;

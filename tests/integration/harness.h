@@ -175,6 +175,35 @@ inline void PrintTo(const ProblemSpec& spec, std::ostream* os) {
 // A random, valid request for `spec`.
 v1::ComputeLossRequest MakeRequest(const ProblemSpec& spec);
 
+// A request of the projections form: the projections normal(0, 1) in one
+// input dtype, and for the sparse stage the client's top-k indices.
+struct ProjectionsSpec {
+  std::string name;
+  int64_t B = 1, T = 6, S = 6;
+  int64_t H = 2, H_kv = 2, D = 8;  // main attention; H_kv divides H
+  int64_t H_I = 3, D_I = 4;        // indexer
+  // > 0: the sparse stage with the client's topk_indices of K slots (about
+  // one in six empty).
+  int64_t K = 0;
+  std::string dtype = "FP32";  // of every projection
+  // Non-empty (B = 1, T = S = the sum): per-row key bounds of documents of
+  // these lengths packed along T, each row seeing its document up to itself.
+  std::vector<int32_t> documents;
+  // causal, topk, use_relu, index_weight_scale, flavor, reduction, ...
+  v1::LossOptions options;
+  uint64_t seed = 1;
+};
+
+inline void PrintTo(const ProjectionsSpec& spec, std::ostream* os) {
+  *os << spec.name;
+}
+
+v1::ComputeLossRequest MakeProjectionsRequest(const ProjectionsSpec& spec);
+
+// An INT32 tensor of `shape` holding `values`.
+v1::Tensor Int32Tensor(std::vector<int64_t> shape,
+                       const std::vector<int32_t>& values);
+
 // Dense head-aggregated FP32 [1, T, 4096], causal, with row_kl: 32 KiB of
 // input per row, for tests that need large requests.
 ProblemSpec WideSpec(int64_t T, uint64_t seed);

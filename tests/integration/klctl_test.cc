@@ -1,10 +1,12 @@
 // klctl against the real server: health, info, loss on .npy files written
-// here (numbers and gradient bytes equal to the library's), errors with the
-// gRPC code name on stderr, and a short bench.
+// here (numbers and gradient bytes equal to the library's; the projections
+// form's equal to the float64 reference), errors with the gRPC code name on
+// stderr, and a short bench of each form.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -20,6 +22,8 @@
 #include "absl/strings/strip.h"
 #include "proto/request_tensors.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/reference_problems.h"
+#include "tests/reference/projections_reference.h"
 
 #ifndef KLCTL_BIN
 #error "KLCTL_BIN must be defined by the build"
@@ -214,6 +218,65 @@ class KlctlTest : public ServerTest {
         << "the row_kl .npy's bytes differ from the library's";
   }
 
+  // Runs `klctl loss` on the projections-form `request`'s tensors with
+  // `flags` (which must say what its options say), the gradients into the
+  // test's directory, and compares what it prints and writes with the
+  // reference.
+  void ExpectProjectionsMatchReference(const v1::ComputeLossRequest& request,
+                                       std::vector<std::string> flags) {
+    const klref::RefProjectionsResult ref =
+        klref::ComputeProjectionsReference(RefProjectionsOf(request));
+    ASSERT_TRUE(ref.kl.error.empty()) << ref.kl.error;
+    std::vector<std::string> args = {"loss"};
+    for (const RequestTensor& tensor : kRequestTensors) {
+      if (const v1::Tensor* t = FindTensor(request, tensor)) {
+        const std::string name(tensor.name);
+        args.push_back(absl::StrCat("--", name, "=", Write(name, *t)));
+      }
+    }
+    // The gradients land in the directory as <field>.npy.
+    const std::string d_query = OutPath("d_index_query");
+    const std::string d_key = OutPath("d_index_key");
+    const std::string d_weights = OutPath("d_index_weights");
+    const std::string topk_path = OutPath("topk_out");
+    args.push_back("--grad_out=" + dir_);
+    args.push_back("--row_kl_out=" + OutPath("row_kl"));
+    const bool server_topk = request.options().topk() > 0;
+    if (server_topk) args.push_back("--topk_out=" + topk_path);
+    args.insert(args.end(), flags.begin(), flags.end());
+
+    const CommandResult run = Klctl(args);
+    ASSERT_EQ(run.exit_code, 0)
+        << "klctl " << absl::StrJoin(args, " ") << "\nstdout:\n"
+        << run.out << "\nstderr:\n"
+        << run.err;
+    std::map<std::string, std::string> kv = KeyValues(run.out);
+    EXPECT_EQ(kv["transport"], "unary");
+    const double loss = ParseDouble(kv["loss"]);
+    EXPECT_NEAR(loss, ref.kl.loss, 1e-5 * std::fabs(ref.kl.loss) + 1e-9)
+        << run.out;
+    EXPECT_EQ(kv["denominator"], absl::StrCat(ref.kl.denominator));
+    EXPECT_EQ(kv["rows_fully_masked"], absl::StrCat(ref.kl.rows_fully_masked));
+    const auto read = [](const std::string& path) {
+      v1::Tensor t;
+      t.set_dtype("FP32");
+      t.set_data(ParseNpyFile(path).data);
+      return t;
+    };
+    EXPECT_TRUE(CloseTensor(ref.d_index_query, read(d_query), 1e-4));
+    EXPECT_TRUE(CloseTensor(ref.d_index_key, read(d_key), 1e-4));
+    EXPECT_TRUE(CloseTensor(ref.d_index_weights, read(d_weights), 1e-4));
+    EXPECT_TRUE(absl::StrContains(
+        ParseNpyFile(d_query).dict,
+        absl::StrCat("'shape': ", ShapeTuple(request.index_query()))));
+    if (server_topk) {
+      v1::Tensor topk;
+      topk.set_dtype("INT32");
+      topk.set_data(ParseNpyFile(topk_path).data);
+      EXPECT_EQ(DecodeInts(topk), ref.topk_indices);
+    }
+  }
+
   std::string dir_;
   std::vector<std::string> files_;
 };
@@ -280,6 +343,64 @@ TEST_F(KlctlTest, SparseAggregatedStreamedLossAndGradientMatchTheLibrary) {
                            "stream");
 }
 
+TEST_F(KlctlTest, KeyBoundsLossAndGradientMatchTheLibrary) {
+  ProblemSpec s;
+  s.name = "klctl-key-bounds";
+  s.B = 1, s.T = 8, s.S = 8, s.H = 2;
+  s.options.set_want_row_kl(true);
+  s.seed = 54;
+  v1::ComputeLossRequest request = MakeRequest(s);
+  // Two documents of 5 and 3 rows, each row seeing its own up to itself.
+  const std::vector<int32_t> start = {0, 0, 0, 0, 0, 5, 5, 5};
+  const std::vector<int32_t> end = {1, 2, 3, 4, 5, 6, 7, 8};
+  *request.mutable_key_start() = Int32Tensor({1, 8}, start);
+  *request.mutable_key_end() = Int32Tensor({1, 8}, end);
+  ExpectLossMatchesLibrary(request, {}, "unary");
+}
+
+TEST_F(KlctlTest, ProjectionsWithServerTopkMatchTheReference) {
+  ProjectionsSpec s;
+  s.name = "klctl-projections-topk";
+  s.B = 2, s.T = 6, s.S = 9, s.H = 4, s.H_kv = 2, s.D = 8;
+  s.options.set_causal(true);
+  s.options.set_topk(3);
+  s.options.set_want_row_kl(true);
+  s.seed = 55;
+  ExpectProjectionsMatchReference(MakeProjectionsRequest(s),
+                                  {"--causal", "--topk=3"});
+}
+
+TEST_F(KlctlTest, ProjectionsWithKeyBoundsAndOptionsMatchTheReference) {
+  ProjectionsSpec s;
+  s.name = "klctl-projections-documents";
+  s.B = 1, s.T = 10, s.S = 10, s.H = 2, s.H_kv = 1, s.D = 8;
+  s.documents = {6, 4};
+  s.options.set_use_relu(false);
+  s.options.set_index_weight_scale(0.5);
+  s.options.set_softmax_scale(0.25f);
+  s.options.set_flavor(v1::FLAVOR_MAXTEXT);
+  s.options.set_want_row_kl(true);
+  s.seed = 56;
+  ExpectProjectionsMatchReference(
+      MakeProjectionsRequest(s),
+      {"--use_relu=false", "--index_weight_scale=0.5", "--softmax_scale=0.25",
+       "--flavor=maxtext"});
+}
+
+TEST_F(KlctlTest, ProjectionsWithoutAProjectionIsRefusedByName) {
+  ProjectionsSpec s;
+  s.name = "klctl-projections-missing";
+  const v1::ComputeLossRequest request = MakeProjectionsRequest(s);
+  const CommandResult run =
+      Klctl({"loss", "--query=" + Write("query", request.query()),
+             "--key=" + Write("key", request.key()),
+             "--index_query=" + Write("index_query", request.index_query()),
+             "--index_key=" + Write("index_key", request.index_key())});
+  EXPECT_NE(run.exit_code, 0) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.err, "--index_weights: required"))
+      << run.err;
+}
+
 TEST_F(KlctlTest, BadInputExitsNonZeroWithTheCodeName) {
   ProblemSpec s;
   s.name = "klctl-bad";
@@ -326,6 +447,18 @@ TEST_F(KlctlTest, BenchRunsBothModes) {
   EXPECT_EQ(gb_per_s, 2) << run.out;
   EXPECT_TRUE(absl::StrContains(run.out, "mode: loss")) << run.out;
   EXPECT_TRUE(absl::StrContains(run.out, "mode: echo")) << run.out;
+}
+
+TEST_F(KlctlTest, BenchRunsTheProjectionsForm) {
+  const CommandResult run =
+      Klctl({"bench", "--form=projections", "--count=2", "--shape=1,64,64",
+             "--heads=4", "--duration=20s"});
+  ASSERT_EQ(run.exit_code, 0) << "stdout:\n"
+                              << run.out << "\nstderr:\n"
+                              << run.err;
+  EXPECT_TRUE(absl::StrContains(run.out, "form=projections")) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "transport: unary")) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "requests: 2")) << run.out;
 }
 
 // More workers than the server has slots: its refusals are load, which the

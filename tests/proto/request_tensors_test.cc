@@ -1,7 +1,8 @@
 // The tensor table against the proto: every tensor field of the request
 // messages has its entry, and every entry reaches the fields and the
-// IndexerKlInputs member it names. A tensor added to klserve.proto but not to
-// the table (or the reverse) fails here rather than being skipped quietly.
+// IndexerKlInputs and ProjectionsInputs members it names. A tensor added to
+// klserve.proto but not to the table (or the reverse) fails here rather than
+// being skipped quietly.
 
 #include "proto/request_tensors.h"
 
@@ -115,7 +116,11 @@ TEST(RequestTensors, RequestAccessorsReachTheNamedFields) {
 TEST(RequestTensors, HeaderAccessorsReachTheNamedFields) {
   v1::StreamHeader header;
   for (const RequestTensor& tensor : kRequestTensors) {
-    if (tensor.role == TensorRole::kPerRow) {
+    if (tensor.role == TensorRole::kProjection) {
+      // The stream does not carry the projections form: no field to find.
+      EXPECT_EQ(FindTensor(header, tensor), nullptr) << tensor.name;
+      EXPECT_EQ(FindSpec(header, tensor), nullptr) << tensor.name;
+    } else if (tensor.role == TensorRole::kPerRow) {
       EXPECT_EQ(FindSpec(header, tensor), nullptr) << tensor.name;
       MutableSpec(header, tensor)->set_dtype(std::string(tensor.name));
     } else {
@@ -125,7 +130,9 @@ TEST(RequestTensors, HeaderAccessorsReachTheNamedFields) {
   }
   EXPECT_EQ(header.attention_logits().dtype(), "attention_logits");
   EXPECT_EQ(header.row_valid().dtype(), "row_valid");
+  EXPECT_EQ(header.key_end().dtype(), "key_end");
   for (const RequestTensor& tensor : kRequestTensors) {
+    if (tensor.role == TensorRole::kProjection) continue;
     const std::string dtype = tensor.role == TensorRole::kPerRow
                                   ? FindSpec(header, tensor)->dtype()
                                   : FindTensor(header, tensor)->dtype();
@@ -150,39 +157,108 @@ TEST(RequestTensors, BlockBytesAreWrittenAndReadInTheNamedField) {
   }
 }
 
-// Each entry has its own IndexerKlInputs member, and exactly one (the
-// scores) is required.
-TEST(RequestTensors, InputMembersAreDistinct) {
-  IndexerKlInputs inputs;
-  int required = 0;
+// The tensors every request of `form` must carry.
+std::set<std::string> RequiredNames(RequestForm form) {
+  std::set<std::string> names;
   for (const RequestTensor& tensor : kRequestTensors) {
-    if (IsRequired(tensor)) {
-      ++required;
-      EXPECT_EQ(tensor.name, "indexer_scores");
-    } else {
+    if (RequiredIn(form, tensor)) names.insert(std::string(tensor.name));
+  }
+  return names;
+}
+
+TEST(RequestTensors, EachFormRequiresItsOwnTensors) {
+  EXPECT_EQ(RequiredNames(RequestForm::kLogits),
+            std::set<std::string>{"indexer_scores"});
+  EXPECT_EQ(RequiredNames(RequestForm::kProjections),
+            (std::set<std::string>{"query", "key", "index_query", "index_key",
+                                   "index_weights"}));
+  for (const RequestTensor& tensor : kRequestTensors) {
+    for (const RequestForm form :
+         {RequestForm::kLogits, RequestForm::kProjections}) {
+      EXPECT_TRUE(!RequiredIn(form, tensor) || TakenIn(form, tensor))
+          << tensor.name;
+    }
+  }
+}
+
+// Only the projections tensors are the projections form's alone; the
+// target and the scores are the logits forms' alone; the masks, key bounds
+// and topk_indices are both's.
+TEST(RequestTensors, FormsShareTheMasksAndKeyBounds) {
+  for (const RequestTensor& tensor : kRequestTensors) {
+    const bool logits = TakenIn(RequestForm::kLogits, tensor);
+    const bool projections = TakenIn(RequestForm::kProjections, tensor);
+    EXPECT_TRUE(logits || projections) << tensor.name;
+    EXPECT_EQ(!logits, tensor.role == TensorRole::kProjection) << tensor.name;
+    const bool logits_only = tensor.name == "attention_logits" ||
+                             tensor.name == "attention_weights" ||
+                             tensor.name == "indexer_scores";
+    EXPECT_EQ(!projections, logits_only) << tensor.name;
+  }
+}
+
+TEST(RequestTensors, QuerySelectsTheProjectionsForm) {
+  v1::ComputeLossRequest request;
+  request.mutable_indexer_scores();
+  EXPECT_EQ(FormOf(request), RequestForm::kLogits);
+  request.mutable_query();
+  EXPECT_EQ(FormOf(request), RequestForm::kProjections);
+}
+
+// Each entry a form takes has its own member of that form's inputs: a
+// distinct value set through each is read back under its own name only.
+template <typename Inputs>
+void ExpectDistinctMembers(RequestForm form) {
+  Inputs inputs;
+  for (const RequestTensor& tensor : kRequestTensors) {
+    if (!RequiredIn(form, tensor)) {
       EXPECT_EQ(FindInput(inputs, tensor), nullptr) << tensor.name;
     }
   }
-  EXPECT_EQ(required, 1);
-  int64_t i = 0;
+  const auto number = [](const RequestTensor& tensor) {
+    return &tensor - kRequestTensors + 1;
+  };
   for (const RequestTensor& tensor : kRequestTensors) {
     TensorView view;
-    view.byte_size = ++i;
-    SetInput(tensor, view, inputs);
+    view.byte_size = number(tensor);
+    if (TakenIn(form, tensor)) SetInput(tensor, view, inputs);
   }
-  // The members by their own names hold their entries' views.
-  const auto number = [](absl::string_view name) {
-    return FindRequestTensor(name) - kRequestTensors + 1;
-  };
-  EXPECT_EQ(inputs.attention_logits->byte_size, number("attention_logits"));
-  EXPECT_EQ(inputs.indexer_scores.byte_size, number("indexer_scores"));
-  EXPECT_EQ(inputs.row_valid->byte_size, number("row_valid"));
-  i = 0;
   for (const RequestTensor& tensor : kRequestTensors) {
     const TensorView* view = FindInput(inputs, tensor);
+    if (!TakenIn(form, tensor)) {
+      EXPECT_EQ(view, nullptr) << tensor.name;
+      continue;
+    }
     ASSERT_NE(view, nullptr) << tensor.name;
-    EXPECT_EQ(view->byte_size, ++i) << tensor.name;
+    EXPECT_EQ(view->byte_size, number(tensor)) << tensor.name;
   }
+}
+
+TEST(RequestTensors, LogitsInputMembersAreDistinct) {
+  ExpectDistinctMembers<IndexerKlInputs>(RequestForm::kLogits);
+  // The members by their own names hold their entries' views.
+  IndexerKlInputs inputs;
+  TensorView view;
+  view.byte_size = 7;
+  SetInput(*FindRequestTensor("key_start"), view, inputs);
+  ASSERT_TRUE(inputs.key_start.has_value());
+  EXPECT_EQ(inputs.key_start->byte_size, 7);
+  EXPECT_FALSE(inputs.key_end.has_value());
+  SetInput(*FindRequestTensor("indexer_scores"), view, inputs);
+  EXPECT_EQ(inputs.indexer_scores.byte_size, 7);
+}
+
+TEST(RequestTensors, ProjectionsInputMembersAreDistinct) {
+  ExpectDistinctMembers<ProjectionsInputs>(RequestForm::kProjections);
+  ProjectionsInputs inputs;
+  TensorView view;
+  view.byte_size = 9;
+  SetInput(*FindRequestTensor("index_key"), view, inputs);
+  EXPECT_EQ(inputs.index_key.byte_size, 9);
+  EXPECT_EQ(inputs.key.byte_size, 0);
+  SetInput(*FindRequestTensor("lse"), view, inputs);
+  ASSERT_TRUE(inputs.lse.has_value());
+  EXPECT_EQ(inputs.lse->byte_size, 9);
 }
 
 }  // namespace

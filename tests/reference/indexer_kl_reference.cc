@@ -106,6 +106,10 @@ bool KeyValid(const RefProblem& pr, int64_t b, int64_t t, int64_t s) {
   if (!pr.key_padding_mask.empty() && pr.key_padding_mask[b * pr.S + s] == 0) {
     return false;
   }
+  if (!pr.key_start.empty() &&
+      (s < pr.key_start[b * pr.T + t] || s >= pr.key_end[b * pr.T + t])) {
+    return false;
+  }
   return true;
 }
 

@@ -39,6 +39,10 @@ struct RefProblem {
   std::vector<uint8_t> attention_mask;    // [B,T,S], nonzero = may attend
   std::vector<uint8_t> key_padding_mask;  // [B,S]
   std::vector<uint8_t> row_valid;         // [B,T]
+  // Per-row key bounds [B,T], both or neither: key s valid for row (b, t)
+  // only when key_start <= s < key_end.
+  std::vector<int64_t> key_start;
+  std::vector<int64_t> key_end;
 
   double softmax_scale = 1.0;
   RefFlavor flavor = RefFlavor::kExact;

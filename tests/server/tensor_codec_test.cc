@@ -116,3 +116,101 @@ TEST(TensorCodec, BlockBytesViewTheBlock) {
 
 }  // namespace
 }  // namespace klserve::server
+
+namespace klserve::server {
+namespace {
+
+// A projections-form request of B = 1, T = 2, S = 3 (H = H_kv = 1, D = 4,
+// H_I = 2, D_I = 4), zero bytes.
+v1::ComputeLossRequest ProjectionsRequest() {
+  v1::ComputeLossRequest request;
+  *request.mutable_query() = MakeTensor("BF16", {1, 2, 1, 4}, 16);
+  *request.mutable_key() = MakeTensor("BF16", {1, 3, 1, 4}, 24);
+  *request.mutable_index_query() = MakeTensor("FP32", {1, 2, 2, 4}, 64);
+  *request.mutable_index_key() = MakeTensor("FP32", {1, 3, 4}, 48);
+  *request.mutable_index_weights() = MakeTensor("FP32", {1, 2, 2}, 16);
+  *request.mutable_key_start() = MakeTensor("INT32", {1, 2}, 8);
+  *request.mutable_key_end() = MakeTensor("INT32", {1, 2}, 8);
+  return request;
+}
+
+TEST(TensorCodec, ProjectionsViewsPointIntoTheMessageBytes) {
+  const v1::ComputeLossRequest request = ProjectionsRequest();
+  absl::StatusOr<ProjectionsInputs> in = ProjectionsInputsFrom(request);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->query.data, request.query().data().data());
+  EXPECT_EQ(in->key.data, request.key().data().data());
+  EXPECT_EQ(in->index_query.data, request.index_query().data().data());
+  EXPECT_EQ(in->index_key.data, request.index_key().data().data());
+  EXPECT_EQ(in->index_weights.data, request.index_weights().data().data());
+  ASSERT_TRUE(in->key_start.has_value());
+  EXPECT_EQ(in->key_start->data, request.key_start().data().data());
+  EXPECT_FALSE(in->lse.has_value());
+  EXPECT_FALSE(in->topk_indices.has_value());
+}
+
+TEST(TensorCodec, KeyBoundsAreViewedInTheLogitsForm) {
+  v1::ComputeLossRequest request;
+  *request.mutable_indexer_scores() = MakeTensor("FP32", {1, 2, 3}, 24);
+  *request.mutable_key_start() = MakeTensor("INT32", {1, 2}, 8);
+  *request.mutable_key_end() = MakeTensor("INT32", {1, 2}, 8);
+  absl::StatusOr<IndexerKlInputs> in = InputsFrom(request);
+  ASSERT_TRUE(in.ok()) << in.status();
+  ASSERT_TRUE(in->key_end.has_value());
+  EXPECT_EQ(in->key_end->data, request.key_end().data().data());
+}
+
+void ExpectInvalidNaming(const absl::Status& status, const std::string& field) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(status.message().rfind(field + ":", 0), 0u) << status;
+}
+
+TEST(TensorCodec, MixingTheFormsNamesTheField) {
+  v1::ComputeLossRequest with_logits = ProjectionsRequest();
+  *with_logits.mutable_attention_logits() =
+      MakeTensor("FP32", {1, 1, 2, 3}, 24);
+  ExpectInvalidNaming(ProjectionsInputsFrom(with_logits).status(),
+                      "attention_logits");
+
+  v1::ComputeLossRequest logits;
+  *logits.mutable_indexer_scores() = MakeTensor("FP32", {1, 2, 3}, 24);
+  *logits.mutable_lse() = MakeTensor("FP32", {1, 1, 2}, 8);
+  ExpectInvalidNaming(InputsFrom(logits).status(), "lse");
+}
+
+TEST(TensorCodec, ProjectionsFormRequiresItsTensors) {
+  v1::ComputeLossRequest request = ProjectionsRequest();
+  request.clear_index_key();
+  ExpectInvalidNaming(ProjectionsInputsFrom(request).status(), "index_key");
+}
+
+TEST(TensorCodec, ProjectionsOptionsOnlyInTheProjectionsForm) {
+  v1::LossOptions o;
+  o.set_topk(4);
+  ExpectInvalidNaming(OptionsFrom(o).status(), "options.topk");
+  v1::LossOptions scale;
+  scale.set_index_weight_scale(1);
+  ExpectInvalidNaming(OptionsFrom(scale).status(),
+                      "options.index_weight_scale");
+
+  o.set_use_relu(false);
+  o.set_index_weight_scale(0.5);
+  o.set_grad_scale(2);
+  absl::StatusOr<ProjectionsOptions> options = ProjectionsOptionsFrom(o);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->topk, 4);
+  EXPECT_FALSE(options->use_relu);
+  EXPECT_EQ(options->index_weight_scale, 0.5);
+  EXPECT_EQ(options->loss.grad_scale, 2);
+
+  // Unset, the defaults: relu on, the scale left to the kernels.
+  absl::StatusOr<ProjectionsOptions> defaults =
+      ProjectionsOptionsFrom(v1::LossOptions());
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_TRUE(defaults->use_relu);
+  EXPECT_FALSE(defaults->index_weight_scale.has_value());
+  EXPECT_EQ(defaults->topk, 0);
+}
+
+}  // namespace
+}  // namespace klserve::server

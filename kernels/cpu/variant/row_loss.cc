@@ -45,6 +45,26 @@ struct ScannedRow {
   TargetTerms terms;
 };
 
+// A built target (per-head, or the projections form's) against scores I in
+// float: the pass over I. With no valid slot, w is undefined: checks only.
+template <bool kMasked>
+ScannedRow ScanBuiltTarget(const IndexerKlProblem& p, const RowValidity& v,
+                           const RowTarget& target, const float* I,
+                           Prefetcher& next) {
+  ScannedRow row;
+  row.target = target;
+  row.I = I;
+  if (v.count == 0) {
+    row.scores = ScanLogits<kMasked>(I, p.row_length, v.limit, v.bytes);
+    return row;
+  }
+  const RowScan scan = ScanRow<kMasked, false>(target.w, I, p.row_length,
+                                               v.limit, v.bytes, nullptr, next);
+  row.scores = scan.scores;
+  row.terms = scan.terms;
+  return row;
+}
+
 template <bool kMasked>
 absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
                                                const RowData& data, int64_t r,
@@ -59,18 +79,11 @@ absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
     absl::StatusOr<RowTarget> target =
         LoadPerHeadTarget(p, data, r, v, scratch);
     if (!target.ok()) return target.status();
-    row.target = *target;
-    row.I = FloatRow(data.scores.dtype, data.scores.Row(r, p.T), p.row_length,
-                     scratch.scores());
-    if (v.count == 0) {  // w is undefined: checks only
-      row.scores = ScanLogits<kMasked>(row.I, p.row_length, v.limit, v.bytes);
-      return row;
-    }
-    const RowScan scan = ScanRow<kMasked, false>(
-        row.target.w, row.I, p.row_length, v.limit, v.bytes, nullptr, next);
-    row.scores = scan.scores;
-    row.terms = scan.terms;
-    return row;
+    return ScanBuiltTarget<kMasked>(
+        p, v, *target,
+        FloatRow(data.scores.dtype, data.scores.Row(r, p.T), p.row_length,
+                 scratch.scores()),
+        next);
   }
   // Head-aggregated: one pass streams the weights and the scores together.
   const float* x = FloatRow(data.target.dtype, data.target.Row(r, p.T),
@@ -98,25 +111,23 @@ absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
   return row;
 }
 
+// The loss and gradient of a row once its target and scores are scanned.
 template <bool kMasked>
-absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
-                                  const RowData& data, int64_t r,
-                                  const RowValidity& v, float grad_scale,
-                                  float* grad, Prefetcher& next,
-                                  RowScratch& scratch) {
+absl::StatusOr<RowResult> ScannedRowLoss(const IndexerKlProblem& p, int64_t r,
+                                         const RowValidity& v,
+                                         const ScannedRow& scanned,
+                                         float grad_scale, float* grad,
+                                         RowScratch& scratch) {
   const int64_t b = r / p.T, t = r % p.T;
-  absl::StatusOr<ScannedRow> scanned =
-      ScanTargetAndScores<kMasked>(p, data, r, v, next, scratch);
-  if (!scanned.ok()) return scanned.status();
-  const RowTarget& target = scanned->target;
-  const float* I = scanned->I;
-  const TargetTerms& terms = scanned->terms;
-  if (scanned->scores.any_bad) {
+  const RowTarget& target = scanned.target;
+  const float* I = scanned.I;
+  const TargetTerms& terms = scanned.terms;
+  if (scanned.scores.any_bad) {
     const int64_t j = FirstBadValue(I, p.row_length, /*weights=*/false);
     return RowErrorStatus(RowError::kScoresNotFinite,
                           {.b = b, .t = t, .j = j, .value = I[j]});
   }
-  const float m = scanned->scores.max;
+  const float m = scanned.scores.max;
   if (v.count > 0 && m == -kInf) {
     return RowErrorStatus(RowError::kScoresAllMinusInf, {.b = b, .t = t});
   }
@@ -188,7 +199,41 @@ absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
   return result;
 }
 
+template <bool kMasked>
+absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
+                                  const RowData& data, int64_t r,
+                                  const RowValidity& v, float grad_scale,
+                                  float* grad, Prefetcher& next,
+                                  RowScratch& scratch) {
+  absl::StatusOr<ScannedRow> scanned =
+      ScanTargetAndScores<kMasked>(p, data, r, v, next, scratch);
+  if (!scanned.ok()) return scanned.status();
+  return ScannedRowLoss<kMasked>(p, r, v, *scanned, grad_scale, grad, scratch);
+}
+
+template <bool kMasked>
+absl::StatusOr<RowResult> BuiltTargetLoss(const IndexerKlProblem& p, int64_t r,
+                                          const RowValidity& v,
+                                          const RowTarget& target,
+                                          const float* I, float grad_scale,
+                                          float* grad, RowScratch& scratch) {
+  Prefetcher none;
+  const ScannedRow scanned = ScanBuiltTarget<kMasked>(p, v, target, I, none);
+  return ScannedRowLoss<kMasked>(p, r, v, scanned, grad_scale, grad, scratch);
+}
+
 }  // namespace
+
+absl::StatusOr<RowResult> ComputeRowLossFromTarget(
+    const IndexerKlProblem& problem, int64_t r, const RowValidity& validity,
+    const RowTarget& target, const float* scores, float grad_scale, float* grad,
+    RowScratch& scratch) {
+  return validity.bytes != nullptr
+             ? BuiltTargetLoss<true>(problem, r, validity, target, scores,
+                                     grad_scale, grad, scratch)
+             : BuiltTargetLoss<false>(problem, r, validity, target, scores,
+                                      grad_scale, grad, scratch);
+}
 
 absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& problem,
                                          const RowData& data, int64_t r,

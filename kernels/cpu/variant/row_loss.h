@@ -7,6 +7,7 @@
 #include "kernels/cpu/row_scratch.h"
 #include "kernels/cpu/variant/isa_namespace.h"
 #include "kernels/cpu/variant/row_passes.h"
+#include "kernels/cpu/variant/row_target.h"
 #include "kernels/cpu/variant/row_validity.h"
 #include "kernels/loss_accumulator.h"
 #include "kernels/problem.h"
@@ -25,6 +26,15 @@ absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& problem,
                                          const RowValidity& validity,
                                          float grad_scale, float* grad,
                                          Prefetcher& next, RowScratch& scratch);
+
+// The same from a target already built (w zero on invalid slots, as
+// RowTarget says) and scores already in float, both `problem.row_length`
+// long: the projections form, which forms both from its projections tile by
+// tile. The scores are checked as ComputeRowLoss checks them.
+absl::StatusOr<RowResult> ComputeRowLossFromTarget(
+    const IndexerKlProblem& problem, int64_t r, const RowValidity& validity,
+    const RowTarget& target, const float* scores, float grad_scale, float* grad,
+    RowScratch& scratch);
 
 }  // namespace klserve::cpu::KLSERVE_ISA
 

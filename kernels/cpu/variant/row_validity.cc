@@ -1,5 +1,6 @@
 #include "kernels/cpu/variant/row_validity.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/row_rules.h"
@@ -52,37 +53,44 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
                                              const RowData& data, int64_t r,
                                              RowScratch& scratch) {
   const int64_t t = r % p.T;
-  const int64_t causal_end = CausalEnd(p.options.causal, t, p.q_offset, p.S);
+  // Keys in [start, end) pass the causal cut and the key bounds.
+  int64_t start = 0;
+  int64_t end = CausalEnd(p.options.causal, t, p.q_offset, p.S);
+  if (p.key_start != nullptr) {
+    start = LoadInt32(p.key_start + 4 * r);
+    end = std::min<int64_t>(end, LoadInt32(p.key_end + 4 * r));
+  }
   const KeyRules rules = RulesOf(p, data, r);
   uint8_t* bytes = scratch.valid();
   RowValidity validity;
 
   if (!p.sparse()) {
-    validity.limit = causal_end;
-    if (!p.has_row_mask()) {
-      validity.count = causal_end;
+    validity.limit = end;
+    if (!p.has_row_mask() && start == 0) {
+      validity.count = end;
       return validity;
     }
     // One simple loop per rule, so that each vectorises.
-    std::memset(bytes, 1, causal_end);
+    std::memset(bytes, 0, std::clamp<int64_t>(start, 0, end));
+    if (start < end) std::memset(bytes + start, 1, end - start);
     if (rules.segment_kv != nullptr) {
-      for (int64_t s = 0; s < causal_end; ++s) {
+      for (int64_t s = 0; s < end; ++s) {
         const int32_t id = LoadInt32(rules.segment_kv + 4 * s);
         bytes[s] &= (id >= 0) & (id == rules.segment_q);
       }
     }
     if (rules.key_padding != nullptr) {
-      for (int64_t s = 0; s < causal_end; ++s) {
+      for (int64_t s = 0; s < end; ++s) {
         bytes[s] &= rules.key_padding[s] != std::byte{0};
       }
     }
     if (rules.mask != nullptr) {
-      for (int64_t s = 0; s < causal_end; ++s) {
+      for (int64_t s = 0; s < end; ++s) {
         bytes[s] &= rules.mask[s] != std::byte{0};
       }
     }
     int64_t count = 0;
-    for (int64_t s = 0; s < causal_end; ++s) count += bytes[s];
+    for (int64_t s = 0; s < end; ++s) count += bytes[s];
     validity.bytes = bytes;
     validity.count = count;
     return validity;
@@ -96,7 +104,7 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
   if (!indices_ok.ok()) return indices_ok;
   for (int64_t j = 0; j < p.row_length; ++j) {
     const int32_t key = LoadInt32(indices + 4 * j);
-    bytes[j] = key >= 0 && key < causal_end;
+    bytes[j] = key >= start && key < end;
   }
   if (p.has_row_mask()) {
     for (int64_t j = 0; j < p.row_length; ++j) {

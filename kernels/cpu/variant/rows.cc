@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/row_scratch.h"
+#include "kernels/cpu/variant/projection_tile.h"
 #include "kernels/cpu/variant/row_convert.h"
 #include "kernels/cpu/variant/row_loss.h"
 #include "kernels/cpu/variant/row_passes.h"
@@ -88,6 +89,7 @@ void ExpArray(const float* in, float* out, int64_t n) {
 }  // namespace
 
 extern const IsaKernels kIsaKernels;
-const IsaKernels kIsaKernels = {Isa::KLSERVE_ISA_ENUM, &ComputeRows, &ExpArray};
+const IsaKernels kIsaKernels = {Isa::KLSERVE_ISA_ENUM, &ComputeRows, &ExpArray,
+                                &ComputeProjectionTile, &CountRowsWithKeys};
 
 }  // namespace klserve::cpu::KLSERVE_ISA

@@ -1,0 +1,170 @@
+#include "kernels/projections_problem.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+#include "kernels/tensor_checks.h"
+
+namespace klserve {
+namespace {
+
+// A projection: a float tensor of the given rank, with its bytes.
+absl::Status CheckProjection(absl::string_view field, const TensorView& view,
+                             absl::string_view layout, size_t rank) {
+  RETURN_IF_ERROR(CheckDType(field, view, kFloatTypes));
+  RETURN_IF_ERROR(CheckLayout(field, view, layout, rank));
+  return CheckBytes(field, view);
+}
+
+absl::Status CheckShape(absl::string_view field, const TensorView& view,
+                        absl::string_view layout,
+                        std::initializer_list<int64_t> expected) {
+  RETURN_IF_ERROR(CheckTensor(field, view, kFloatTypes, layout, expected));
+  return CheckBytes(field, view);
+}
+
+// The logits-form problem over `row_length` slots per row that the
+// projections describe; `indices` is the sparse stage's [B,T,K] (the
+// client's, or a spec of the service's selection).
+absl::StatusOr<IndexerKlProblem> LogitsFormProblem(
+    const ProjectionsInputs& in, const IndexerKlOptions& options, int64_t B,
+    int64_t T, int64_t S, int64_t H, int64_t row_length,
+    std::optional<TensorView> indices) {
+  IndexerKlInputs logits;
+  logits.attention_logits =
+      TensorView{.dtype = DType::kFloat32, .shape = {B, H, T, row_length}};
+  logits.indexer_scores =
+      TensorView{.dtype = DType::kFloat32, .shape = {B, T, row_length}};
+  logits.topk_indices = std::move(indices);
+  logits.segment_ids_q = in.segment_ids_q;
+  logits.segment_ids_kv = in.segment_ids_kv;
+  logits.attention_mask = in.attention_mask;
+  logits.key_padding_mask = in.key_padding_mask;
+  logits.row_valid = in.row_valid;
+  logits.key_start = in.key_start;
+  logits.key_end = in.key_end;
+  IndexerKlOptions with_keys = options;
+  with_keys.num_keys = S;
+  return IndexerKlProblem::Create(logits, with_keys);
+}
+
+}  // namespace
+
+absl::StatusOr<ProjectionsProblem> ProjectionsProblem::Create(
+    const ProjectionsInputs& in, const ProjectionsOptions& options) {
+  // The main attention fixes B, T, H, D (query) and S, H_kv (key).
+  RETURN_IF_ERROR(CheckProjection("query", in.query, "[B, T, H, D]", 4));
+  const int64_t B = in.query.shape[0], T = in.query.shape[1];
+  const int64_t H = in.query.shape[2], D = in.query.shape[3];
+  RETURN_IF_ERROR(CheckProjection("key", in.key, "[B, S, H_kv, D]", 4));
+  const int64_t S = in.key.shape[1], H_kv = in.key.shape[2];
+  if (in.key.shape[0] != B || in.key.shape[3] != D) {
+    return Invalid("key",
+                   absl::StrCat("shape must be [B, S, H_kv, D] with B = ", B,
+                                " and D = ", D, " (query's)"),
+                   ShapeString(in.key.shape));
+  }
+  if (H % H_kv != 0) {
+    return Invalid("key",
+                   absl::StrCat("H_kv must divide the query's H = ", H,
+                                " (MHA: H_kv = H; MQA: 1; GQA: a divisor)"),
+                   absl::StrCat(H_kv));
+  }
+  RETURN_IF_ERROR(
+      CheckProjection("index_query", in.index_query, "[B, T, H_I, D_I]", 4));
+  const int64_t H_I = in.index_query.shape[2], D_I = in.index_query.shape[3];
+  RETURN_IF_ERROR(CheckShape("index_query", in.index_query, "[B, T, H_I, D_I]",
+                             {B, T, H_I, D_I}));
+  RETURN_IF_ERROR(
+      CheckShape("index_key", in.index_key, "[B, S, D_I]", {B, S, D_I}));
+  RETURN_IF_ERROR(CheckShape("index_weights", in.index_weights, "[B, T, H_I]",
+                             {B, T, H_I}));
+  if (options.loss.num_keys != 0 && options.loss.num_keys != S) {
+    return Invalid("num_keys",
+                   absl::StrCat("must be 0 or S = ", S, " (key's S)"),
+                   absl::StrCat(options.loss.num_keys));
+  }
+
+  // The stage: dense, the client's indices, or the service's selection.
+  if (options.topk < 0) {
+    return Invalid("topk", "must be >= 1 (or 0: no selection)",
+                   absl::StrCat(options.topk));
+  }
+  const bool server_topk = options.topk > 0;
+  if (server_topk && in.topk_indices) {
+    return Invalid("topk", "topk and topk_indices exclude each other",
+                   absl::StrCat(options.topk, " with topk_indices"));
+  }
+  if (server_topk && in.lse) {
+    return Invalid("lse",
+                   "must not be given with topk (the client cannot know the "
+                   "service's selection)",
+                   "an lse");
+  }
+  int64_t K = 0;
+  std::optional<TensorView> indices;
+  if (in.topk_indices) {
+    RETURN_IF_ERROR(
+        CheckDType("topk_indices", *in.topk_indices, {DType::kInt32}));
+    RETURN_IF_ERROR(
+        CheckLayout("topk_indices", *in.topk_indices, "[B, T, K]", 3));
+    K = in.topk_indices->shape[2];
+    indices = in.topk_indices;
+  } else if (server_topk) {
+    constexpr int64_t kMaxTopk = (int64_t{1} << 31) - 1;
+    if (options.topk > kMaxTopk) {
+      return Invalid("topk", "must be below 2^31", absl::StrCat(options.topk));
+    }
+    K = options.topk;
+    indices = TensorView{.dtype = DType::kInt32, .shape = {B, T, K}};
+  }
+
+  const double weight_scale = options.index_weight_scale.value_or(
+      1.0 / std::sqrt(static_cast<double>(H_I * D_I)));
+  if (!std::isfinite(weight_scale) ||
+      !std::isfinite(static_cast<float>(weight_scale))) {
+    return Invalid("index_weight_scale", "must be finite in float32",
+                   absl::StrCat(weight_scale));
+  }
+
+  ASSIGN_OR_RETURN(
+      IndexerKlProblem logits,
+      LogitsFormProblem(in, options.loss, B, T, S, H, K > 0 ? K : S, indices));
+  ProjectionsProblem p(std::move(logits));
+  if (server_topk) {
+    ASSIGN_OR_RETURN(p.selection, LogitsFormProblem(in, options.loss, B, T, S,
+                                                    H, S, std::nullopt));
+  }
+  p.B = B, p.T = T, p.S = S;
+  p.H = H, p.H_kv = H_kv, p.D = D;
+  p.H_I = H_I, p.D_I = D_I;
+  p.K = K;
+  p.server_topk = server_topk;
+  p.index_weight_scale = static_cast<float>(weight_scale);
+  p.use_relu = options.use_relu;
+  p.query = in.query;
+  p.key = in.key;
+  p.index_query = in.index_query;
+  p.index_key = in.index_key;
+  p.index_weights = in.index_weights;
+  if (in.lse) {
+    RETURN_IF_ERROR(
+        CheckTensor("lse", *in.lse, {DType::kFloat32}, "[B, H, T]", {B, H, T}));
+    RETURN_IF_ERROR(CheckBytes("lse", *in.lse));
+    p.lse = in.lse;
+  }
+  if (in.topk_indices) {
+    RETURN_IF_ERROR(CheckBytes("topk_indices", *in.topk_indices));
+    p.topk_indices = in.topk_indices;
+  }
+  if (in.attention_mask) {
+    RETURN_IF_ERROR(CheckBytes("attention_mask", *in.attention_mask));
+    p.attention_mask = in.attention_mask;
+  }
+  return p;
+}
+
+}  // namespace klserve

@@ -1,0 +1,378 @@
+// The projections form over the real server (unary ComputeLoss): for small
+// problems of every shape family (MHA, GQA, MQA; dense causal with T = S and
+// T != S, sparse with the client's indices or the service's own top-k, key
+// bounds, BF16 and FP16 inputs, a given lse) the loss, row KL and the
+// gradients of index_query, index_key and index_weights equal the float64
+// reference (tests/reference/projections_reference.h), and the service's
+// selection equals the reference's. Bad requests are INVALID_ARGUMENT (or
+// RESOURCE_EXHAUSTED past a limit) naming the field.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "klserve/v1/klserve.pb.h"
+#include "tests/integration/harness.h"
+#include "tests/integration/reference_problems.h"
+#include "tests/reference/projections_reference.h"
+
+namespace klserve::integration {
+namespace {
+
+v1::LossOptions Options(v1::Flavor flavor, v1::Reduction reduction,
+                        const std::string& grad_dtype) {
+  v1::LossOptions o;
+  o.set_flavor(flavor);
+  o.set_reduction(reduction);
+  o.set_grad_dtype(grad_dtype);
+  o.set_want_row_kl(true);
+  return o;
+}
+
+std::vector<ProjectionsSpec> AgreementSpecs() {
+  std::vector<ProjectionsSpec> specs;
+  {
+    ProjectionsSpec s;
+    s.name = "DenseCausalMha";
+    s.B = 2, s.T = 6, s.S = 6, s.H = 2, s.H_kv = 2, s.D = 8;
+    s.options = Options(v1::FLAVOR_EXACT, v1::REDUCTION_MEAN, "FP32");
+    s.options.set_causal(true);
+    s.options.set_softmax_scale(1 / std::sqrt(8.0f));
+    s.seed = 31;
+    specs.push_back(s);
+  }
+  {
+    ProjectionsSpec s;
+    s.name = "GqaCausalTNotSMaxTextNoRelu";
+    s.B = 1, s.T = 5, s.S = 9, s.H = 4, s.H_kv = 2, s.D = 6;
+    s.H_I = 2, s.D_I = 5;
+    s.options = Options(v1::FLAVOR_MAXTEXT, v1::REDUCTION_MEAN_VALID, "FP32");
+    s.options.set_causal(true);
+    s.options.set_use_relu(false);
+    s.options.set_index_weight_scale(1.0);
+    s.seed = 32;
+    specs.push_back(s);
+  }
+  {
+    ProjectionsSpec s;
+    s.name = "MqaSparseClientIndices";
+    s.B = 2, s.T = 6, s.S = 10, s.H = 4, s.H_kv = 1, s.D = 8, s.K = 4;
+    s.options = Options(v1::FLAVOR_EXACT, v1::REDUCTION_SUM, "FP32");
+    s.options.set_scaling_factor(0.5);
+    s.options.set_grad_scale(2.0);
+    s.seed = 33;
+    specs.push_back(s);
+  }
+  {
+    ProjectionsSpec s;
+    s.name = "ServerTopk";
+    s.B = 2, s.T = 6, s.S = 9, s.H = 2, s.H_kv = 1, s.D = 4;
+    s.options = Options(v1::FLAVOR_EXACT, v1::REDUCTION_MEAN, "FP32");
+    s.options.set_causal(true);
+    s.options.set_topk(3);
+    s.seed = 34;
+    specs.push_back(s);
+  }
+  {
+    ProjectionsSpec s;
+    s.name = "Bf16Inputs";
+    s.B = 1, s.T = 7, s.S = 7, s.H = 2, s.H_kv = 2, s.D = 8;
+    s.dtype = "BF16";
+    s.options = Options(v1::FLAVOR_EXACT, v1::REDUCTION_MEAN, "BF16");
+    s.options.set_causal(true);
+    s.seed = 35;
+    specs.push_back(s);
+  }
+  {
+    ProjectionsSpec s;
+    s.name = "Fp16KeyBoundsDocuments";
+    s.B = 1, s.T = 12, s.S = 12, s.H = 2, s.H_kv = 1, s.D = 8;
+    s.dtype = "FP16";
+    s.documents = {4, 3, 5};
+    s.options = Options(v1::FLAVOR_MAXTEXT, v1::REDUCTION_MEAN, "FP16");
+    s.seed = 36;
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+// The server's answer against the reference's, to `tolerance` for the
+// result and the gradient dtype's tolerance for the gradients.
+void ExpectAsTheReference(const klref::RefProjectionsResult& ref,
+                          const v1::ComputeLossResponse& response,
+                          const std::string& grad_dtype) {
+  ASSERT_TRUE(ref.kl.error.empty()) << ref.kl.error;
+  EXPECT_TRUE(CloseResult(ref.kl, response, 1e-5));
+  EXPECT_FALSE(response.has_grad());
+  const double tolerance = GradTolerance(grad_dtype);
+  for (const v1::Tensor* grad :
+       {&response.d_index_query(), &response.d_index_key(),
+        &response.d_index_weights()}) {
+    EXPECT_EQ(grad->dtype(), grad_dtype);
+  }
+  EXPECT_TRUE(
+      CloseTensor(ref.d_index_query, response.d_index_query(), tolerance));
+  EXPECT_TRUE(CloseTensor(ref.d_index_key, response.d_index_key(), tolerance));
+  EXPECT_TRUE(
+      CloseTensor(ref.d_index_weights, response.d_index_weights(), tolerance));
+}
+
+class ProjectionsAgreementTest
+    : public ServerTest,
+      public ::testing::WithParamInterface<ProjectionsSpec> {};
+
+TEST_P(ProjectionsAgreementTest, UnaryEqualsTheReference) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const ProjectionsSpec& spec = GetParam();
+  const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  const klref::RefProjectionsResult ref =
+      klref::ComputeProjectionsReference(RefProjectionsOf(request));
+  // ComputeLoss sends the projections form unary whatever its size.
+  absl::StatusOr<v1::ComputeLossResponse> response =
+      client().ComputeLoss(request);
+  ASSERT_TRUE(response.ok()) << Describe(response.status());
+  EXPECT_EQ(response->request_id(), request.request_id());
+  ExpectAsTheReference(ref, *response, spec.options.grad_dtype());
+  const std::vector<int64_t> shape = {spec.B, spec.T, spec.H_I, spec.D_I};
+  EXPECT_EQ(std::vector<int64_t>(response->d_index_query().shape().begin(),
+                                 response->d_index_query().shape().end()),
+            shape);
+  if (spec.options.topk() > 0) {
+    ASSERT_TRUE(response->has_topk_indices());
+    EXPECT_EQ(response->topk_indices().dtype(), "INT32");
+    EXPECT_EQ(DecodeInts(response->topk_indices()), ref.topk_indices);
+  } else {
+    EXPECT_FALSE(response->has_topk_indices());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Problems, ProjectionsAgreementTest, ::testing::ValuesIn(AgreementSpecs()),
+    [](const ::testing::TestParamInfo<ProjectionsSpec>& info) {
+      return info.param.name;
+    });
+
+// Each head's log-sum-exp over the row's valid keys, from the reference's
+// logits and validity; 0 on rows without a valid key.
+v1::Tensor LseOf(const klref::RefProjections& p) {
+  const klref::RefProblem logits = klref::LogitsFormOf(p, {});
+  const klref::RefResult dense = klref::ComputeReference(logits);
+  std::vector<float> lse(p.B * p.H * p.T, 0.0f);
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t h = 0; h < p.H; ++h) {
+      for (int64_t t = 0; t < p.T; ++t) {
+        const int64_t r = b * p.T + t;
+        double max = -std::numeric_limits<double>::infinity();
+        for (int64_t s = 0; s < p.S; ++s) {
+          if (!dense.valid[r * p.S + s]) continue;
+          max = std::max(
+              max, p.options.softmax_scale *
+                       logits.logits[((b * p.H + h) * p.T + t) * p.S + s]);
+        }
+        if (std::isinf(max)) continue;
+        double sum = 0;
+        for (int64_t s = 0; s < p.S; ++s) {
+          if (!dense.valid[r * p.S + s]) continue;
+          sum +=
+              std::exp(p.options.softmax_scale *
+                           logits.logits[((b * p.H + h) * p.T + t) * p.S + s] -
+                       max);
+        }
+        lse[(b * p.H + h) * p.T + t] = static_cast<float>(max + std::log(sum));
+      }
+    }
+  }
+  v1::Tensor t;
+  t.set_dtype("FP32");
+  for (int64_t d : {p.B, p.H, p.T}) t.add_shape(d);
+  t.mutable_data()->resize(lse.size() * sizeof(float));
+  std::memcpy(t.mutable_data()->data(), lse.data(), t.data().size());
+  return t;
+}
+
+TEST_F(ServerTest, ProjectionsWithLseEqualTheReference) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  ProjectionsSpec spec;
+  spec.name = "DenseWithLse";
+  spec.B = 2, spec.T = 5, spec.S = 8, spec.H = 4, spec.H_kv = 2, spec.D = 8;
+  spec.options = Options(v1::FLAVOR_EXACT, v1::REDUCTION_MEAN, "FP32");
+  spec.options.set_causal(true);
+  spec.options.set_softmax_scale(0.25f);
+  spec.seed = 37;
+  v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  const klref::RefProjections problem = RefProjectionsOf(request);
+  *request.mutable_lse() = LseOf(problem);
+  absl::StatusOr<v1::ComputeLossResponse> response =
+      client().ComputeLossUnary(request);
+  ASSERT_TRUE(response.ok()) << Describe(response.status());
+  ExpectAsTheReference(klref::ComputeProjectionsReference(problem), *response,
+                       "FP32");
+}
+
+TEST_F(ServerTest, ProjectionsWithoutGradientCarryNone) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  ProjectionsSpec spec;
+  spec.name = "SkipGrad";
+  spec.options.set_skip_grad(true);
+  const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  absl::StatusOr<v1::ComputeLossResponse> response =
+      client().ComputeLossUnary(request);
+  ASSERT_TRUE(response.ok()) << Describe(response.status());
+  EXPECT_FALSE(response->has_d_index_query());
+  EXPECT_FALSE(response->has_d_index_key());
+  EXPECT_FALSE(response->has_d_index_weights());
+  EXPECT_FALSE(response->has_row_kl());
+  const klref::RefProjectionsResult ref =
+      klref::ComputeProjectionsReference(RefProjectionsOf(request));
+  EXPECT_TRUE(CloseResult(ref.kl, *response, 1e-5));
+}
+
+class ProjectionsErrorTest : public ServerTest {
+ protected:
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(StartServer()); }
+
+  static v1::ComputeLossRequest Good() {
+    ProjectionsSpec spec;
+    spec.name = "Errors";
+    spec.options.set_causal(true);
+    return MakeProjectionsRequest(spec);
+  }
+
+  // The unary call's refusal: `code`, with a message naming `field` first.
+  void ExpectRefused(
+      const v1::ComputeLossRequest& request, const std::string& field,
+      absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
+    absl::StatusOr<v1::ComputeLossResponse> response =
+        client().ComputeLossUnary(request);
+    ASSERT_FALSE(response.ok()) << field;
+    EXPECT_EQ(response.status().code(), code) << Describe(response.status());
+    EXPECT_TRUE(absl::StartsWith(response.status().message(), field + ":"))
+        << "want " << field << ", got " << Describe(response.status());
+  }
+};
+
+TEST_F(ProjectionsErrorTest, MixingTheFormsNamesTheField) {
+  v1::ComputeLossRequest with_scores = Good();
+  *with_scores.mutable_indexer_scores() = with_scores.index_weights();
+  ExpectRefused(with_scores, "indexer_scores");
+  v1::ComputeLossRequest with_weights = Good();
+  *with_weights.mutable_attention_weights() = with_weights.index_weights();
+  ExpectRefused(with_weights, "attention_weights");
+
+  // The logits form given a projection, or an option of the projections
+  // form.
+  ProblemSpec logits_spec;
+  logits_spec.name = "LogitsForm";
+  const v1::ComputeLossRequest logits = MakeRequest(logits_spec);
+  v1::ComputeLossRequest with_key = logits;
+  *with_key.mutable_index_key() = Good().index_key();
+  ExpectRefused(with_key, "index_key");
+  v1::ComputeLossRequest with_topk = logits;
+  with_topk.mutable_options()->set_topk(2);
+  ExpectRefused(with_topk, "options.topk");
+  v1::ComputeLossRequest with_relu = logits;
+  with_relu.mutable_options()->set_use_relu(false);
+  ExpectRefused(with_relu, "options.use_relu");
+}
+
+TEST_F(ProjectionsErrorTest, ShapesAndOptions) {
+  // key's D is not query's.
+  ProjectionsSpec other_d;
+  other_d.name = "OtherD";
+  const v1::ComputeLossRequest good = Good();
+  v1::ComputeLossRequest wrong_d = good;
+  other_d.D = 4;
+  *wrong_d.mutable_key() = MakeProjectionsRequest(other_d).key();
+  ExpectRefused(wrong_d, "key");
+
+  // H = 3 query heads over H_kv = 2 key heads.
+  ProjectionsSpec three_heads;
+  three_heads.name = "ThreeHeads";
+  three_heads.H = 3;
+  v1::ComputeLossRequest not_divisible = good;
+  *not_divisible.mutable_query() = MakeProjectionsRequest(three_heads).query();
+  ExpectRefused(not_divisible, "key");
+
+  v1::ComputeLossRequest short_weights = good;
+  short_weights.mutable_index_weights()->set_shape(2, 2);
+  ExpectRefused(short_weights, "index_weights");
+
+  v1::ComputeLossRequest both_selections = good;
+  both_selections.mutable_options()->set_topk(2);
+  ProjectionsSpec sparse;
+  sparse.name = "Sparse";
+  sparse.K = 2;
+  *both_selections.mutable_topk_indices() =
+      MakeProjectionsRequest(sparse).topk_indices();
+  ExpectRefused(both_selections, "topk");
+
+  v1::ComputeLossRequest lse_with_topk = good;
+  lse_with_topk.mutable_options()->set_topk(2);
+  *lse_with_topk.mutable_lse() = LseOf(RefProjectionsOf(good));
+  ExpectRefused(lse_with_topk, "lse");
+}
+
+TEST_F(ProjectionsErrorTest, NanInQueryNamesQuery) {
+  v1::ComputeLossRequest request = Good();
+  SetFloat(*request.mutable_query(), 17,
+           std::numeric_limits<float>::quiet_NaN());
+  ExpectRefused(request, "query");
+}
+
+// The stream does not carry the projections form: the client refuses
+// before sending anything.
+TEST_F(ProjectionsErrorTest, StreamingIsRefusedByTheClient) {
+  absl::StatusOr<v1::ComputeLossResponse> response =
+      client().ComputeLossStreaming(Good());
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(response.status().message(), "query:"))
+      << Describe(response.status());
+}
+
+TEST_F(ServerTest, ProjectionsTensorsAreHeldToTheTensorLimit) {
+  // query is [1, 6, 2, 8] FP32: 384 bytes; index_query 288.
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_tensor_bytes=300"}));
+  ProjectionsSpec spec;
+  spec.name = "TensorLimit";
+  absl::StatusOr<v1::ComputeLossResponse> response =
+      client().ComputeLossUnary(MakeProjectionsRequest(spec));
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(response.status().message(), "query:"))
+      << Describe(response.status());
+}
+
+// BF16 projections with FP32 gradients: the response is about twice the
+// request, so a message limit between the two refuses the response before
+// computing it, naming its largest part.
+TEST_F(ServerTest, ProjectionsResponseIsHeldToTheMessageLimit) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_bytes=30000"}));
+  ProjectionsSpec spec;
+  spec.name = "MessageLimit";
+  spec.T = 64, spec.S = 64, spec.H = 1, spec.H_kv = 1, spec.D = 1;
+  spec.H_I = 8, spec.D_I = 16;
+  spec.dtype = "BF16";
+  spec.options.set_grad_dtype("FP32");
+  const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  ASSERT_LT(request.ByteSizeLong(), 30000u);
+  absl::StatusOr<v1::ComputeLossResponse> response =
+      client().ComputeLossUnary(request);
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(response.status().message(), "d_index_query:"))
+      << Describe(response.status());
+  // Without the gradients it fits.
+  v1::ComputeLossRequest loss_only = request;
+  loss_only.mutable_options()->set_skip_grad(true);
+  EXPECT_TRUE(client().ComputeLossUnary(loss_only).ok());
+}
+
+}  // namespace
+}  // namespace klserve::integration

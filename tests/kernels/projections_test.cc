@@ -1,0 +1,567 @@
+// The projections form against the float64 reference
+// (tests/reference/projections_reference.h): dense and sparse (the client's
+// indices and the service's selection), both flavours, every reduction,
+// MHA/GQA/MQA, with and without lse, relu on and off, masks and key bounds,
+// 16-bit inputs; the same bits whatever the thread count; and every
+// validation error.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/projections_loss.h"
+#include "kernels/projections_problem.h"
+#include "tests/kernels/test_data.h"
+#include "tests/reference/projections_reference.h"
+
+namespace klserve {
+namespace {
+
+using klref::RefFlavor;
+using klref::RefProjections;
+using klref::RefReduction;
+using testdata::DecodeFloats;
+using testdata::EncodeTensor;
+using testdata::HostTensor;
+
+std::vector<double> Random(std::mt19937_64& rng, int64_t n, double scale) {
+  std::normal_distribution<double> normal(0.0, scale);
+  std::vector<double> v(n);
+  for (double& x : v) x = normal(rng);
+  return v;
+}
+
+// A random problem; values are rounded to `dtype` here, so that the
+// reference sees exactly what the library reads.
+RefProjections RandomProblem(uint64_t seed, int64_t B, int64_t T, int64_t S,
+                             int64_t H, int64_t H_kv, int64_t D, int64_t H_I,
+                             int64_t D_I, DType dtype = DType::kFloat32) {
+  std::mt19937_64 rng(seed);
+  RefProjections p;
+  p.B = B, p.T = T, p.S = S, p.H = H, p.H_kv = H_kv, p.D = D;
+  p.H_I = H_I, p.D_I = D_I;
+  const auto make = [&](int64_t n, double scale) {
+    std::vector<double> v = Random(rng, n, scale);
+    for (double& x : v) {
+      x = dtype == DType::kBFloat16 ? klref::RoundToBFloat16(x)
+          : dtype == DType::kFloat16
+              ? klref::RoundToFloat16(x)
+              : static_cast<double>(static_cast<float>(x));
+    }
+    return v;
+  };
+  p.query = make(B * T * H * D, 1.0);
+  p.key = make(B * S * H_kv * D, 1.0);
+  p.index_query = make(B * T * H_I * D_I, 1.0);
+  p.index_key = make(B * S * D_I, 1.0);
+  p.index_weights = make(B * T * H_I, 1.0);
+  p.options.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
+  return p;
+}
+
+// The library's inputs for a reference problem, and its outputs.
+struct LibraryRun {
+  absl::Status status;
+  IndexerKlResult result;
+  std::vector<double> d_index_query, d_index_key, d_index_weights;
+  std::vector<int32_t> topk_indices;
+  std::vector<double> row_kl;
+  std::vector<std::byte> raw_dq, raw_dk, raw_dw;  // as written
+};
+
+struct Extras {
+  DType dtype = DType::kFloat32;
+  DType grad_dtype = DType::kFloat32;
+  int64_t topk = 0;                       // the service selects
+  std::optional<std::vector<float>> lse;  // [B,H,T]
+  std::optional<std::vector<int32_t>> key_start, key_end;
+  int threads = 2;
+  // Breaks the inputs after encoding: (tensor name, flat index, value).
+  std::optional<std::pair<std::string, std::pair<int64_t, float>>> poke;
+};
+
+LibraryRun RunLibrary(const RefProjections& ref, const Extras& x = {}) {
+  const klref::RefProblem& o = ref.options;
+  std::vector<std::vector<std::byte>> buffers;
+  const auto add = [&](DType dtype, std::vector<int64_t> shape,
+                       const std::vector<double>& values) {
+    HostTensor t(dtype, shape);
+    t.values = values;
+    buffers.push_back(EncodeTensor(t));
+    TensorView view;
+    view.dtype = dtype;
+    view.shape.assign(shape.begin(), shape.end());
+    view.data = buffers.back().data();
+    view.byte_size = static_cast<int64_t>(buffers.back().size());
+    return view;
+  };
+  const auto as_doubles = [](const auto& v) {
+    return std::vector<double>(v.begin(), v.end());
+  };
+  buffers.reserve(16);
+  ProjectionsInputs in;
+  in.query = add(x.dtype, {ref.B, ref.T, ref.H, ref.D}, ref.query);
+  in.key = add(x.dtype, {ref.B, ref.S, ref.H_kv, ref.D}, ref.key);
+  in.index_query =
+      add(x.dtype, {ref.B, ref.T, ref.H_I, ref.D_I}, ref.index_query);
+  in.index_key = add(x.dtype, {ref.B, ref.S, ref.D_I}, ref.index_key);
+  in.index_weights = add(x.dtype, {ref.B, ref.T, ref.H_I}, ref.index_weights);
+  if (x.lse) {
+    in.lse = add(DType::kFloat32, {ref.B, ref.H, ref.T}, as_doubles(*x.lse));
+  }
+  if (ref.K > 0) {
+    in.topk_indices =
+        add(DType::kInt32, {ref.B, ref.T, ref.K}, as_doubles(ref.topk_indices));
+  }
+  if (!o.segment_ids_q.empty()) {
+    in.segment_ids_q =
+        add(DType::kInt32, {ref.B, ref.T}, as_doubles(o.segment_ids_q));
+    in.segment_ids_kv =
+        add(DType::kInt32, {ref.B, ref.S}, as_doubles(o.segment_ids_kv));
+  }
+  if (!o.attention_mask.empty()) {
+    in.attention_mask =
+        add(DType::kBool, {ref.B, ref.T, ref.S}, as_doubles(o.attention_mask));
+  }
+  if (!o.key_padding_mask.empty()) {
+    in.key_padding_mask =
+        add(DType::kBool, {ref.B, ref.S}, as_doubles(o.key_padding_mask));
+  }
+  if (!o.row_valid.empty()) {
+    in.row_valid = add(DType::kBool, {ref.B, ref.T}, as_doubles(o.row_valid));
+  }
+  if (x.key_start) {
+    in.key_start = add(DType::kInt32, {ref.B, ref.T}, as_doubles(*x.key_start));
+    in.key_end = add(DType::kInt32, {ref.B, ref.T}, as_doubles(*x.key_end));
+  }
+  if (x.poke) {
+    const TensorView* views[] = {&in.query, &in.key, &in.index_query,
+                                 &in.index_key, &in.index_weights};
+    const char* names[] = {"query", "key", "index_query", "index_key",
+                           "index_weights"};
+    for (int i = 0; i < 5; ++i) {
+      if (x.poke->first != names[i]) continue;
+      auto* data = static_cast<std::byte*>(const_cast<void*>(views[i]->data));
+      std::memcpy(data + 4 * x.poke->second.first, &x.poke->second.second, 4);
+    }
+  }
+
+  ProjectionsOptions options;
+  IndexerKlOptions& loss = options.loss;
+  loss.causal = o.causal;
+  loss.q_offset = o.q_offset;
+  loss.softmax_scale = static_cast<float>(o.softmax_scale);
+  loss.flavor =
+      o.flavor == RefFlavor::kMaxText ? Flavor::kMaxText : Flavor::kExact;
+  loss.reduction = o.reduction == RefReduction::kMean  ? Reduction::kMean
+                   : o.reduction == RefReduction::kSum ? Reduction::kSum
+                                                       : Reduction::kMeanValid;
+  loss.scaling_factor = o.scaling_factor;
+  loss.grad_scale = o.grad_scale;
+  loss.grad_dtype = x.grad_dtype;
+  loss.want_row_kl = true;
+  options.index_weight_scale = ref.index_weight_scale;
+  options.use_relu = ref.use_relu;
+  options.topk = x.topk;
+
+  LibraryRun run;
+  absl::StatusOr<ProjectionsProblem> problem =
+      ProjectionsProblem::Create(in, options);
+  if (!problem.ok()) {
+    run.status = problem.status();
+    return run;
+  }
+  const int64_t size = DTypeSize(x.grad_dtype);
+  run.raw_dq.resize(ref.B * ref.T * ref.H_I * ref.D_I * size);
+  run.raw_dk.resize(ref.B * ref.S * ref.D_I * size);
+  run.raw_dw.resize(ref.B * ref.T * ref.H_I * size);
+  run.topk_indices.assign(ref.B * ref.T * std::max<int64_t>(x.topk, 1), -7);
+  run.row_kl.assign(ref.B * ref.T, NAN);
+  ProjectionsOutputs out{.d_index_query = run.raw_dq.data(),
+                         .d_index_key = run.raw_dk.data(),
+                         .d_index_weights = run.raw_dw.data(),
+                         .topk_indices = run.topk_indices.data(),
+                         .row_kl = run.row_kl.data()};
+  CpuBackend backend(x.threads, testdata::TestIsa());
+  absl::StatusOr<IndexerKlResult> result =
+      ComputeProjectionsLoss(backend, *problem, out);
+  if (!result.ok()) {
+    run.status = result.status();
+    return run;
+  }
+  run.result = *result;
+  run.d_index_query = DecodeFloats(run.raw_dq.data(), x.grad_dtype,
+                                   ref.B * ref.T * ref.H_I * ref.D_I);
+  run.d_index_key =
+      DecodeFloats(run.raw_dk.data(), x.grad_dtype, ref.B * ref.S * ref.D_I);
+  run.d_index_weights =
+      DecodeFloats(run.raw_dw.data(), x.grad_dtype, ref.B * ref.T * ref.H_I);
+  return run;
+}
+
+double MaxAbs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+void ExpectClose(const std::vector<double>& got,
+                 const std::vector<double>& want, double tolerance,
+                 const char* name) {
+  ASSERT_EQ(got.size(), want.size()) << name;
+  const double scale = std::max(MaxAbs(want), 1e-30);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], tolerance * scale) << name << "[" << i << "]";
+  }
+}
+
+// The library's answer against the reference's, with tolerances for float32
+// arithmetic (or for gradients rounded to a 16-bit dtype).
+void ExpectMatchesReference(const RefProjections& ref, const Extras& x = {},
+                            double grad_tolerance = 2e-4) {
+  const LibraryRun run = RunLibrary(ref, x);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  RefProjections with_selection = ref;
+  if (x.topk > 0) with_selection.K = x.topk;
+  const klref::RefProjectionsResult want =
+      klref::ComputeProjectionsReference(with_selection);
+  ASSERT_TRUE(want.kl.error.empty()) << want.kl.error;
+  EXPECT_NEAR(run.result.loss, want.kl.loss,
+              1e-5 * (1 + std::abs(want.kl.loss)));
+  EXPECT_NEAR(run.result.unscaled_loss, want.kl.unscaled_loss,
+              1e-5 * (1 + std::abs(want.kl.unscaled_loss)));
+  EXPECT_EQ(run.result.denominator, want.kl.denominator);
+  EXPECT_EQ(run.result.rows_counted, want.kl.rows_counted);
+  EXPECT_EQ(run.result.rows_fully_masked, want.kl.rows_fully_masked);
+  for (size_t r = 0; r < want.kl.row_kl.size(); ++r) {
+    ASSERT_NEAR(run.row_kl[r], want.kl.row_kl[r],
+                1e-5 * (1 + std::abs(want.kl.row_kl[r])))
+        << "row_kl[" << r << "]";
+  }
+  ExpectClose(run.d_index_query, want.d_index_query, grad_tolerance,
+              "d_index_query");
+  ExpectClose(run.d_index_key, want.d_index_key, grad_tolerance, "d_index_key");
+  ExpectClose(run.d_index_weights, want.d_index_weights, grad_tolerance,
+              "d_index_weights");
+  if (x.topk > 0) {
+    ASSERT_EQ(run.topk_indices.size(), want.topk_indices.size());
+    for (size_t i = 0; i < want.topk_indices.size(); ++i) {
+      ASSERT_EQ(run.topk_indices[i], want.topk_indices[i])
+          << "topk[" << i << "]";
+    }
+  }
+}
+
+// Each head's lse over each row's valid keys, in float64, from the
+// reference's own logits form (the logits it computes from the projections).
+std::vector<float> ExactLse(const RefProjections& ref) {
+  const klref::RefProblem logits = klref::LogitsFormOf(ref, ref.topk_indices);
+  const klref::RefResult kl = klref::ComputeReference(logits);
+  const int64_t L = logits.slots();
+  std::vector<float> lse(ref.B * ref.H * ref.T, INFINITY);
+  for (int64_t b = 0; b < ref.B; ++b) {
+    for (int64_t h = 0; h < ref.H; ++h) {
+      for (int64_t t = 0; t < ref.T; ++t) {
+        double m = -INFINITY;
+        const double* a = &logits.logits[((b * ref.H + h) * ref.T + t) * L];
+        const uint8_t* valid = &kl.valid[(b * ref.T + t) * L];
+        for (int64_t s = 0; s < L; ++s) {
+          if (valid[s]) m = std::max(m, logits.softmax_scale * a[s]);
+        }
+        if (m == -INFINITY) continue;
+        double sum = 0;
+        for (int64_t s = 0; s < L; ++s) {
+          if (valid[s]) sum += std::exp(logits.softmax_scale * a[s] - m);
+        }
+        lse[(b * ref.H + h) * ref.T + t] =
+            static_cast<float>(m + std::log(sum));
+      }
+    }
+  }
+  return lse;
+}
+
+TEST(ProjectionsTest, DenseCausalMhaMatchesTheReference) {
+  RefProjections p = RandomProblem(1, 2, 7, 7, 3, 3, 8, 2, 4);
+  p.options.causal = true;
+  ExpectMatchesReference(p);
+}
+
+TEST(ProjectionsTest, GqaAndMqaMatchTheReference) {
+  for (int64_t H_kv : {2, 1}) {
+    RefProjections p = RandomProblem(2 + H_kv, 1, 6, 9, 4, H_kv, 8, 3, 4);
+    p.options.causal = true;
+    SCOPED_TRACE(H_kv);
+    ExpectMatchesReference(p);
+  }
+}
+
+TEST(ProjectionsTest, FlavoursReductionsAndScalesMatchTheReference) {
+  for (RefFlavor flavor : {RefFlavor::kExact, RefFlavor::kMaxText}) {
+    for (RefReduction reduction :
+         {RefReduction::kMean, RefReduction::kMeanValid, RefReduction::kSum}) {
+      RefProjections p = RandomProblem(5, 2, 5, 6, 2, 1, 4, 2, 3);
+      p.options.flavor = flavor;
+      p.options.reduction = reduction;
+      p.options.scaling_factor = 0.01;
+      p.options.grad_scale = 3.5;
+      p.options.causal = true;
+      p.options.q_offset = 0;  // MaxText's alignment: some rows see 1 key
+      p.options.key_padding_mask = {1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0};
+      SCOPED_TRACE(static_cast<int>(flavor) * 10 + static_cast<int>(reduction));
+      ExpectMatchesReference(p);
+    }
+  }
+}
+
+TEST(ProjectionsTest, ReluOffAndWeightScaleMatchTheReference) {
+  RefProjections p = RandomProblem(7, 1, 5, 5, 2, 2, 4, 3, 4);
+  p.use_relu = false;
+  p.index_weight_scale = 0.8;
+  ExpectMatchesReference(p);
+}
+
+TEST(ProjectionsTest, CausalWithFewerQueriesThanKeys) {
+  RefProjections p = RandomProblem(8, 2, 4, 9, 2, 1, 4, 2, 4);
+  p.options.causal = true;  // q_offset = S - T: the last query sees all keys
+  ExpectMatchesReference(p);
+  p.options.q_offset = 0;
+  ExpectMatchesReference(p);
+}
+
+TEST(ProjectionsTest, MasksRowValidAndFullyMaskedRows) {
+  RefProjections p = RandomProblem(9, 2, 4, 5, 2, 1, 4, 2, 3);
+  p.options.segment_ids_q = {0, 0, 1, 1, 0, 1, 1, 2};
+  p.options.segment_ids_kv = {0, 0, 1, 1, 1, 0, 1, 1, -1, -1};
+  p.options.row_valid = {1, 1, 0, 1, 1, 1, 1, 0};
+  p.options.causal = true;
+  for (RefReduction reduction :
+       {RefReduction::kMean, RefReduction::kMeanValid}) {
+    p.options.reduction = reduction;
+    ExpectMatchesReference(p);
+  }
+  // Without row_valid, MEAN_VALID counts the rows with a valid key (the
+  // (b=1, t=3) row, segment 2, has none).
+  p.options.row_valid.clear();
+  p.options.reduction = RefReduction::kMeanValid;
+  ExpectMatchesReference(p);
+}
+
+TEST(ProjectionsTest, GivenLseMatchesTheReference) {
+  RefProjections p = RandomProblem(10, 2, 5, 6, 3, 3, 4, 2, 4);
+  p.options.causal = true;
+  Extras x;
+  x.lse = ExactLse(p);
+  ExpectMatchesReference(p, x);
+  p.options.flavor = RefFlavor::kMaxText;
+  ExpectMatchesReference(p, x);
+}
+
+TEST(ProjectionsTest, WrongLseIsRefusedNamingRowAndHead) {
+  RefProjections p = RandomProblem(11, 1, 3, 4, 2, 2, 4, 2, 4);
+  Extras x;
+  x.lse = ExactLse(p);
+  (*x.lse)[1 * p.T + 2] += 0.01f;  // head 1, row t = 2: mass e^-0.01
+  const LibraryRun run = RunLibrary(p, x);
+  EXPECT_TRUE(absl::IsInvalidArgument(run.status));
+  EXPECT_NE(run.status.message().find("lse: head 1 of row (b=0, t=2)"),
+            std::string::npos)
+      << run.status;
+}
+
+TEST(ProjectionsTest, SparseWithClientIndicesMatchesTheReference) {
+  RefProjections p = RandomProblem(12, 2, 5, 8, 4, 2, 4, 2, 4);
+  p.K = 3;
+  std::mt19937_64 rng(3);
+  for (int64_t r = 0; r < p.B * p.T; ++r) {
+    std::vector<int64_t> keys = {0, 1, 2, 3, 4, 5, 6, 7};
+    std::shuffle(keys.begin(), keys.end(), rng);
+    for (int64_t j = 0; j < p.K; ++j) p.topk_indices.push_back(keys[j]);
+  }
+  p.topk_indices[4] = -1;  // an empty slot
+  p.options.causal = true;
+  ExpectMatchesReference(p);
+  Extras x;
+  x.lse = ExactLse(p);
+  ExpectMatchesReference(p, x);
+}
+
+TEST(ProjectionsTest, ServerTopkMatchesTheReferenceAndBreaksTiesLow) {
+  RefProjections p = RandomProblem(13, 2, 6, 10, 2, 1, 4, 2, 4);
+  // Keys 3 and 7 of batch 0 are equal: every row scores them alike.
+  for (int64_t d = 0; d < p.D_I; ++d) {
+    p.index_key[7 * p.D_I + d] = p.index_key[3 * p.D_I + d];
+  }
+  p.options.causal = true;
+  Extras x;
+  x.topk = 4;
+  ExpectMatchesReference(p, x);
+  // Selection by the service equals sending the same indices.
+  const LibraryRun selected = RunLibrary(p, x);
+  RefProjections sent = p;
+  sent.K = x.topk;
+  sent.topk_indices.assign(selected.topk_indices.begin(),
+                           selected.topk_indices.end());
+  const LibraryRun given = RunLibrary(sent);
+  ASSERT_TRUE(given.status.ok()) << given.status;
+  EXPECT_EQ(given.raw_dq, selected.raw_dq);
+  EXPECT_EQ(given.raw_dk, selected.raw_dk);
+  EXPECT_EQ(given.result.loss, selected.result.loss);
+}
+
+TEST(ProjectionsTest, SixteenBitInputsAndGradients) {
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    RefProjections p = RandomProblem(14, 1, 6, 6, 2, 1, 8, 2, 4, dtype);
+    p.options.causal = true;
+    Extras x;
+    x.dtype = dtype;
+    ExpectMatchesReference(p, x);
+    x.grad_dtype = dtype;
+    ExpectMatchesReference(p, x, dtype == DType::kBFloat16 ? 1e-2 : 2e-3);
+  }
+}
+
+TEST(ProjectionsTest, KeyBoundsEqualTheirExplicitMask) {
+  // THD: one sequence of three documents [0,3), [3,7), [7,10), causal
+  // within each, as key bounds; against the same mask sent explicitly.
+  RefProjections p = RandomProblem(15, 1, 10, 10, 2, 1, 4, 2, 4);
+  Extras x;
+  x.key_start.emplace();
+  x.key_end.emplace();
+  p.options.attention_mask.assign(10 * 10, 0);
+  for (int32_t t = 0; t < 10; ++t) {
+    const int32_t start = t < 3 ? 0 : t < 7 ? 3 : 7;
+    x.key_start->push_back(start);
+    x.key_end->push_back(t + 1);
+    for (int32_t s = start; s <= t; ++s)
+      p.options.attention_mask[t * 10 + s] = 1;
+  }
+  ExpectMatchesReference(p);  // the explicit mask
+  RefProjections bounded = p;
+  bounded.options.attention_mask.clear();
+  const LibraryRun with_bounds = RunLibrary(bounded, x);
+  const LibraryRun with_mask = RunLibrary(p);
+  ASSERT_TRUE(with_bounds.status.ok()) << with_bounds.status;
+  EXPECT_NEAR(with_bounds.result.loss, with_mask.result.loss, 1e-12);
+  ExpectClose(with_bounds.d_index_query, with_mask.d_index_query, 1e-6,
+              "d_index_query");
+  ExpectClose(with_bounds.d_index_key, with_mask.d_index_key, 1e-6,
+              "d_index_key");
+}
+
+TEST(ProjectionsTest, ManyTilesMatchTheReferenceAndThreadCountsAgreeBitwise) {
+  // T and S span several row tiles and key tiles.
+  RefProjections p = RandomProblem(16, 2, 150, 300, 2, 1, 8, 2, 8);
+  p.options.causal = true;
+  ExpectMatchesReference(p);
+  LibraryRun runs[3];
+  for (int threads : {1, 2, 3}) {
+    Extras x;
+    x.threads = threads;
+    runs[threads - 1] = RunLibrary(p, x);
+    ASSERT_TRUE(runs[threads - 1].status.ok());
+  }
+  for (int i = 1; i < 3; ++i) {
+    EXPECT_EQ(runs[i].raw_dq, runs[0].raw_dq);
+    EXPECT_EQ(runs[i].raw_dk, runs[0].raw_dk);
+    EXPECT_EQ(runs[i].raw_dw, runs[0].raw_dw);
+    EXPECT_EQ(runs[i].result.loss, runs[0].result.loss);
+  }
+}
+
+TEST(ProjectionsTest, SparseManyRowsThreadCountsAgreeBitwise) {
+  RefProjections p = RandomProblem(17, 1, 40, 50, 2, 2, 4, 2, 4);
+  p.options.causal = true;
+  LibraryRun runs[2];
+  for (int threads : {1, 3}) {
+    Extras x;
+    x.topk = 8;
+    x.threads = threads;
+    runs[threads / 2] = RunLibrary(p, x);
+    ASSERT_TRUE(runs[threads / 2].status.ok());
+  }
+  EXPECT_EQ(runs[0].raw_dk, runs[1].raw_dk);
+  EXPECT_EQ(runs[0].raw_dq, runs[1].raw_dq);
+  Extras x;
+  x.topk = 8;
+  ExpectMatchesReference(p, x);
+}
+
+TEST(ProjectionsTest, LogitsTooLargeToKeepAreRecomputed) {
+  // The first tile's main logits (128 rows x 16 heads x 6656 keys) pass the
+  // most a tile keeps between its two passes; the second tile's (2 rows)
+  // do not: both paths, against the reference.
+  RefProjections p = RandomProblem(21, 1, 130, 6200, 16, 1, 4, 1, 4);
+  ExpectMatchesReference(p);
+}
+
+// ---------------------------------------------------------------------------
+// Validation.
+
+void ExpectInvalid(const RefProjections& p, const Extras& x,
+                   const std::string& starts_with) {
+  const LibraryRun run = RunLibrary(p, x);
+  EXPECT_TRUE(absl::IsInvalidArgument(run.status)) << run.status;
+  EXPECT_EQ(std::string(run.status.message()).substr(0, starts_with.size()),
+            starts_with)
+      << run.status;
+}
+
+TEST(ProjectionsTest, NonFiniteProjectionsAreRefusedWithTheirPosition) {
+  const RefProjections p = RandomProblem(18, 1, 3, 4, 2, 1, 4, 2, 4);
+  Extras x;
+  x.poke = {"index_key", {5, NAN}};
+  ExpectInvalid(p, x,
+                "index_key: every value must be finite, got NaN or "
+                "infinity at (b=0, s=1, d=1)");
+  x.poke = {"query", {2, INFINITY}};
+  ExpectInvalid(p, x, "query: every value must be finite");
+}
+
+TEST(ProjectionsTest, ShapeAndOptionErrorsNameTheField) {
+  RefProjections p = RandomProblem(19, 1, 3, 4, 3, 2, 4, 2, 4);
+  ExpectInvalid(p, {}, "key: H_kv must divide");
+  p = RandomProblem(19, 1, 3, 4, 2, 1, 4, 2, 4);
+  Extras x;
+  x.topk = -1;
+  ExpectInvalid(p, x, "topk: must be >= 1");
+  x.topk = 2;
+  x.lse = ExactLse(p);
+  ExpectInvalid(p, x, "lse: must not be given with topk");
+  RefProjections sparse = p;
+  sparse.K = 1;
+  sparse.topk_indices = {0, 1, 2};
+  x = {};
+  x.topk = 2;
+  ExpectInvalid(sparse, x, "topk: topk and topk_indices exclude each other");
+  x = {};
+  x.key_start = std::vector<int32_t>{0, 0, 0};
+  x.key_end = std::vector<int32_t>{1, 5, 2};
+  ExpectInvalid(p, x,
+                "key_end: every bound must be in [0, S = 4], got 5 at "
+                "(b=0, t=1)");
+  sparse.topk_indices = {0, 9, 2};
+  ExpectInvalid(sparse, {}, "topk_indices");
+}
+
+TEST(ProjectionsTest, OverflowingScoresAreRefused) {
+  RefProjections p = RandomProblem(20, 1, 2, 3, 1, 1, 2, 1, 2);
+  for (double& v : p.index_key) v *= 1e30;
+  for (double& v : p.index_query) v = std::abs(v) * 1e30;
+  for (double& v : p.index_key) v = std::abs(v);
+  const LibraryRun run = RunLibrary(p);
+  EXPECT_TRUE(absl::IsInvalidArgument(run.status)) << run.status;
+  EXPECT_NE(run.status.message().find("indexer score"), std::string::npos)
+      << run.status;
+}
+
+}  // namespace
+}  // namespace klserve
