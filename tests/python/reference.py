@@ -205,6 +205,8 @@ def projections_reference(query, key, index_query, index_key, index_weights,
     causal, q_offset, segment ids, attention_mask, key_padding_mask, key
     bounds, row_valid. Returns indexer_kl_reference's dict plus
     d_index_query, d_index_key, d_index_weights and topk_indices."""
+    # S is the keys' count here; the logits-form reference is told it.
+    masks.pop("num_keys", None)
     a, scores, u, w_eff = projection_scores(
         query, key, index_query, index_key, index_weights,
         softmax_scale=softmax_scale, index_weight_scale=index_weight_scale,
