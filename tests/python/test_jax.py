@@ -365,3 +365,29 @@ def test_projections_wrapper_takes_its_form_only(client):
     with pytest.raises(TypeError):
         indexer_kl_loss(jnp.zeros((2, 8, 8)), attention_logits=jnp.zeros(
             (2, 4, 8, 8)), query=query, client=client)
+
+
+def test_projections_traced_step_tag_and_vmap(client):
+    run = "pytest-jax-projections-%d" % time.monotonic_ns()
+    query, key, iq, ik, iw = projections_problem(16, batch=3)
+
+    @jax.jit
+    def train_step(iq, step):
+        return jax.value_and_grad(lambda iq: indexer_kl_loss_from_projections(
+            query, key, iq, ik, iw, causal=True, client=client, run=run,
+            step=step, layer=0))(iq)
+
+    for step in range(2):
+        loss, _ = train_step(iq, jnp.int32(step))
+    assert client.finish_step(run, 1).indexer_loss == pytest.approx(
+        float(loss), rel=1e-6)
+    # One request per mapped element.
+    per_element = jax.vmap(
+        lambda *xs: indexer_kl_loss_from_projections(
+            *(x[None] for x in xs), causal=True, client=client))(
+                query, key, iq, ik, iw)
+    for i in range(3):
+        single = client.compute_loss_from_projections(
+            *(np.asarray(x[i:i + 1]) for x in (query, key, iq, ik, iw)),
+            causal=True, want_grad=False)
+        assert float(per_element[i]) == pytest.approx(single.loss, rel=1e-6)
