@@ -37,8 +37,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "benchmark/benchmark.h"
 #include "bench/parallel_timing.h"
+#include "benchmark/benchmark.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/dtype.h"

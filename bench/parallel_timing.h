@@ -18,7 +18,8 @@ namespace klserve::bench {
 template <typename Body>
 double BestParallelSeconds(int threads, int reps, const Body& body) {
   std::barrier sync(threads);
-  std::vector<std::chrono::steady_clock::time_point> starts(threads), ends(threads);
+  std::vector<std::chrono::steady_clock::time_point> starts(threads),
+      ends(threads);
   double best = 1e300;
   std::vector<std::thread> workers;
   workers.reserve(threads);

@@ -130,8 +130,8 @@ std::unique_ptr<Data> MakeData(const Case& c) {
   ProjectionsInputs& in = d->inputs;
   in.query = View(DType::kBFloat16, {1, T, kH, kD}, d->query.data(),
                   2 * d->query.size());
-  in.key = View(DType::kBFloat16, {1, S, kH, kD}, d->key.data(),
-                2 * d->key.size());
+  in.key =
+      View(DType::kBFloat16, {1, S, kH, kD}, d->key.data(), 2 * d->key.size());
   in.index_query = View(DType::kBFloat16, {1, T, kHI, kDI},
                         d->index_query.data(), 2 * d->index_query.size());
   in.index_key = View(DType::kBFloat16, {1, S, kDI}, d->index_key.data(),
@@ -161,8 +161,8 @@ std::unique_ptr<Data> MakeData(const Case& c) {
       }
       d->pairs += k;
     }
-    in.topk_indices = View(DType::kInt32, {1, T, c.K}, d->topk.data(),
-                           4 * d->topk.size());
+    in.topk_indices =
+        View(DType::kInt32, {1, T, c.K}, d->topk.data(), 4 * d->topk.size());
   }
   d->dq.assign(T * kHI * kDI, 0);
   d->dk.assign(S * kDI, 0);
@@ -215,6 +215,13 @@ int main(int argc, char** argv) {
                    problem.status().ToString().c_str());
       return 1;
     }
+    absl::StatusOr<ProjectionsRowData> rows =
+        WholeProjectionsRows(*problem, d->inputs);
+    if (!rows.ok()) {
+      std::fprintf(stderr, "%s: %s\n", c.name,
+                   rows.status().ToString().c_str());
+      return 1;
+    }
     ProjectionsOutputs out{
         .d_index_query = reinterpret_cast<std::byte*>(d->dq.data()),
         .d_index_key = reinterpret_cast<std::byte*>(d->dk.data()),
@@ -227,7 +234,7 @@ int main(int argc, char** argv) {
       const int64_t before = StatusBytes("VmRSS:");
       const auto start = Clock::now();
       absl::StatusOr<IndexerKlResult> result =
-          ComputeProjectionsLoss(backend, *problem, out);
+          ComputeProjectionsLoss(backend, *problem, *rows, out);
       const double seconds =
           std::chrono::duration<double>(Clock::now() - start).count();
       if (!result.ok()) {

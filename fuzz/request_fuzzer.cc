@@ -79,7 +79,9 @@ void FuzzProjections(klserve::Backend& backend,
     row_kl.resize(static_cast<size_t>(p.B * p.T));
     outputs.row_kl = row_kl.data();
   }
-  (void)ComputeProjectionsLoss(backend, p, outputs);
+  const auto rows = WholeProjectionsRows(p, *inputs);
+  if (!rows.ok()) return;
+  (void)ComputeProjectionsLoss(backend, p, *rows, outputs);
 }
 
 }  // namespace

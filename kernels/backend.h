@@ -7,7 +7,9 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/key_grad_fold.h"
 #include "kernels/loss_accumulator.h"
 #include "kernels/problem.h"
 #include "kernels/projections_problem.h"
@@ -18,10 +20,17 @@
 
 namespace klserve {
 
-struct RowRange {
-  int64_t begin = 0;  // global row index b * T + t
-  int64_t end = 0;
-  int64_t size() const { return end - begin; }
+// Where the projections form's per-row outputs of a run of rows go (buffers
+// of those rows, from its first; null when not asked for), and the scale of
+// its gradients.
+struct ProjectionsRowOutputs {
+  std::byte* d_index_query = nullptr;    // [rows, H_I, D_I]
+  std::byte* d_index_weights = nullptr;  // [rows, H_I]
+  DType grad_dtype = DType::kFloat32;
+  int32_t* topk_indices = nullptr;  // [rows, K], the service's selection
+  // c / N * grad_scale; with want_grad false no gradient is computed.
+  double grad_scale = 0;
+  bool want_grad = false;
 };
 
 // Where a block's outputs go.
@@ -60,14 +69,29 @@ class Backend {
                                    const BlockOutputs& outputs,
                                    LossAccumulator& accumulator) = 0;
 
-  // The projections form (kernels/projections_loss.h), whole: finds N,
-  // writes the outputs and folds every row, in order, into `accumulator`.
-  // Its inputs' values are already checked finite. A backend that does not
+  // The projections form (kernels/projections_computation.h): computes the
+  // query rows `rows`, whole tiles of problem.TileOf, from `data`: row r's
+  // result into results[r - rows.begin], its per-row outputs into `outputs`
+  // (rows from rows.begin on), and each tile's d_index_key contributions
+  // into `key_grad`. Data errors are INVALID_ARGUMENT naming the tensor and
+  // the first bad position (the lowest row's). A backend that does not
   // compute this form answers UNIMPLEMENTED.
-  virtual absl::Status ComputeProjections(const ProjectionsProblem& /*problem*/,
-                                          const ProjectionsOutputs& /*outputs*/,
-                                          LossAccumulator& /*accumulator*/,
-                                          int64_t& /*denominator*/) {
+  virtual absl::Status ComputeProjectionRows(
+      const ProjectionsProblem& /*problem*/, const ProjectionsRowData& /*data*/,
+      RowRange /*rows*/, const ProjectionsRowOutputs& /*outputs*/,
+      RowResult* /*results*/, KeyGradFold& /*key_grad*/) {
+    return ProjectionsUnimplemented();
+  }
+  // MEAN_VALID's N without row_valid: how many of `rows` have a valid key
+  // (checking the client's top-k indices on the way).
+  virtual absl::StatusOr<int64_t> CountProjectionRowsWithKeys(
+      const ProjectionsProblem& /*problem*/, const ProjectionsRowData& /*data*/,
+      RowRange /*rows*/) {
+    return ProjectionsUnimplemented();
+  }
+
+ private:
+  absl::Status ProjectionsUnimplemented() const {
     return absl::UnimplementedError(
         absl::StrCat("query: the ", std::string(name()),
                      " backend does not compute the projections form; "

@@ -18,6 +18,13 @@
 
 namespace klserve {
 
+// Consecutive rows [begin, end).
+struct RowRange {
+  int64_t begin = 0;  // global row index b * T + t
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
 enum class Flavor : uint8_t { kExact, kMaxText };
 enum class Reduction : uint8_t { kMean, kMeanValid, kSum };
 

@@ -6,17 +6,21 @@
 #include "kernels/loss_computation.h"
 #include "kernels/projections_problem.h"
 
+// The projections form's whole-problem entry point: a ProjectionsComputation
+// fed all query rows as one block.
+
 namespace klserve {
 
 // Computes the loss of the projections form, its row KL and diagnostics, the
 // gradients of index_query, index_key and index_weights and, when the service
-// selects, the top-k indices, into `outputs`. Value errors are
-// INVALID_ARGUMENT naming the tensor and the first bad position; the outputs
-// then hold partial results. A backend that does not compute this form
-// answers UNIMPLEMENTED. Thread-safe for concurrent calls on one backend.
+// selects, the top-k indices, into `outputs`, from the query rows `rows`
+// (WholeProjectionsRows). Value errors are INVALID_ARGUMENT naming the tensor
+// and the first bad position; the outputs then hold partial results. A
+// backend that does not compute this form answers UNIMPLEMENTED. Thread-safe
+// for concurrent calls on one backend.
 absl::StatusOr<IndexerKlResult> ComputeProjectionsLoss(
     Backend& backend, const ProjectionsProblem& problem,
-    const ProjectionsOutputs& outputs);
+    const ProjectionsRowData& rows, const ProjectionsOutputs& outputs);
 
 }  // namespace klserve
 

@@ -1,5 +1,6 @@
 #include "kernels/projections_problem.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -11,19 +12,28 @@
 namespace klserve {
 namespace {
 
-// A projection: a float tensor of the given rank, with its bytes.
+// A projection: a float tensor of the given rank. The key side's must hold
+// its bytes; the query side's may carry none (a stream header's: its rows
+// come in blocks).
 absl::Status CheckProjection(absl::string_view field, const TensorView& view,
-                             absl::string_view layout, size_t rank) {
+                             absl::string_view layout, size_t rank,
+                             bool key_side) {
   RETURN_IF_ERROR(CheckDType(field, view, kFloatTypes));
   RETURN_IF_ERROR(CheckLayout(field, view, layout, rank));
-  return CheckBytes(field, view);
+  return key_side ? CheckBytes(field, view) : CheckBytesIfAny(field, view);
 }
 
 absl::Status CheckShape(absl::string_view field, const TensorView& view,
                         absl::string_view layout,
-                        std::initializer_list<int64_t> expected) {
+                        std::initializer_list<int64_t> expected,
+                        bool key_side) {
   RETURN_IF_ERROR(CheckTensor(field, view, kFloatTypes, layout, expected));
-  return CheckBytes(field, view);
+  return key_side ? CheckBytes(field, view) : CheckBytesIfAny(field, view);
+}
+
+// Rows of a whole [B, T, width] tensor, or of a block of n rows [n, width].
+RowView RowsOf(const TensorView& view, int64_t T, int64_t width) {
+  return WholeRows(view, T, width, 1);
 }
 
 // The logits-form problem over `row_length` slots per row that the
@@ -56,10 +66,10 @@ absl::StatusOr<IndexerKlProblem> LogitsFormProblem(
 absl::StatusOr<ProjectionsProblem> ProjectionsProblem::Create(
     const ProjectionsInputs& in, const ProjectionsOptions& options) {
   // The main attention fixes B, T, H, D (query) and S, H_kv (key).
-  RETURN_IF_ERROR(CheckProjection("query", in.query, "[B, T, H, D]", 4));
+  RETURN_IF_ERROR(CheckProjection("query", in.query, "[B, T, H, D]", 4, false));
   const int64_t B = in.query.shape[0], T = in.query.shape[1];
   const int64_t H = in.query.shape[2], D = in.query.shape[3];
-  RETURN_IF_ERROR(CheckProjection("key", in.key, "[B, S, H_kv, D]", 4));
+  RETURN_IF_ERROR(CheckProjection("key", in.key, "[B, S, H_kv, D]", 4, true));
   const int64_t S = in.key.shape[1], H_kv = in.key.shape[2];
   if (in.key.shape[0] != B || in.key.shape[3] != D) {
     return Invalid("key",
@@ -73,15 +83,15 @@ absl::StatusOr<ProjectionsProblem> ProjectionsProblem::Create(
                                 " (MHA: H_kv = H; MQA: 1; GQA: a divisor)"),
                    absl::StrCat(H_kv));
   }
-  RETURN_IF_ERROR(
-      CheckProjection("index_query", in.index_query, "[B, T, H_I, D_I]", 4));
+  RETURN_IF_ERROR(CheckProjection("index_query", in.index_query,
+                                  "[B, T, H_I, D_I]", 4, false));
   const int64_t H_I = in.index_query.shape[2], D_I = in.index_query.shape[3];
   RETURN_IF_ERROR(CheckShape("index_query", in.index_query, "[B, T, H_I, D_I]",
-                             {B, T, H_I, D_I}));
+                             {B, T, H_I, D_I}, false));
   RETURN_IF_ERROR(
-      CheckShape("index_key", in.index_key, "[B, S, D_I]", {B, S, D_I}));
+      CheckShape("index_key", in.index_key, "[B, S, D_I]", {B, S, D_I}, true));
   RETURN_IF_ERROR(CheckShape("index_weights", in.index_weights, "[B, T, H_I]",
-                             {B, T, H_I}));
+                             {B, T, H_I}, false));
   if (options.loss.num_keys != 0 && options.loss.num_keys != S) {
     return Invalid("num_keys",
                    absl::StrCat("must be 0 or S = ", S, " (key's S)"),
@@ -145,26 +155,114 @@ absl::StatusOr<ProjectionsProblem> ProjectionsProblem::Create(
   p.server_topk = server_topk;
   p.index_weight_scale = static_cast<float>(weight_scale);
   p.use_relu = options.use_relu;
-  p.query = in.query;
+  p.tile_rows = K > 0 ? kSparseTileRows : kDenseTileRows;
   p.key = in.key;
-  p.index_query = in.index_query;
   p.index_key = in.index_key;
-  p.index_weights = in.index_weights;
+  p.query_dtype = in.query.dtype;
+  p.index_query_dtype = in.index_query.dtype;
+  p.index_weights_dtype = in.index_weights.dtype;
   if (in.lse) {
     RETURN_IF_ERROR(
         CheckTensor("lse", *in.lse, {DType::kFloat32}, "[B, H, T]", {B, H, T}));
-    RETURN_IF_ERROR(CheckBytes("lse", *in.lse));
-    p.lse = in.lse;
+    RETURN_IF_ERROR(CheckBytesIfAny("lse", *in.lse));
+    p.has_lse = true;
   }
-  if (in.topk_indices) {
-    RETURN_IF_ERROR(CheckBytes("topk_indices", *in.topk_indices));
-    p.topk_indices = in.topk_indices;
-  }
-  if (in.attention_mask) {
-    RETURN_IF_ERROR(CheckBytes("attention_mask", *in.attention_mask));
-    p.attention_mask = in.attention_mask;
-  }
+  p.has_attention_mask = in.attention_mask.has_value();
   return p;
+}
+
+RowRange ProjectionsProblem::TileOf(int64_t r) const {
+  const int64_t b = r / T, t = r % T;
+  const int64_t begin = t / tile_rows * tile_rows;
+  return {b * T + begin, b * T + std::min(T, begin + tile_rows)};
+}
+
+absl::StatusOr<ProjectionsRowData> WholeProjectionsRows(
+    const ProjectionsProblem& p, const ProjectionsInputs& in) {
+  const auto whole = [&](absl::string_view field, const TensorView& view,
+                         int64_t width) -> absl::StatusOr<RowView> {
+    RETURN_IF_ERROR(CheckBytes(field, view));
+    return RowsOf(view, p.T, width);
+  };
+  ProjectionsRowData rows;
+  ASSIGN_OR_RETURN(rows.query, whole("query", in.query, p.H * p.D));
+  ASSIGN_OR_RETURN(rows.index_query,
+                   whole("index_query", in.index_query, p.H_I * p.D_I));
+  ASSIGN_OR_RETURN(rows.index_weights,
+                   whole("index_weights", in.index_weights, p.H_I));
+  if (p.has_lse) {
+    RETURN_IF_ERROR(CheckBytes("lse", *in.lse));
+    rows.lse = WholeRows(*in.lse, p.T, 1, p.H);  // [B, H, T]: one a head
+  }
+  if (p.sparse() && !p.server_topk) {
+    ASSIGN_OR_RETURN(rows.indices,
+                     whole("topk_indices", *in.topk_indices, p.K));
+  }
+  if (p.has_attention_mask) {
+    ASSIGN_OR_RETURN(rows.mask,
+                     whole("attention_mask", *in.attention_mask, p.S));
+  }
+  return rows;
+}
+
+absl::StatusOr<ProjectionsRowData> BlockProjectionsRows(
+    const ProjectionsProblem& p, RowRange rows,
+    const ProjectionsBlockBytes& bytes) {
+  const int64_t n = rows.size();
+  if (rows.begin < 0 || n < 1 || rows.end > p.num_rows()) {
+    return Invalid("row_begin, num_rows",
+                   absl::StrCat("the block must lie within the B*T = ",
+                                p.num_rows(), " rows"),
+                   absl::StrCat("[", rows.begin, ", ", rows.end, ")"));
+  }
+  // A block of n rows [n, width]: rows are (r - begin) * width apart, which
+  // RowView's rule gives with batch_stride T * width and row_stride width.
+  const auto block = [&](absl::string_view field, bool used, DType dtype,
+                         const void* data, int64_t size,
+                         int64_t width) -> absl::StatusOr<RowView> {
+    const int64_t want = used ? n * width * DTypeSize(dtype) : 0;
+    if (size != want || (want > 0 && data == nullptr)) {
+      return Invalid(
+          field,
+          absl::StrCat("a block of ", n, " rows must hold ", want, " bytes"),
+          absl::StrCat(size));
+    }
+    RowView view;
+    if (!used) return view;
+    view.dtype = dtype;
+    view.data = static_cast<const std::byte*>(data);
+    view.origin_row = rows.begin;
+    view.batch_stride = p.T * width;
+    view.row_stride = width;
+    return view;
+  };
+  ProjectionsRowData out;
+  ASSIGN_OR_RETURN(out.query, block("query", true, p.query_dtype, bytes.query,
+                                    bytes.query_bytes, p.H * p.D));
+  ASSIGN_OR_RETURN(
+      out.index_query,
+      block("index_query", true, p.index_query_dtype, bytes.index_query,
+            bytes.index_query_bytes, p.H_I * p.D_I));
+  ASSIGN_OR_RETURN(
+      out.index_weights,
+      block("index_weights", true, p.index_weights_dtype, bytes.index_weights,
+            bytes.index_weights_bytes, p.H_I));
+  // lse [H, n]: head h's rows n apart, so head_stride n and row_stride 1.
+  ASSIGN_OR_RETURN(out.lse, block("lse", p.has_lse, DType::kFloat32, bytes.lse,
+                                  bytes.lse_bytes, p.H));
+  if (p.has_lse) {
+    out.lse.batch_stride = p.T;
+    out.lse.row_stride = 1;
+    out.lse.head_stride = n;
+  }
+  ASSIGN_OR_RETURN(
+      out.indices,
+      block("topk_indices", p.sparse() && !p.server_topk, DType::kInt32,
+            bytes.topk_indices, bytes.topk_indices_bytes, p.K));
+  ASSIGN_OR_RETURN(
+      out.mask, block("attention_mask", p.has_attention_mask, DType::kBool,
+                      bytes.attention_mask, bytes.attention_mask_bytes, p.S));
+  return out;
 }
 
 }  // namespace klserve

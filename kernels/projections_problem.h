@@ -75,6 +75,17 @@ class ProjectionsProblem {
   bool server_topk = false;
   float index_weight_scale = 0;
   bool use_relu = true;
+  // The computation's unit: tiles of this many consecutive query rows of
+  // one batch entry, from each entry's first row (the last of an entry may
+  // be shorter). Fixed by the form alone, so that what is summed over rows
+  // (d_index_key) is summed alike whatever the thread count or the stream's
+  // blocks. Dense: large enough for the tile's matrix products to run near
+  // the BLAS's rate, small enough for its rows ([rows, S] floats, a few of
+  // them) to stay a few MiB; sparse: each row gathers its own keys, and the
+  // tile bounds the d_index_key contributions kept for the fold.
+  int64_t tile_rows = 0;
+  static constexpr int64_t kDenseTileRows = 128;
+  static constexpr int64_t kSparseTileRows = 16;
 
   // The logits-form problem that a and I describe: per-head, over S keys
   // (dense) or K slots (sparse). Its masks, options, N and row rules are
@@ -85,18 +96,66 @@ class ProjectionsProblem {
   // ranks the valid keys of.
   std::optional<IndexerKlProblem> selection;
 
-  // The inputs' views (checked to hold their bytes).
-  TensorView query, key, index_query, index_key, index_weights;
-  std::optional<TensorView> lse;
-  std::optional<TensorView> topk_indices;    // the client's
-  std::optional<TensorView> attention_mask;  // [B,T,S] BOOL
+  // The key side, whole, with its bytes.
+  TensorView key, index_key;
+  // The query side's dtypes (its rows come as ProjectionsRowData).
+  DType query_dtype = DType::kFloat32;
+  DType index_query_dtype = DType::kFloat32;
+  DType index_weights_dtype = DType::kFloat32;
+  bool has_lse = false;
+  bool has_attention_mask = false;
 
   bool sparse() const { return K > 0; }
+  int64_t num_rows() const { return B * T; }
+  // The tile holding row r: [begin, end).
+  RowRange TileOf(int64_t r) const;
 
  private:
   explicit ProjectionsProblem(IndexerKlProblem logits)
       : logits(std::move(logits)) {}
 };
+
+// Where the query side's rows live: RowData's rule (kernels/problem.h) for
+// each per-row tensor of the form. Absent tensors have no data.
+struct ProjectionsRowData {
+  RowView query;          // H * D elements a row
+  RowView index_query;    // H_I * D_I
+  RowView index_weights;  // H_I
+  RowView lse;            // FP32, one a head (head_stride apart)
+  RowView indices;        // the client's topk_indices: K
+  RowView mask;           // attention_mask: S
+};
+
+// The views of all rows of the query side in `inputs` (the inputs `problem`
+// was created from), after checking that each holds its bytes
+// (INVALID_ARGUMENT naming the tensor otherwise).
+absl::StatusOr<ProjectionsRowData> WholeProjectionsRows(
+    const ProjectionsProblem& problem, const ProjectionsInputs& inputs);
+
+// The raw bytes of a block of n consecutive query rows (the stream's):
+// query [n, H, D], index_query [n, H_I, D_I], index_weights [n, H_I],
+// lse [H, n] (head-major), topk_indices [n, K], attention_mask [n, S]; a
+// tensor the problem does not use is empty. Not copied.
+struct ProjectionsBlockBytes {
+  const void* query = nullptr;
+  int64_t query_bytes = 0;
+  const void* index_query = nullptr;
+  int64_t index_query_bytes = 0;
+  const void* index_weights = nullptr;
+  int64_t index_weights_bytes = 0;
+  const void* lse = nullptr;
+  int64_t lse_bytes = 0;
+  const void* topk_indices = nullptr;
+  int64_t topk_indices_bytes = 0;
+  const void* attention_mask = nullptr;
+  int64_t attention_mask_bytes = 0;
+};
+
+// Views of the block of rows `rows`, after checking that each tensor holds
+// exactly its rows' bytes (INVALID_ARGUMENT naming the tensor otherwise).
+absl::StatusOr<ProjectionsRowData> BlockProjectionsRows(
+    const ProjectionsProblem& problem, RowRange rows,
+    const ProjectionsBlockBytes& bytes);
 
 // Caller-owned outputs, in options.loss.grad_dtype and shaped like the
 // inputs; the gradient buffers are required when options.loss.want_grad.

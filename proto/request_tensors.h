@@ -43,8 +43,8 @@ enum class TensorRole {
   kPerRow,
   // Per batch entry ([B, T] or [B, S]): sent whole, in the StreamHeader too.
   kSmall,
-  // A projections-form tensor ([B, T, ...] or [B, S, ...]): sent whole in a
-  // ComputeLossRequest. The stream does not carry the projections form yet,
+  // A tensor of the projections form alone ([B, T, ...], [B, S, ...], or
+  // lse's [B, H, T]): sent whole in a ComputeLossRequest. The stream does not carry the projections form yet,
   // so StreamHeader and RowBlock have no field for it.
   kProjection,
 };
@@ -73,8 +73,9 @@ using InputMember =
 
 struct RequestTensor {
   // The field's name in ComputeLossRequest (a Tensor), StreamHeader (a
-  // TensorSpec when per-row, else a Tensor) and, when per-row, RowBlock
-  // (bytes). The accessors below find the fields by this name.
+  // TensorSpec when per-row, a Tensor when small, none for a projection)
+  // and, when per-row, RowBlock (bytes). The accessors below find the
+  // fields by this name.
   absl::string_view name;
   TensorRole role;
   DTypeRule dtype;

@@ -25,10 +25,15 @@ class CpuBackend final : public Backend {
   absl::Status ComputeRows(const IndexerKlProblem& problem, const RowData& data,
                            RowRange rows, const BlockOutputs& outputs,
                            LossAccumulator& accumulator) override;
-  absl::Status ComputeProjections(const ProjectionsProblem& problem,
-                                  const ProjectionsOutputs& outputs,
-                                  LossAccumulator& accumulator,
-                                  int64_t& denominator) override;
+  absl::Status ComputeProjectionRows(const ProjectionsProblem& problem,
+                                     const ProjectionsRowData& data,
+                                     RowRange rows,
+                                     const ProjectionsRowOutputs& outputs,
+                                     RowResult* results,
+                                     KeyGradFold& key_grad) override;
+  absl::StatusOr<int64_t> CountProjectionRowsWithKeys(
+      const ProjectionsProblem& problem, const ProjectionsRowData& data,
+      RowRange rows) override;
 
   // The variant it computes with (its exp sets the benchmark's ceiling).
   const cpu::IsaKernels& kernels() const { return kernels_; }

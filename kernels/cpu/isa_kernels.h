@@ -35,10 +35,12 @@ struct IsaKernels {
   // The projections form: one tile of query rows, and MEAN_VALID's count of
   // rows with a valid key (kernels/cpu/variant/projection_tile.h).
   absl::Status (*compute_projection_tile)(const ProjectionsProblem& problem,
+                                          const ProjectionsRowData& data,
                                           const ProjectionTile& tile,
                                           const ProjectionTileOutputs& outputs,
                                           int64_t& failed_row);
   absl::Status (*count_rows_with_keys)(const ProjectionsProblem& problem,
+                                       const ProjectionsRowData& data,
                                        RowRange rows, int64_t& count,
                                        int64_t& failed_row);
 };

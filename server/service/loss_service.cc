@@ -35,15 +35,14 @@ const char* LargestOutput(const ProjectionsProblem& p) {
 
 // Checks, before computing, that `response` with the widest result fits
 // one message, so that a response gRPC would refuse to send is never
-// computed or counted.
-absl::Status CheckResponseFits(const char* largest,
+// computed or counted; `remedy` says what the client can do instead.
+absl::Status CheckResponseFits(const char* largest, absl::string_view remedy,
                                v1::ComputeLossResponse& response,
                                const ServerOptions& options) {
   WidestResultTo(response.mutable_result());
   const auto bytes = static_cast<int64_t>(response.ByteSizeLong());
   response.clear_result();
-  return CheckMessageBytes(largest, bytes,
-                           "send the problem with ComputeLossStream", options);
+  return CheckMessageBytes(largest, bytes, remedy, options);
 }
 
 // A logits-form request's computation into `response`.
@@ -71,8 +70,9 @@ absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
                                            response.mutable_row_kl());
     outputs.row_kl_size = problem.num_rows();
   }
-  RETURN_IF_ERROR(
-      CheckResponseFits(LargestOutput(options), response, *ctx.options));
+  RETURN_IF_ERROR(CheckResponseFits(LargestOutput(options),
+                                    "send the problem with ComputeLossStream",
+                                    response, *ctx.options));
   ASSIGN_OR_RETURN(
       const IndexerKlResult result,
       ComputeIndexerKl(ctx.backends->For(problem), problem, rows, outputs));
@@ -115,11 +115,17 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
     outputs.row_kl = AllocateFloat64Tensor({problem.B, problem.T},
                                            response.mutable_row_kl());
   }
-  RETURN_IF_ERROR(
-      CheckResponseFits(LargestOutput(problem), response, *ctx.options));
-  ASSIGN_OR_RETURN(
-      const IndexerKlResult result,
-      ComputeProjectionsLoss(ctx.backends->ForProjections(), problem, outputs));
+  // The stream does not carry this form yet.
+  RETURN_IF_ERROR(CheckResponseFits(
+      LargestOutput(problem),
+      "send fewer rows per request (the stream does not carry the "
+      "projections form yet)",
+      response, *ctx.options));
+  ASSIGN_OR_RETURN(const ProjectionsRowData rows,
+                   WholeProjectionsRows(problem, inputs));
+  ASSIGN_OR_RETURN(const IndexerKlResult result,
+                   ComputeProjectionsLoss(ctx.backends->ForProjections(),
+                                          problem, rows, outputs));
   rows_computed = problem.B * problem.T;
   return result;
 }

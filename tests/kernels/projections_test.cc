@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/projections_computation.h"
 #include "kernels/projections_loss.h"
 #include "kernels/projections_problem.h"
 #include "tests/kernels/test_data.h"
@@ -84,9 +85,100 @@ struct Extras {
   std::optional<std::vector<float>> lse;  // [B,H,T]
   std::optional<std::vector<int32_t>> key_start, key_end;
   int threads = 2;
+  // Computes the query rows in blocks of these sizes (cycled), as a stream
+  // does, rather than all at once.
+  std::vector<int64_t> blocks;
   // Breaks the inputs after encoding: (tensor name, flat index, value).
   std::optional<std::pair<std::string, std::pair<int64_t, float>>> poke;
 };
+
+// The block of rows `rows` of a whole query-side tensor, in a stream
+// block's layout ([n, ...]; lse [H, n]).
+std::vector<std::byte> BlockOf(const TensorView& whole, RowRange rows,
+                               int64_t T, int64_t heads_first) {
+  const int64_t size = DTypeSize(whole.dtype);
+  const auto* data = static_cast<const std::byte*>(whole.data);
+  std::vector<std::byte> block;
+  if (heads_first == 0) {
+    const int64_t width = whole.byte_size / size / (whole.shape[0] * T);
+    block.assign(data + rows.begin * width * size,
+                 data + rows.end * width * size);
+    return block;
+  }
+  for (int64_t h = 0; h < heads_first; ++h) {  // lse [B, H, T]
+    for (int64_t r = rows.begin; r < rows.end; ++r) {
+      const std::byte* at =
+          data + ((r / T * heads_first + h) * T + r % T) * size;
+      block.insert(block.end(), at, at + size);
+    }
+  }
+  return block;
+}
+
+// The rows in blocks through a ProjectionsComputation, as the stream feeds
+// it: each block's bytes copied out and freed after its call, outputs taken
+// from the rows each call completes.
+absl::StatusOr<IndexerKlResult> ComputeInBlocks(
+    Backend& backend, const ProjectionsProblem& p, const ProjectionsInputs& in,
+    const std::vector<int64_t>& sizes, const ProjectionsOutputs& out) {
+  absl::StatusOr<ProjectionsComputation> computation =
+      ProjectionsComputation::Create(backend, p);
+  if (!computation.ok()) return computation.status();
+  if (computation->needs_counting()) {
+    if (!computation->counts_without_rows()) {
+      absl::StatusOr<ProjectionsRowData> all = WholeProjectionsRows(p, in);
+      if (!all.ok()) return all.status();
+      if (absl::Status s = computation->Count(*all); !s.ok()) return s;
+    } else if (absl::Status s = computation->Count({}); !s.ok()) {
+      return s;
+    }
+  }
+  const int64_t grad = DTypeSize(p.logits.options.grad_dtype);
+  size_t next = 0;
+  for (int64_t r = 0; r < p.num_rows();) {
+    const RowRange rows{
+        r, std::min(p.num_rows(), r + sizes[next++ % sizes.size()])};
+    std::vector<std::byte> q = BlockOf(in.query, rows, p.T, 0);
+    std::vector<std::byte> qi = BlockOf(in.index_query, rows, p.T, 0);
+    std::vector<std::byte> w = BlockOf(in.index_weights, rows, p.T, 0);
+    std::vector<std::byte> lse, idx;
+    if (in.lse) lse = BlockOf(*in.lse, rows, p.T, p.H);
+    if (in.topk_indices) idx = BlockOf(*in.topk_indices, rows, p.T, 0);
+    ProjectionsBlockBytes bytes{
+        .query = q.data(),
+        .query_bytes = static_cast<int64_t>(q.size()),
+        .index_query = qi.data(),
+        .index_query_bytes = static_cast<int64_t>(qi.size()),
+        .index_weights = w.data(),
+        .index_weights_bytes = static_cast<int64_t>(w.size()),
+        .lse = lse.data(),
+        .lse_bytes = static_cast<int64_t>(lse.size()),
+        .topk_indices = idx.data(),
+        .topk_indices_bytes = static_cast<int64_t>(idx.size())};
+    absl::StatusOr<ProjectionsRowData> data =
+        BlockProjectionsRows(p, rows, bytes);
+    if (!data.ok()) return data.status();
+    // Outputs from the first row the call may complete: the held ones.
+    const int64_t first = rows.begin - computation->held_rows();
+    const ProjectionsBlockOutputs block_out{
+        .d_index_query = out.d_index_query + first * p.H_I * p.D_I * grad,
+        .d_index_weights = out.d_index_weights + first * p.H_I * grad,
+        .topk_indices = out.topk_indices == nullptr
+                            ? nullptr
+                            : out.topk_indices + first * p.K,
+        .row_kl = out.row_kl + first,
+        .capacity_rows = p.num_rows() - first};
+    absl::StatusOr<RowRange> done =
+        computation->Compute(rows, *data, block_out);
+    if (!done.ok()) return done.status();
+    if (done->size() > 0 && done->begin != first) {
+      return absl::InternalError(
+          "completed rows do not start at the held ones");
+    }
+    r = rows.end;
+  }
+  return computation->Finish(out.d_index_key);
+}
 
 LibraryRun RunLibrary(const RefProjections& ref, const Extras& x = {}) {
   const klref::RefProblem& o = ref.options;
@@ -191,8 +283,16 @@ LibraryRun RunLibrary(const RefProjections& ref, const Extras& x = {}) {
                          .topk_indices = run.topk_indices.data(),
                          .row_kl = run.row_kl.data()};
   CpuBackend backend(x.threads, testdata::TestIsa());
-  absl::StatusOr<IndexerKlResult> result =
-      ComputeProjectionsLoss(backend, *problem, out);
+  absl::StatusOr<IndexerKlResult> result;
+  if (absl::StatusOr<ProjectionsRowData> rows =
+          WholeProjectionsRows(*problem, in);
+      !rows.ok()) {
+    result = rows.status();
+  } else if (x.blocks.empty()) {
+    result = ComputeProjectionsLoss(backend, *problem, *rows, out);
+  } else {
+    result = ComputeInBlocks(backend, *problem, in, x.blocks, out);
+  }
   if (!result.ok()) {
     run.status = result.status();
     return run;
@@ -496,11 +596,56 @@ TEST(ProjectionsTest, SparseManyRowsThreadCountsAgreeBitwise) {
 }
 
 TEST(ProjectionsTest, LogitsTooLargeToKeepAreRecomputed) {
-  // The first tile's main logits (128 rows x 16 heads x 6656 keys) pass the
-  // most a tile keeps between its two passes; the second tile's (2 rows)
-  // do not: both paths, against the reference.
-  RefProjections p = RandomProblem(21, 1, 130, 6200, 16, 1, 4, 1, 4);
+  // The first tile's main logits (128 rows x 16 heads x 6656 keys) and
+  // indexer dot products (x 8 heads) pass the most a tile keeps between its
+  // passes; the second tile's (2 rows) do not: both paths, against the
+  // reference.
+  RefProjections p = RandomProblem(21, 1, 130, 6200, 16, 1, 4, 8, 4);
   ExpectMatchesReference(p);
+}
+
+// Blocks of any size, in any case, give the unary call's bits.
+void ExpectBlocksGiveUnaryBits(const RefProjections& p, Extras x) {
+  const LibraryRun whole = RunLibrary(p, x);
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+  for (const std::vector<int64_t>& sizes :
+       std::vector<std::vector<int64_t>>{{1}, {7, 130, 3}, {200}, {64, 65}}) {
+    x.blocks = sizes;
+    const LibraryRun blocks = RunLibrary(p, x);
+    ASSERT_TRUE(blocks.status.ok()) << blocks.status;
+    EXPECT_EQ(blocks.raw_dq, whole.raw_dq);
+    EXPECT_EQ(blocks.raw_dk, whole.raw_dk);
+    EXPECT_EQ(blocks.raw_dw, whole.raw_dw);
+    EXPECT_EQ(blocks.topk_indices, whole.topk_indices);
+    EXPECT_EQ(blocks.result.loss, whole.result.loss);
+    for (size_t r = 0; r < whole.row_kl.size(); ++r) {
+      ASSERT_EQ(blocks.row_kl[r], whole.row_kl[r]) << r;
+    }
+  }
+}
+
+TEST(ProjectionsTest, RowsInBlocksGiveTheUnaryBits) {
+  RefProjections p = RandomProblem(22, 2, 150, 160, 2, 1, 4, 2, 4);
+  p.options.causal = true;
+  ExpectBlocksGiveUnaryBits(p, {});
+  Extras x;
+  x.lse = ExactLse(p);
+  ExpectBlocksGiveUnaryBits(p, x);
+  p.options.reduction = RefReduction::kMeanValid;  // N counted first
+  p.options.q_offset = -5;                         // rows without a key
+  ExpectBlocksGiveUnaryBits(p, {});
+  Extras topk;
+  topk.topk = 5;
+  ExpectBlocksGiveUnaryBits(p, topk);
+  RefProjections sparse = p;
+  sparse.K = 3;
+  std::mt19937_64 rng(4);
+  for (int64_t r = 0; r < p.B * p.T; ++r) {
+    for (int64_t j = 0; j < sparse.K; ++j) {
+      sparse.topk_indices.push_back(j == 2 ? -1 : (r % p.T + j) % p.S);
+    }
+  }
+  ExpectBlocksGiveUnaryBits(sparse, {});
 }
 
 // ---------------------------------------------------------------------------

@@ -51,6 +51,14 @@ const float* Floats(const TensorView& view, int64_t offset, int64_t n,
                   buffer.data());
 }
 
+// The n elements of `rows` from row r's first on (a tile's rows lie
+// together), as floats.
+const float* RowFloats(const RowView& rows, int64_t r, int64_t T, int64_t n,
+                       std::vector<float>& buffer) {
+  if (buffer.size() < static_cast<size_t>(n)) buffer.resize(n);
+  return FloatRow(rows.dtype, rows.Row(r, T), n, buffer.data());
+}
+
 // C[m, n] = alpha * A[m, k] B[n, k]^T (+ beta * C), row-major.
 void GemmNT(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c,
@@ -99,6 +107,30 @@ absl::Status OverflowError(const char* what, int64_t b, int64_t t, int64_t h,
       value));
 }
 
+// Per key tile of a dense tile, `slices` blocks of `block` floats (a head's
+// logits; the indexer's dot products): kept for all key tiles when they fit
+// in `budget` bytes, so that a later pass reads them rather than computing
+// them again (the same products give the same bits), else one buffer that
+// each key tile overwrites.
+class KeyTileStore {
+ public:
+  void Reset(int64_t key_tiles, int64_t slices, int64_t block, int64_t budget) {
+    slices_ = slices;
+    block_ = block;
+    kept_ = key_tiles * slices * block * int64_t{sizeof(float)} <= budget;
+    data_.resize(kept_ ? key_tiles * slices * block : block);
+  }
+  bool kept() const { return kept_; }
+  float* At(int64_t key_tile, int64_t slice) {
+    return data_.data() + (kept_ ? (key_tile * slices_ + slice) * block_ : 0);
+  }
+
+ private:
+  bool kept_ = false;
+  int64_t slices_ = 0, block_ = 0;
+  std::vector<float> data_;
+};
+
 // The validity of each row of a tile, copied out of the row scratch.
 struct TileValidity {
   std::vector<RowValidity> rows;
@@ -130,15 +162,19 @@ struct TileInputs {
   const float* query = nullptr;        // [n, H, D]
   const float* index_query = nullptr;  // [n, H_I, D_I]
   std::vector<float> weights;          // w_eff [n, H_I]
-  std::vector<float> query_buffer, index_query_buffer;
+  std::vector<float> query_buffer, index_query_buffer, weights_buffer;
 
-  TileInputs(const ProjectionsProblem& p, int64_t r0, int64_t n) {
-    query = Floats(p.query, r0 * p.H * p.D, n * p.H * p.D, query_buffer);
-    index_query = Floats(p.index_query, r0 * p.H_I * p.D_I, n * p.H_I * p.D_I,
-                         index_query_buffer);
+  TileInputs(const ProjectionsProblem& p, const ProjectionsRowData& data,
+             int64_t r0, int64_t n) {
+    query = RowFloats(data.query, r0, p.T, n * p.H * p.D, query_buffer);
+    index_query = RowFloats(data.index_query, r0, p.T, n * p.H_I * p.D_I,
+                            index_query_buffer);
+    const float* w =
+        RowFloats(data.index_weights, r0, p.T, n * p.H_I, weights_buffer);
     weights.resize(n * p.H_I);
-    CopyFloats(p.index_weights, r0 * p.H_I, n * p.H_I, weights.data());
-    for (float& w : weights) w *= p.index_weight_scale;
+    for (int64_t i = 0; i < n * p.H_I; ++i) {
+      weights[i] = w[i] * p.index_weight_scale;
+    }
   }
 };
 
@@ -198,7 +234,7 @@ void StoreQueryGrads(const ProjectionsProblem& p, const ProjectionTile& tile,
                      const ProjectionTileOutputs& out, const float* dq,
                      const double* dw) {
   const int64_t n = tile.t_end - tile.t_begin;
-  const int64_t r0 = tile.b * p.T + tile.t_begin;
+  const int64_t r0 = tile.b * p.T + tile.t_begin - out.origin_row;
   const int64_t size = DTypeSize(out.grad_dtype);
   StoreFloatRow(dq, n * p.H_I * p.D_I, out.grad_dtype,
                 out.d_index_query + r0 * p.H_I * p.D_I * size);
@@ -247,21 +283,21 @@ absl::Status TileRowLosses(const IndexerKlProblem& lp,
 
 class DenseTile {
  public:
-  DenseTile(const ProjectionsProblem& p, const ProjectionTile& tile,
-            const ProjectionTileOutputs& out)
+  DenseTile(const ProjectionsProblem& p, const ProjectionsRowData& data,
+            const ProjectionTile& tile, const ProjectionTileOutputs& out)
       : p_(p),
         lp_(p.logits),
+        data_(data),
         tile_(tile),
         out_(out),
         n_(tile.t_end - tile.t_begin),
         r0_(tile.b * p.T + tile.t_begin),
-        in_(p, r0_, n_) {}
+        in_(p, data, r0_, n_) {}
 
   absl::Status Compute(int64_t& failed_row) {
     RowScratch& scratch = RowScratch::ForThisThread(lp_);
     RowData data;
-    if (p_.attention_mask)
-      data.mask = WholeRows(*p_.attention_mask, p_.T, p_.S, 1);
+    data.mask = data_.mask;
     if (absl::Status s = tv_.Build(lp_, data, r0_, n_, scratch, failed_row);
         !s.ok()) {
       return s;
@@ -345,32 +381,28 @@ class DenseTile {
     // sum first, then its P_h). When the tile's logits fit in
     // kStoredLogitsBytes the first pass keeps them; otherwise the second
     // recomputes them, the same products giving the same bits.
-    const int64_t tile_logits = n_ * kKeyTile;
     const int64_t key_tiles = (hi_ - lo_ + kKeyTile - 1) / kKeyTile;
-    const bool stored =
-        !p_.lse && key_tiles * H * tile_logits * int64_t{sizeof(float)} <=
-                       kStoredLogitsBytes;
-    logits_.resize(stored ? key_tiles * H * tile_logits : tile_logits);
+    logits_.Reset(key_tiles, H, n_ * kKeyTile,
+                  p_.has_lse ? 0 : kStoredLogitsBytes);
+    const bool stored = logits_.kept();
     const auto logits_of = [&](int64_t s0, int64_t h) {
-      return logits_.data() +
-             (stored ? ((s0 - lo_) / kKeyTile * H + h) * tile_logits : 0);
+      return logits_.At((s0 - lo_) / kKeyTile, h);
     };
+    // The dot products u again in the gradients' pass.
+    dots_.Reset(key_tiles, 1, n_ * p_.H_I * kKeyTile,
+                tile_.want_grad ? kStoredDotsBytes : 0);
     std::vector<float> e(kKeyTile);
-    std::vector<float> u(n_ * p_.H_I * kKeyTile);
     // P_h = exp(a - shift) * scale, per (i, h) at [i * H + h]: the given
     // lse and 1, or (as the logits form does) the row's max and 1 / sum.
     std::vector<float> shift(n_ * H), scale(n_ * H, 1.0f);
     // With the given lse, each head's mass, checked against 1.
     std::vector<double> mass;
-    if (p_.lse) {
+    if (p_.has_lse) {
       mass.assign(n_ * H, 0.0);
-      const std::byte* given = Bytes(*p_.lse);
       for (int64_t i = 0; i < n_; ++i) {
         for (int64_t h = 0; h < H; ++h) {
-          std::memcpy(
-              &shift[i * H + h],
-              given + 4 * ((tile_.b * H + h) * p_.T + tile_.t_begin + i),
-              sizeof(float));
+          std::memcpy(&shift[i * H + h], data_.lse.Row(r0_ + i, p_.T, h),
+                      sizeof(float));
         }
       }
     } else {
@@ -438,7 +470,7 @@ class DenseTile {
           if (v.count == 0 || limit == 0) continue;
           const float* a = logits + i * sk;
           const uint8_t* bytes = v.bytes ? v.bytes + s0 : nullptr;
-          if (p_.lse) {  // not yet checked: there was no first pass
+          if (p_.has_lse) {  // not yet checked: there was no first pass
             const ScanResult scan =
                 bytes ? ScanLogits<true>(a, limit, limit, bytes)
                       : ScanLogits<false>(a, limit, limit, nullptr);
@@ -455,18 +487,18 @@ class DenseTile {
                                    add)
                     : ExpRow<false>(a, limit, nullptr, head_shift, 1.0f,
                                     e.data(), add);
-          if (p_.lse) mass[i * H + h] += head_mass;
+          if (p_.has_lse) mass[i * H + h] += head_mass;
         }
       }
       // The indexer scores of the tile's rows: u = q_I k_I^T, rows (i, j).
+      float* u = dots_.At((s0 - lo_) / kKeyTile, 0);
       GemmNT(n_ * p_.H_I, sk, p_.D_I, 1.0f, in_.index_query, p_.D_I,
-             IndexKeyTile(s0, s1), p_.D_I, 0.0f, u.data(), sk);
+             IndexKeyTile(s0, s1), p_.D_I, 0.0f, u, sk);
       for (int64_t i = 0; i < n_; ++i) {
         const RowValidity& v = tv_.rows[i];
         float* I = I_.data() + i * L_ + s0;
-        IndexerScores(u.data() + i * p_.H_I * sk, sk,
-                      in_.weights.data() + i * p_.H_I, p_.H_I, sk, p_.use_relu,
-                      I);
+        IndexerScores(u + i * p_.H_I * sk, sk, in_.weights.data() + i * p_.H_I,
+                      p_.H_I, sk, p_.use_relu, I);
         const int64_t limit = TileLimit(v, s0, sk);
         if (const int64_t s = FirstNonFiniteValid(I, s0, limit, v); s >= 0) {
           failed_row = r0_ + i;
@@ -480,7 +512,7 @@ class DenseTile {
         }
       }
     }
-    if (p_.lse) return CheckLseMass(mass, failed_row);
+    if (p_.has_lse) return CheckLseMass(mass, failed_row);
     return absl::OkStatus();
   }
 
@@ -516,17 +548,19 @@ class DenseTile {
     dk.keys.resize(dk.count);
     for (int64_t s = lo_; s < hi_; ++s)
       dk.keys[s - lo_] = static_cast<int32_t>(s);
-    std::vector<float> u(M * kKeyTile), e(M * kKeyTile);
+    std::vector<float> e(M * kKeyTile);
     for (int64_t s0 = lo_; s0 < hi_; s0 += kKeyTile) {
       const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
       const float* index_keys = IndexKeyTile(s0, s1);
-      GemmNT(M, sk, p_.D_I, 1.0f, in_.index_query, p_.D_I, index_keys, p_.D_I,
-             0.0f, u.data(), sk);
+      float* u = dots_.At((s0 - lo_) / kKeyTile, 0);
+      if (!dots_.kept()) {
+        GemmNT(M, sk, p_.D_I, 1.0f, in_.index_query, p_.D_I, index_keys, p_.D_I,
+               0.0f, u, sk);
+      }
       for (int64_t i = 0; i < n_; ++i) {
-        IndexerGrads(u.data() + i * p_.H_I * sk, sk,
-                     in_.weights.data() + i * p_.H_I, p_.H_I, sk, p_.use_relu,
-                     g_.data() + i * L_ + s0, e.data() + i * p_.H_I * sk,
-                     dw.data() + i * p_.H_I);
+        IndexerGrads(u + i * p_.H_I * sk, sk, in_.weights.data() + i * p_.H_I,
+                     p_.H_I, sk, p_.use_relu, g_.data() + i * L_ + s0,
+                     e.data() + i * p_.H_I * sk, dw.data() + i * p_.H_I);
       }
       GemmNN(M, p_.D_I, sk, e.data(), sk, index_keys, p_.D_I, 1.0f, dq.data(),
              p_.D_I);
@@ -538,15 +572,17 @@ class DenseTile {
 
   const ProjectionsProblem& p_;
   const IndexerKlProblem& lp_;
+  const ProjectionsRowData& data_;
   const ProjectionTile& tile_;
   const ProjectionTileOutputs& out_;
   const int64_t n_, r0_;
   TileInputs in_;
   TileValidity tv_;
   int64_t lo_ = 0, hi_ = 0;
-  int64_t L_ = 0;                  // slots per row of w_, I_ and g_
-  std::vector<float> w_, I_, g_;   // [n, L]
-  std::vector<float> logits_;      // a tile of logits, or all of them
+  int64_t L_ = 0;                 // slots per row of w_, I_ and g_
+  std::vector<float> w_, I_, g_;  // [n, L]
+  KeyTileStore logits_;  // the main logits, [key tile][head][n, kKeyTile]
+  KeyTileStore dots_;    // u = q_I k_I^T, [key tile][n * H_I, kKeyTile]
   std::vector<float> key_buffer_, index_key_buffer_;
 };
 
@@ -556,14 +592,16 @@ class DenseTile {
 // The service's selection for the tile's rows into `indices` ([n, K]): the
 // K valid keys with the highest scores, ties to the lower key, in ascending
 // key order, then -1.
-absl::Status SelectTopk(const ProjectionsProblem& p, const ProjectionTile& tile,
-                        const TileInputs& in, int32_t* indices,
-                        RowScratch& scratch, int64_t& failed_row) {
+absl::Status SelectTopk(const ProjectionsProblem& p,
+                        const ProjectionsRowData& rows,
+                        const ProjectionTile& tile, const TileInputs& in,
+                        int32_t* indices, RowScratch& scratch,
+                        int64_t& failed_row) {
   const IndexerKlProblem& dense = *p.selection;
   const int64_t n = tile.t_end - tile.t_begin;
   const int64_t r0 = tile.b * p.T + tile.t_begin;
   RowData data;
-  if (p.attention_mask) data.mask = WholeRows(*p.attention_mask, p.T, p.S, 1);
+  data.mask = rows.mask;
   TileValidity tv;
   if (absl::Status s = tv.Build(dense, data, r0, n, scratch, failed_row);
       !s.ok()) {
@@ -616,15 +654,16 @@ absl::Status SelectTopk(const ProjectionsProblem& p, const ProjectionTile& tile,
 
 class SparseTile {
  public:
-  SparseTile(const ProjectionsProblem& p, const ProjectionTile& tile,
-             const ProjectionTileOutputs& out)
+  SparseTile(const ProjectionsProblem& p, const ProjectionsRowData& data,
+             const ProjectionTile& tile, const ProjectionTileOutputs& out)
       : p_(p),
         lp_(p.logits),
+        data_(data),
         tile_(tile),
         out_(out),
         n_(tile.t_end - tile.t_begin),
         r0_(tile.b * p.T + tile.t_begin),
-        in_(p, r0_, n_) {}
+        in_(p, data, r0_, n_) {}
 
   absl::Status Compute(int64_t& failed_row) {
     RowData data;
@@ -632,14 +671,14 @@ class SparseTile {
     if (p_.server_topk) {
       selected.resize(n_ * p_.K);
       RowScratch& wide = RowScratch::ForThisThread(*p_.selection);
-      if (absl::Status s =
-              SelectTopk(p_, tile_, in_, selected.data(), wide, failed_row);
+      if (absl::Status s = SelectTopk(p_, data_, tile_, in_, selected.data(),
+                                      wide, failed_row);
           !s.ok()) {
         return s;
       }
       if (out_.topk_indices != nullptr) {
         std::copy(selected.begin(), selected.end(),
-                  out_.topk_indices + r0_ * p_.K);
+                  out_.topk_indices + (r0_ - out_.origin_row) * p_.K);
       }
       data.indices =
           RowView{.dtype = DType::kInt32,
@@ -648,10 +687,9 @@ class SparseTile {
                   .batch_stride = p_.T * p_.K,
                   .row_stride = p_.K};
     } else {
-      data.indices = WholeRows(*p_.topk_indices, p_.T, p_.K, 1);
+      data.indices = data_.indices;
     }
-    if (p_.attention_mask)
-      data.mask = WholeRows(*p_.attention_mask, p_.T, p_.S, 1);
+    data.mask = data_.mask;
     RowScratch& rows = RowScratch::ForThisThread(lp_);
     if (absl::Status s = tv_.Build(lp_, data, r0_, n_, rows, failed_row);
         !s.ok()) {
@@ -727,17 +765,14 @@ class SparseTile {
         }
         float shift = m;
         double mass = 0;
-        if (p_.lse) {
-          std::memcpy(&shift,
-                      static_cast<const std::byte*>(p_.lse->data) +
-                          4 * ((tile_.b * p_.H + h) * p_.T + t),
-                      sizeof(float));
+        if (p_.has_lse) {
+          std::memcpy(&shift, data_.lse.Row(r, p_.T, h), sizeof(float));
         }
         for (int64_t x = 0; x < nv; ++x) {
           a[x] = std::exp(a[x] - shift);
           mass += a[x];
         }
-        if (p_.lse && !(std::abs(mass - 1.0) <= kLseMassTolerance)) {
+        if (p_.has_lse && !(std::abs(mass - 1.0) <= kLseMassTolerance)) {
           failed_row = r;
           return absl::InvalidArgumentError(absl::StrCat(
               "lse: head ", h, " of row (b=", tile_.b, ", t=", t,
@@ -745,7 +780,7 @@ class SparseTile {
               kLseMassTolerance,
               " (the lse must be taken over the row's valid slots)"));
         }
-        const float inv = p_.lse ? 1.0f : static_cast<float>(1.0 / mass);
+        const float inv = p_.has_lse ? 1.0f : static_cast<float>(1.0 / mass);
         for (int64_t x = 0; x < nv; ++x) head_w[x] += a[x] * inv;
       }
     }
@@ -817,6 +852,7 @@ class SparseTile {
 
   const ProjectionsProblem& p_;
   const IndexerKlProblem& lp_;
+  const ProjectionsRowData& data_;
   const ProjectionTile& tile_;
   const ProjectionTileOutputs& out_;
   const int64_t n_, r0_;
@@ -834,18 +870,17 @@ class SparseTile {
 
 }  // namespace
 
-absl::Status CountRowsWithKeys(const ProjectionsProblem& problem, RowRange rows,
-                               int64_t& count, int64_t& failed_row) {
+absl::Status CountRowsWithKeys(const ProjectionsProblem& problem,
+                               const ProjectionsRowData& rows_data,
+                               RowRange rows, int64_t& count,
+                               int64_t& failed_row) {
   // With the service's selection a row has a valid slot iff it has a valid
   // key; with the client's indices, its slots decide (and are checked).
   const IndexerKlProblem& p =
       problem.server_topk ? *problem.selection : problem.logits;
   RowData data;
-  if (problem.attention_mask) {
-    data.mask = WholeRows(*problem.attention_mask, p.T, p.S, 1);
-  }
-  if (p.sparse())
-    data.indices = WholeRows(*problem.topk_indices, p.T, p.row_length, 1);
+  data.mask = rows_data.mask;
+  data.indices = rows_data.indices;
   RowScratch& scratch = RowScratch::ForThisThread(p);
   count = 0;
   for (int64_t r = rows.begin; r < rows.end; ++r) {
@@ -860,13 +895,14 @@ absl::Status CountRowsWithKeys(const ProjectionsProblem& problem, RowRange rows,
 }
 
 absl::Status ComputeProjectionTile(const ProjectionsProblem& problem,
+                                   const ProjectionsRowData& data,
                                    const ProjectionTile& tile,
                                    const ProjectionTileOutputs& outputs,
                                    int64_t& failed_row) {
   if (problem.sparse()) {
-    return SparseTile(problem, tile, outputs).Compute(failed_row);
+    return SparseTile(problem, data, tile, outputs).Compute(failed_row);
   }
-  return DenseTile(problem, tile, outputs).Compute(failed_row);
+  return DenseTile(problem, data, tile, outputs).Compute(failed_row);
 }
 
 }  // namespace klserve::cpu::KLSERVE_ISA

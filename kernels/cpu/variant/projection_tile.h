@@ -11,17 +11,20 @@
 
 namespace klserve::cpu::KLSERVE_ISA {
 
-// Computes one tile (kernels/cpu/projection_tile.h) into `outputs`. Errors
+// Computes one tile (kernels/cpu/projection_tile.h) from the query rows in
+// `data` into `outputs`. Errors
 // are INVALID_ARGUMENT naming the tensor and the position; `failed_row` is
 // then the row that failed.
 absl::Status ComputeProjectionTile(const ProjectionsProblem& problem,
+                                   const ProjectionsRowData& data,
                                    const ProjectionTile& tile,
                                    const ProjectionTileOutputs& outputs,
                                    int64_t& failed_row);
 
 // MEAN_VALID's N without row_valid: how many of `rows` have a valid key (or,
 // with the client's indices, a valid slot, whose indices it checks).
-absl::Status CountRowsWithKeys(const ProjectionsProblem& problem, RowRange rows,
+absl::Status CountRowsWithKeys(const ProjectionsProblem& problem,
+                               const ProjectionsRowData& data, RowRange rows,
                                int64_t& count, int64_t& failed_row);
 
 }  // namespace klserve::cpu::KLSERVE_ISA

@@ -1,0 +1,356 @@
+#include "kernels/projections_computation.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/fold_rows.h"
+#include "kernels/status_macros.h"
+
+namespace klserve {
+namespace {
+
+// Whether the float bits w are a NaN or (unless allowed) an infinity: all
+// ones in the exponent field.
+template <typename Word>
+bool IsBad(Word w, Word exponent, Word mantissa, bool infinities_allowed) {
+  return (w & exponent) == exponent &&
+         (!infinities_allowed || (w & mantissa) != 0);
+}
+
+// The index of the first NaN or infinity of n floats of `dtype` at `data`,
+// or -1. Blocks of a loop that vectorises; the exact index only for a block
+// that has one.
+int64_t FirstNonFinite(DType dtype, const std::byte* data, int64_t n,
+                       bool infinities_allowed) {
+  constexpr int64_t kBlock = 4096;
+  const auto scan = [&](auto word, auto exponent, auto mantissa) {
+    using Word = decltype(word);
+    for (int64_t begin = 0; begin < n; begin += kBlock) {
+      const int64_t end = std::min(n, begin + kBlock);
+      bool any = false;
+      for (int64_t i = begin; i < end; ++i) {
+        Word w;
+        std::memcpy(&w, data + i * sizeof(Word), sizeof(Word));
+        any |= IsBad<Word>(w, exponent, mantissa, infinities_allowed);
+      }
+      if (!any) continue;
+      for (int64_t i = begin; i < end; ++i) {
+        Word w;
+        std::memcpy(&w, data + i * sizeof(Word), sizeof(Word));
+        if (IsBad<Word>(w, exponent, mantissa, infinities_allowed)) return i;
+      }
+    }
+    return int64_t{-1};
+  };
+  switch (dtype) {
+    case DType::kFloat32:
+      return scan(uint32_t{}, uint32_t{0x7f800000}, uint32_t{0x007fffff});
+    case DType::kBFloat16:
+      return scan(uint16_t{}, uint16_t{0x7f80}, uint16_t{0x007f});
+    case DType::kFloat16:
+      return scan(uint16_t{}, uint16_t{0x7c00}, uint16_t{0x03ff});
+    default:
+      return -1;
+  }
+}
+
+// "<field>: <rule>, got <found> at (b=.., t=.., ...)": element i of a
+// tensor of shape `dims`, whose letters name its dimensions.
+absl::Status ValueError(absl::string_view field, const char* letters,
+                        std::initializer_list<int64_t> dims, int64_t i,
+                        const char* rule, const char* found) {
+  std::vector<int64_t> index(dims.size());
+  const int64_t* dim = dims.end();
+  for (int64_t d = static_cast<int64_t>(dims.size()) - 1; d >= 0; --d) {
+    --dim;
+    index[d] = i % *dim;
+    i /= *dim;
+  }
+  std::string where;
+  for (size_t d = 0; d < index.size(); ++d) {
+    absl::StrAppend(&where, d == 0 ? "" : ", ", std::string(1, letters[d]), "=",
+                    index[d]);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", rule, ", got ", found, " at (", where, ")"));
+}
+
+constexpr char kFiniteRule[] = "every value must be finite";
+constexpr char kNonFinite[] = "NaN or infinity";
+
+// The query side's values of rows `rows`: finite projections; an lse with
+// no NaN (+inf is the usual value on rows without a valid key).
+absl::Status CheckQueryRows(const ProjectionsProblem& p,
+                            const ProjectionsRowData& data, RowRange rows) {
+  const int64_t n = rows.size();
+  const int64_t r = rows.begin;
+  const struct {
+    const char* field;
+    const RowView& view;
+    int64_t width;
+    const char* letters;
+    std::initializer_list<int64_t> dims;
+  } tensors[] = {
+      {"query", data.query, p.H * p.D, "bthd", {p.B, p.T, p.H, p.D}},
+      {"index_query",
+       data.index_query,
+       p.H_I * p.D_I,
+       "bthd",
+       {p.B, p.T, p.H_I, p.D_I}},
+      {"index_weights", data.index_weights, p.H_I, "bth", {p.B, p.T, p.H_I}},
+  };
+  for (const auto& [field, view, width, letters, dims] : tensors) {
+    // Rows of one block or one batch entry lie together; scan per entry.
+    for (int64_t begin = r; begin < rows.end;) {
+      const int64_t end = std::min(rows.end, (begin / p.T + 1) * p.T);
+      const int64_t i = FirstNonFinite(view.dtype, view.Row(begin, p.T),
+                                       (end - begin) * width, false);
+      if (i >= 0) {
+        return ValueError(field, letters, dims, begin * width + i, kFiniteRule,
+                          kNonFinite);
+      }
+      begin = end;
+    }
+  }
+  if (p.has_lse) {
+    for (int64_t row = r; row < r + n; ++row) {
+      for (int64_t h = 0; h < p.H; ++h) {
+        if (FirstNonFinite(DType::kFloat32, data.lse.Row(row, p.T, h), 1,
+                           true) == 0) {
+          return ValueError("lse", "bht", {p.B, p.H, p.T},
+                            (row / p.T * p.H + h) * p.T + row % p.T,
+                            "must hold no NaN", "NaN");
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKeySide(const ProjectionsProblem& p) {
+  for (const auto& [field, view, letters] :
+       {std::tuple{"key", &p.key, "bshd"},
+        std::tuple{"index_key", &p.index_key, "bsd"}}) {
+    const int64_t n = view->byte_size / DTypeSize(view->dtype);
+    const int64_t i = FirstNonFinite(
+        view->dtype, static_cast<const std::byte*>(view->data), n, false);
+    if (i < 0) continue;
+    std::vector<int64_t> dims(view->shape.begin(), view->shape.end());
+    return dims.size() == 4
+               ? ValueError(field, letters,
+                            {dims[0], dims[1], dims[2], dims[3]}, i,
+                            kFiniteRule, kNonFinite)
+               : ValueError(field, letters, {dims[0], dims[1], dims[2]}, i,
+                            kFiniteRule, kNonFinite);
+  }
+  return absl::OkStatus();
+}
+
+// Copies n rows' elements (width of them, `size` bytes each) of `from`
+// from row r on into `to`.
+void CopyRows(const RowView& from, int64_t r, int64_t T, int64_t n,
+              int64_t width, std::byte* to) {
+  const int64_t size = DTypeSize(from.dtype);
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(to + i * width * size, from.Row(r + i, T), width * size);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<ProjectionsComputation> ProjectionsComputation::Create(
+    Backend& backend, const ProjectionsProblem& problem) {
+  RETURN_IF_ERROR(CheckKeySide(problem));
+  return ProjectionsComputation(backend, problem);
+}
+
+ProjectionsComputation::ProjectionsComputation(
+    Backend& backend, const ProjectionsProblem& problem)
+    : backend_(&backend),
+      problem_(&problem),
+      denominator_(problem.logits.denominator),
+      key_grad_(std::make_unique<KeyGradFold>(
+          problem.logits.options.want_grad ? problem.B * problem.S * problem.D_I
+                                           : 0,
+          problem.S, problem.D_I)) {
+  const ProjectionsProblem& p = problem;
+  const int64_t rows = p.tile_rows;
+  held_query_.resize(rows * p.H * p.D * DTypeSize(p.query_dtype));
+  held_index_query_.resize(rows * p.H_I * p.D_I *
+                           DTypeSize(p.index_query_dtype));
+  held_index_weights_.resize(rows * p.H_I * DTypeSize(p.index_weights_dtype));
+  if (p.has_lse) held_lse_.resize(p.H * rows * sizeof(float));
+  if (p.sparse() && !p.server_topk) {
+    held_indices_.resize(rows * p.K * sizeof(int32_t));
+  }
+  if (p.has_attention_mask) held_mask_.resize(rows * p.S);
+}
+
+bool ProjectionsComputation::counts_without_rows() const {
+  return !problem_->has_attention_mask &&
+         (!problem_->sparse() || problem_->server_topk);
+}
+
+absl::Status ProjectionsComputation::Count(const ProjectionsRowData& rows) {
+  ASSIGN_OR_RETURN(denominator_,
+                   backend_->CountProjectionRowsWithKeys(
+                       *problem_, rows, {0, problem_->num_rows()}));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RowRange> ProjectionsComputation::Compute(
+    RowRange rows, const ProjectionsRowData& data,
+    const ProjectionsBlockOutputs& out) {
+  const ProjectionsProblem& p = *problem_;
+  if (rows.begin != next_row_ || rows.size() < 1 || rows.end > p.num_rows()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row_begin, num_rows: blocks must come in order without gaps within "
+        "the B*T = ",
+        p.num_rows(), " rows; expected row ", next_row_, ", got [", rows.begin,
+        ", ", rows.end, ")"));
+  }
+  if (!denominator_) {
+    return absl::FailedPreconditionError(
+        "ProjectionsComputation: N must be counted before the rows");
+  }
+  if (out.capacity_rows < held_rows() + rows.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outputs: must hold ", held_rows() + rows.size(),
+                     " rows, got ", out.capacity_rows));
+  }
+  RETURN_IF_ERROR(CheckQueryRows(p, data, rows));
+  next_row_ = rows.end;
+
+  const int64_t first = held_rows() > 0 ? held_.begin : rows.begin;
+  int64_t r = rows.begin;
+  if (held_rows() > 0) {
+    // Complete the held tile with this block's first rows, if it can.
+    const int64_t tile_end = p.TileOf(held_.begin).end;
+    const int64_t take = std::min(rows.end, tile_end) - r;
+    Hold({r, r + take}, data);
+    r += take;
+    if (held_.end < tile_end) return RowRange{held_.begin, held_.begin};
+    ASSIGN_OR_RETURN(const ProjectionsRowData held, HeldRows());
+    RETURN_IF_ERROR(ComputeTiles(held_, held, out));
+    held_ = {};
+  }
+  // The whole tiles in the rest of the block, then the rows after the last.
+  const RowRange last = p.TileOf(rows.end - 1);
+  const int64_t cut = last.end == rows.end ? rows.end : last.begin;
+  if (cut > r) {
+    ProjectionsBlockOutputs rest = out;
+    const int64_t skip = r - first;
+    const int64_t grad_size = DTypeSize(p.logits.options.grad_dtype);
+    if (rest.d_index_query != nullptr) {
+      rest.d_index_query += skip * p.H_I * p.D_I * grad_size;
+      rest.d_index_weights += skip * p.H_I * grad_size;
+    }
+    if (rest.topk_indices != nullptr) rest.topk_indices += skip * p.K;
+    if (rest.row_kl != nullptr) rest.row_kl += skip;
+    RETURN_IF_ERROR(ComputeTiles({r, cut}, data, rest));
+  }
+  if (cut < rows.end) {
+    held_ = {std::max(cut, r), std::max(cut, r)};
+    Hold({held_.begin, rows.end}, data);
+  }
+  return RowRange{first, std::max(r, cut)};
+}
+
+absl::Status ProjectionsComputation::ComputeTiles(
+    RowRange rows, const ProjectionsRowData& data,
+    const ProjectionsBlockOutputs& out) {
+  const ProjectionsProblem& p = *problem_;
+  const IndexerKlOptions& options = p.logits.options;
+  ProjectionsRowOutputs row_outputs;
+  row_outputs.want_grad = options.want_grad;
+  row_outputs.grad_scale = GradScale(p.logits, *denominator_);
+  row_outputs.grad_dtype = options.grad_dtype;
+  row_outputs.d_index_query = out.d_index_query;
+  row_outputs.d_index_weights = out.d_index_weights;
+  row_outputs.topk_indices = out.topk_indices;
+  results_.assign(rows.size(), RowResult());
+  RETURN_IF_ERROR(backend_->ComputeProjectionRows(p, data, rows, row_outputs,
+                                                  results_.data(), *key_grad_));
+  FoldRows(p.logits, rows.begin, results_, out.row_kl, accumulator_);
+  return absl::OkStatus();
+}
+
+void ProjectionsComputation::Hold(RowRange rows,
+                                  const ProjectionsRowData& data) {
+  const ProjectionsProblem& p = *problem_;
+  const int64_t at = rows.begin - held_.begin;  // rows already held
+  const int64_t n = rows.size();
+  const auto copy = [&](const RowView& from, int64_t width,
+                        std::vector<std::byte>& to) {
+    if (to.empty()) return;
+    CopyRows(from, rows.begin, p.T, n, width,
+             to.data() + at * width * DTypeSize(from.dtype));
+  };
+  copy(data.query, p.H * p.D, held_query_);
+  copy(data.index_query, p.H_I * p.D_I, held_index_query_);
+  copy(data.index_weights, p.H_I, held_index_weights_);
+  copy(data.indices, p.K, held_indices_);
+  copy(data.mask, p.S, held_mask_);
+  if (p.has_lse) {  // [H, tile_rows]
+    for (int64_t h = 0; h < p.H; ++h) {
+      for (int64_t i = 0; i < n; ++i) {
+        std::memcpy(held_lse_.data() + (h * p.tile_rows + at + i) * 4,
+                    data.lse.Row(rows.begin + i, p.T, h), 4);
+      }
+    }
+  }
+  held_.end = rows.end;
+}
+
+absl::StatusOr<ProjectionsRowData> ProjectionsComputation::HeldRows() const {
+  const ProjectionsProblem& p = *problem_;
+  ProjectionsBlockBytes bytes;
+  const int64_t n = held_rows();
+  const auto part = [&](const std::vector<std::byte>& held, int64_t width,
+                        DType dtype, const void*& data, int64_t& size) {
+    if (held.empty()) return;
+    data = held.data();
+    size = n * width * DTypeSize(dtype);
+  };
+  part(held_query_, p.H * p.D, p.query_dtype, bytes.query, bytes.query_bytes);
+  part(held_index_query_, p.H_I * p.D_I, p.index_query_dtype, bytes.index_query,
+       bytes.index_query_bytes);
+  part(held_index_weights_, p.H_I, p.index_weights_dtype, bytes.index_weights,
+       bytes.index_weights_bytes);
+  part(held_indices_, p.K, DType::kInt32, bytes.topk_indices,
+       bytes.topk_indices_bytes);
+  part(held_mask_, p.S, DType::kBool, bytes.attention_mask,
+       bytes.attention_mask_bytes);
+  part(held_lse_, p.H, DType::kFloat32, bytes.lse, bytes.lse_bytes);
+  ASSIGN_OR_RETURN(ProjectionsRowData rows,
+                   BlockProjectionsRows(p, held_, bytes));
+  rows.lse.head_stride = p.tile_rows;  // held with room for a whole tile
+  return rows;
+}
+
+absl::StatusOr<IndexerKlResult> ProjectionsComputation::Finish(
+    std::byte* d_index_key) {
+  const ProjectionsProblem& p = *problem_;
+  if (next_row_ != p.num_rows() || held_rows() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row_begin, num_rows: the blocks covered rows [0, ",
+                     next_row_, ") of the B*T = ", p.num_rows(), " rows"));
+  }
+  if (p.logits.options.want_grad) {
+    if (d_index_key == nullptr) {
+      return absl::InvalidArgumentError(
+          "d_index_key: an output buffer is required for the gradient");
+    }
+    key_grad_->Store(p.logits.options.grad_dtype, d_index_key);
+  }
+  return LossResultOf(p.logits, accumulator_, *denominator_);
+}
+
+}  // namespace klserve

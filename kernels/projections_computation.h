@@ -1,0 +1,101 @@
+#ifndef KLSERVE_KERNELS_PROJECTIONS_COMPUTATION_H_
+#define KLSERVE_KERNELS_PROJECTIONS_COMPUTATION_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/key_grad_fold.h"
+#include "kernels/loss_accumulator.h"
+#include "kernels/loss_computation.h"
+#include "kernels/projections_problem.h"
+
+// One computation of a projections problem, fed its query rows in order, in
+// blocks of any size: the one path that both the unary call (one block of
+// all rows) and the stream take, so that they give the same bits.
+//
+// The backend computes whole tiles (ProjectionsProblem::TileOf). A block
+// that ends inside a tile leaves its last rows held here (at most a tile's
+// query-side bytes, copied) until the next block completes the tile; a
+// block's answer therefore covers the rows it completes, which may begin in
+// an earlier block and end before its own end.
+
+namespace klserve {
+
+// Caller-owned outputs of the rows one Compute call completes, from the
+// first of them on (null when not asked for): d_index_query [n, H_I, D_I]
+// and d_index_weights [n, H_I] in the gradient dtype, the service's
+// selection [n, K], row KL [n].
+struct ProjectionsBlockOutputs {
+  std::byte* d_index_query = nullptr;
+  std::byte* d_index_weights = nullptr;
+  int32_t* topk_indices = nullptr;
+  double* row_kl = nullptr;
+  // Rows the buffers hold; Compute needs at most held_rows() + the block's.
+  int64_t capacity_rows = 0;
+};
+
+class ProjectionsComputation {
+ public:
+  // Checks the key side's values (NaN or infinities are INVALID_ARGUMENT
+  // naming the tensor and the position). The backend and the problem must
+  // outlive the computation.
+  static absl::StatusOr<ProjectionsComputation> Create(
+      Backend& backend, const ProjectionsProblem& problem);
+
+  // MEAN_VALID without row_valid: N counts the rows with a valid key, and
+  // must be known before any gradient. Count takes it from `rows`, all of
+  // the query side's rows (WholeProjectionsRows) or, when the rows' validity
+  // needs no per-row tensor (no client indices, no attention_mask), none.
+  bool needs_counting() const { return !denominator_.has_value(); }
+  bool counts_without_rows() const;
+  absl::Status Count(const ProjectionsRowData& rows);
+
+  // The rows held back from earlier blocks, and the next row expected.
+  int64_t held_rows() const { return held_.end - held_.begin; }
+  int64_t next_row() const { return next_row_; }
+
+  // Computes query rows `rows`, the next ones (INVALID_ARGUMENT naming
+  // row_begin otherwise), from `data`: checks their values, computes every
+  // tile they complete and writes those rows' outputs into `outputs`.
+  // Returns the rows completed (possibly none).
+  absl::StatusOr<RowRange> Compute(RowRange rows,
+                                   const ProjectionsRowData& data,
+                                   const ProjectionsBlockOutputs& outputs);
+
+  // Once every row is computed: d_index_key [B, S, D_I] into `d_index_key`
+  // (when the gradient is asked for) and the result.
+  absl::StatusOr<IndexerKlResult> Finish(std::byte* d_index_key);
+
+ private:
+  ProjectionsComputation(Backend& backend, const ProjectionsProblem& problem);
+
+  // Rows `rows`, whole tiles, from `data`, outputs from `out` on.
+  absl::Status ComputeTiles(RowRange rows, const ProjectionsRowData& data,
+                            const ProjectionsBlockOutputs& out);
+  // Appends rows `rows` of `data` to the held rows.
+  void Hold(RowRange rows, const ProjectionsRowData& data);
+  // The held rows as a block's views.
+  absl::StatusOr<ProjectionsRowData> HeldRows() const;
+
+  Backend* backend_;
+  const ProjectionsProblem* problem_;
+  std::optional<int64_t> denominator_;
+  int64_t next_row_ = 0;
+  RowRange held_;
+  // The held rows' bytes in a block's layout (ProjectionsBlockBytes), each
+  // with room for a whole tile.
+  std::vector<std::byte> held_query_, held_index_query_, held_index_weights_,
+      held_lse_, held_indices_, held_mask_;
+  std::vector<RowResult> results_;
+  LossAccumulator accumulator_;
+  std::unique_ptr<KeyGradFold> key_grad_;
+};
+
+}  // namespace klserve
+
+#endif  // KLSERVE_KERNELS_PROJECTIONS_COMPUTATION_H_
