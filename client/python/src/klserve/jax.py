@@ -196,9 +196,10 @@ def indexer_kl_loss_from_projections(
     loss_dtype = jnp.result_type(*(x.dtype for x in indexer), jnp.float32)
     grad_name = options.pop("grad_dtype", None)
     if grad_name is None:
+        # float64 has no wire name (None): FP32, as for mixed dtypes.
         wire_names = {wire_name_of_float(x.dtype) for x in indexer}
-        grad_name = wire_names.pop() if len(wire_names) == 1 else "FP32"
-        grad_name = grad_name or "FP32"
+        grad_name = (wire_names.pop() or "FP32" if len(wire_names) == 1
+                     else "FP32")
     grad_name = grad_wire_name(grad_name)
     grad_dtype = FLOAT_DTYPES[grad_name]
     client = client if client is not None else default_client()
