@@ -19,8 +19,6 @@
 // Flags: --klserve_threads=N (default 2), --cases=a,b (default all),
 // --reps=N (default 3; the fastest is reported).
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -35,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "bench/parallel_timing.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/half.h"
 #include "kernels/projections_loss.h"
@@ -56,8 +55,8 @@ double MeasureGemmRate(int threads) {
     c[i].assign(n * n, 0.0f);
   }
   const double seconds = bench::BestParallelSeconds(threads, 5, [&](int i) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f,
-                a[i].data(), n, b[i].data(), n, 0.0f, c[i].data(), n);
+    cpu::Sgemm(false, true, n, n, n, 1.0f, a[i].data(), n, b[i].data(), n, 0.0f,
+               c[i].data(), n);
   });
   return 2.0 * n * n * n * threads / seconds;
 }
@@ -191,9 +190,13 @@ int main(int argc, char** argv) {
     }
   }
   CpuBackend backend(threads);
+  if (absl::Status blas = cpu::LoadBlas(); !blas.ok()) {
+    std::fprintf(stderr, "%s\n", blas.ToString().c_str());
+    return 1;
+  }
   const double gemm = MeasureGemmRate(backend.threads());
   std::printf("backend: %s; BLAS: OpenBLAS %s\n", backend.device().c_str(),
-              openblas_get_corename());
+              cpu::BlasCoreName().c_str());
   std::printf("FP32 GEMM rate (%d threads x 1024^3 SGEMM): %.1f GFLOP/s\n\n",
               backend.threads(), gemm / 1e9);
   std::printf("%-22s %10s %12s %10s %10s\n", "case", "ms", "GFLOP/s",

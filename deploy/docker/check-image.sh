@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs a klserve image and checks it as a deployment would use it: the
 # server comes up, answers health over gRPC, the image's own HEALTHCHECK
-# passes, one loss matches its known value, /metrics is served, and
+# passes, one loss matches its known value, /metrics is served, the
+# projections form is computed, and
 # `stop` drains it to exit 0.
 #
 #   deploy/docker/check-image.sh IMAGE KLCTL PODMAN...
@@ -79,7 +80,13 @@ grep -q '^klserve_build_info{' <<<"$metrics"
 grep -q '^klserve_requests_total{code="OK",method="ComputeLoss"} 1' <<<"$metrics"
 log "/metrics served"
 
-# 5. stop sends SIGTERM: the server drains and exits 0.
+# 5. The projections form, whose BLAS the server loads when it starts
+#    (kernels/cpu/blas.h): the image must carry the library.
+"$klctl" bench --target="$target" --form=projections --count=1 \
+  --shape=1,64,64 --heads=4 --duration=20s >/dev/null
+log "projections form served"
+
+# 6. stop sends SIGTERM: the server drains and exits 0.
 "${podman[@]}" stop -t 45 "$name" >/dev/null
 code="$("${podman[@]}" inspect --format '{{.State.ExitCode}}' "$name")"
 "${podman[@]}" logs "$name" 2>&1 | tail -n 3 >&2

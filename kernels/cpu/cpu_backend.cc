@@ -1,7 +1,5 @@
 #include "kernels/cpu/cpu_backend.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -9,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/row_scratch.h"
 #include "kernels/fold_rows.h"
 
@@ -48,11 +47,9 @@ class FirstError {
 }  // namespace
 
 CpuBackend::CpuBackend(int num_threads, cpu::Isa isa)
-    : pool_(num_threads), kernels_(cpu::KernelsFor(isa)) {
-  // Each matrix product of the projections form runs on the pool thread
-  // that calls it; the BLAS must not start threads of its own.
-  openblas_set_num_threads(1);
-}
+    : pool_(num_threads),
+      kernels_(cpu::KernelsFor(isa)),
+      blas_(cpu::LoadBlas()) {}
 
 std::string CpuBackend::device() const {
   return absl::StrCat(pool_.num_threads(), " threads, ",
@@ -92,6 +89,7 @@ absl::Status CpuBackend::ComputeRows(const IndexerKlProblem& p,
 absl::StatusOr<int64_t> CpuBackend::CountProjectionRowsWithKeys(
     const ProjectionsProblem& p, const ProjectionsRowData& data,
     RowRange rows) {
+  if (!blas_.ok()) return blas_;
   const int64_t n = rows.size();
   if (n <= 0) return 0;
   const int64_t chunks =
@@ -121,6 +119,7 @@ absl::Status CpuBackend::ComputeProjectionRows(const ProjectionsProblem& p,
                                                const ProjectionsRowOutputs& out,
                                                RowResult* results,
                                                KeyGradFold& key_grad) {
+  if (!blas_.ok()) return blas_;
   // The tiles of `rows`, numbered as KeyGradFold counts them: tile i of
   // batch entry b is b * per_entry + i.
   const int64_t per_entry = (p.T + p.tile_rows - 1) / p.tile_rows;

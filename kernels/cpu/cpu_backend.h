@@ -41,6 +41,8 @@ class CpuBackend final : public Backend {
  private:
   cpu::ThreadPool pool_;
   const cpu::IsaKernels& kernels_;
+  // Whether the projections form's BLAS loaded (kernels/cpu/blas.h).
+  const absl::Status blas_;
 };
 
 }  // namespace klserve

@@ -5,8 +5,6 @@
 
 #include "kernels/cpu/variant/projection_tile.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/row_scratch.h"
 #include "kernels/cpu/variant/row_convert.h"
 #include "kernels/cpu/variant/row_loss.h"
@@ -64,20 +63,17 @@ const float* RowFloats(const RowView& rows, int64_t r, int64_t T, int64_t n,
 void GemmNT(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c,
             int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, alpha, a, lda,
-              b, ldb, beta, c, ldc);
+  Sgemm(false, true, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 // C[m, n] = A[m, k] B[k, n] + beta * C.
 void GemmNN(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
             const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, lda,
-              b, ldb, beta, c, ldc);
+  Sgemm(false, false, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
 }
 // C[m, n] = A[k, m]^T B[k, n].
 void GemmTN(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
             const float* b, int64_t ldb, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, k, 1.0f, a, lda, b,
-              ldb, 0.0f, c, ldc);
+  Sgemm(true, false, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
 }
 
 bool IsValidSlot(const RowValidity& v, int64_t s) {

@@ -1,0 +1,75 @@
+#include "kernels/cpu/blas.h"
+
+#include <cblas.h>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+
+namespace klserve::cpu {
+namespace {
+
+// The CBLAS soname Debian's libopenblas0 packages provide (pthread, openmp
+// or serial build, by update-alternatives).
+constexpr char kLibrary[] = "libopenblas.so.0";
+
+struct Blas {
+  decltype(&cblas_sgemm) sgemm = nullptr;
+  decltype(&openblas_get_corename) corename = nullptr;
+  absl::Status status;
+};
+
+Blas& TheBlas() {
+  static Blas blas;
+  return blas;
+}
+
+void Load() {
+  Blas& blas = TheBlas();
+  // Read by the library when it loads; one thread per product, always.
+  setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/1);
+  void* library = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    blas.status = absl::FailedPreconditionError(absl::StrCat(
+        "query: the projections form needs OpenBLAS (", kLibrary,
+        ", Debian's libopenblas0), which did not load: ", dlerror()));
+    return;
+  }
+  blas.sgemm =
+      reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(library, "cblas_sgemm"));
+  blas.corename = reinterpret_cast<decltype(&openblas_get_corename)>(
+      dlsym(library, "openblas_get_corename"));
+  if (blas.sgemm == nullptr || blas.corename == nullptr) {
+    blas.status =
+        absl::FailedPreconditionError(absl::StrCat("query: ", kLibrary,
+                                                   " has no cblas_sgemm or "
+                                                   "openblas_get_corename"));
+  }
+}
+
+}  // namespace
+
+absl::Status LoadBlas() {
+  static std::once_flag once;
+  std::call_once(once, Load);
+  return TheBlas().status;
+}
+
+std::string BlasCoreName() {
+  if (absl::Status status = LoadBlas(); !status.ok()) {
+    return std::string(status.message());
+  }
+  return TheBlas().corename();
+}
+
+void Sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
+           float alpha, const float* a, int64_t lda, const float* b,
+           int64_t ldb, float beta, float* c, int64_t ldc) {
+  TheBlas().sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans,
+                  transpose_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
+                  lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace klserve::cpu
