@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/projections_computation.h"
 #include "kernels/projections_loss.h"
 #include "kernels/projections_problem.h"
@@ -88,6 +89,8 @@ struct Extras {
   // Computes the query rows in blocks of these sizes (cycled), as a stream
   // does, rather than all at once.
   std::vector<int64_t> blocks;
+  // The CPU kernels' variant; the suite's (--isa) when absent.
+  std::optional<cpu::Isa> isa;
   // Breaks the inputs after encoding: (tensor name, flat index, value).
   std::optional<std::pair<std::string, std::pair<int64_t, float>>> poke;
 };
@@ -282,7 +285,7 @@ LibraryRun RunLibrary(const RefProjections& ref, const Extras& x = {}) {
                          .d_index_weights = run.raw_dw.data(),
                          .topk_indices = run.topk_indices.data(),
                          .row_kl = run.row_kl.data()};
-  CpuBackend backend(x.threads, testdata::TestIsa());
+  CpuBackend backend(x.threads, x.isa.value_or(testdata::TestIsa()));
   absl::StatusOr<IndexerKlResult> result;
   if (absl::StatusOr<ProjectionsRowData> rows =
           WholeProjectionsRows(*problem, in);
@@ -646,6 +649,29 @@ TEST(ProjectionsTest, RowsInBlocksGiveTheUnaryBits) {
     }
   }
   ExpectBlocksGiveUnaryBits(sparse, {});
+}
+
+TEST(ProjectionsTest, EveryIsaVariantGivesTheSameBits) {
+  RefProjections p = RandomProblem(23, 2, 140, 150, 4, 2, 8, 2, 8);
+  p.options.causal = true;
+  p.options.flavor = RefFlavor::kMaxText;
+  for (int64_t topk : {0, 6}) {
+    Extras x;
+    x.topk = topk;
+    x.isa = cpu::Isa::kBaseline;
+    const LibraryRun baseline = RunLibrary(p, x);
+    ASSERT_TRUE(baseline.status.ok()) << baseline.status;
+    for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+      if (!cpu::CpuRuns(isa)) continue;
+      x.isa = isa;
+      const LibraryRun run = RunLibrary(p, x);
+      ASSERT_TRUE(run.status.ok()) << run.status;
+      EXPECT_EQ(run.raw_dq, baseline.raw_dq) << cpu::IsaName(isa);
+      EXPECT_EQ(run.raw_dk, baseline.raw_dk) << cpu::IsaName(isa);
+      EXPECT_EQ(run.raw_dw, baseline.raw_dw) << cpu::IsaName(isa);
+      EXPECT_EQ(run.result.loss, baseline.result.loss) << cpu::IsaName(isa);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
