@@ -47,7 +47,7 @@ inline VecI SplatI(int32_t v) {
   return EachPart([&](size_t) { return RegI{} + v; });
 }
 
-using RegFu = float __attribute__((vector_size(kRegisterBytes), aligned(4)));
+typedef float RegFu __attribute__((vector_size(kRegisterBytes), aligned(4)));
 
 inline VecF Load(const float* p) {
   return EachPart([&](size_t i) -> RegF {
@@ -89,8 +89,8 @@ inline void StorePart(float* p, VecF v, int64_t count) {
 
 // Validity bytes (nonzero = valid) as lane masks: -1 valid, 0 not.
 inline VecI LoadValid(const uint8_t* p) {
-  using Bytes =
-      uint8_t __attribute__((vector_size(VecI::kPartLanes), aligned(1)));
+  typedef uint8_t Bytes
+      __attribute__((vector_size(VecI::kPartLanes), aligned(1)));
   return EachPart([&](size_t i) -> RegI {
     const Bytes b = *reinterpret_cast<const Bytes*>(p + i * VecI::kPartLanes);
     return __builtin_convertvector(b, RegI) != 0;
