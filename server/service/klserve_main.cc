@@ -106,34 +106,6 @@ ABSL_FLAG(std::string, auth_token_file, Defaults().auth_token_file,
           "file holding a bearer token every RPC must send as "
           "'authorization: Bearer <token>' (health is exempt)");
 
-namespace {
-
-// The signals that drain the server, taken by one thread (main, below).
-sigset_t DrainSignals() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  return signals;
-}
-
-// Every thread but the drainer must block the drain signals, or one sent to
-// the process may land on a thread that takes its default action and kills
-// it mid-request. A thread inherits its creator's mask, but some libraries
-// start threads before main runs: OpenBLAS's pthread build starts its pool
-// from its initialiser when it is loaded. The executable's .preinit_array
-// runs before any shared library's initialiser, so the mask is set there,
-// on the one thread there is.
-void BlockDrainSignals(int, char**, char**) {
-  const sigset_t signals = DrainSignals();
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-}
-[[gnu::section(".preinit_array"),
-  gnu::used]] void (*const kBlockDrainSignals)(int, char**,
-                                               char**) = &BlockDrainSignals;
-
-}  // namespace
-
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves the indexer KL loss over gRPC.\n  klserve [--listen=HOST:PORT] "
@@ -161,9 +133,12 @@ int main(int argc, char** argv) {
   }
 
   // SIGTERM and SIGINT go to one thread that drains; every other thread,
-  // gRPC's and the backend's (started below) and any a library started
-  // before main, has them blocked since BlockDrainSignals.
-  const sigset_t signals = DrainSignals();
+  // including gRPC's and the backend's (started below), inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   klserve::server::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
