@@ -44,8 +44,9 @@ enum class TensorRole {
   // Per batch entry ([B, T] or [B, S]): sent whole, in the StreamHeader too.
   kSmall,
   // A tensor of the projections form alone ([B, T, ...], [B, S, ...], or
-  // lse's [B, H, T]): sent whole in a ComputeLossRequest. The stream does not carry the projections form yet,
-  // so StreamHeader and RowBlock have no field for it.
+  // lse's [B, H, T]): sent whole in a ComputeLossRequest. The stream does
+  // not carry the projections form yet, so StreamHeader and RowBlock have no
+  // field for it.
   kProjection,
 };
 
