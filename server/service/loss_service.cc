@@ -250,6 +250,7 @@ grpc::ServerUnaryReactor* LossService::GetServerInfo(
     info.set_max_tensor_bytes(options.max_tensor_bytes);
     info.set_max_concurrent_requests(options.max_concurrent_requests);
     info.set_max_open_streams(options.max_open_streams);
+    info.set_max_stream_key_bytes(options.max_stream_key_bytes);
     for (const char* dtype : {"FP32", "BF16", "FP16"}) {
       info.add_input_dtypes(dtype);
       info.add_grad_dtypes(dtype);
