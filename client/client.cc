@@ -301,8 +301,8 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
     const bool projections = slicer.form() == RequestForm::kProjections;
     ResponseAssembler assembler(request.indexer_scores().shape(),
                                 slicer.counts_first());
-    ProjectionsResponseAssembler projections_assembler(
-        slicer.batch(), slicer.rows_per_batch());
+    ProjectionsResponseAssembler projections_assembler(slicer.batch(),
+                                                       slicer.rows_per_batch());
     std::optional<v1::ComputeLossResponse> result;
     absl::Status local;
     v1::ComputeLossStreamResponse message;

@@ -252,16 +252,17 @@ absl::Status ResponseAssembler::Add(v1::GradBlock& block) {
 ProjectionsResponseAssembler::ProjectionsResponseAssembler(
     int64_t batch, int64_t rows_per_batch)
     : batch_(batch), rows_per_batch_(rows_per_batch) {
-  for (size_t i = 0; i < std::size(kOutputs); ++i) outputs_[i].name = kOutputs[i];
+  for (size_t i = 0; i < std::size(kOutputs); ++i)
+    outputs_[i].name = kOutputs[i];
 }
 
 absl::Status ProjectionsResponseAssembler::Add(v1::GradBlock& block) {
   const int64_t total_rows = batch_ * rows_per_batch_;
   const int64_t n = block.num_rows();
   if (block.row_begin() != next_row_ || n < 0 || n > total_rows - next_row_) {
-    return ProtocolError(absl::StrCat(
-        "grad block rows [", block.row_begin(), ", +", n,
-        ") do not continue at row ", next_row_, " of ", total_rows));
+    return ProtocolError(absl::StrCat("grad block rows [", block.row_begin(),
+                                      ", +", n, ") do not continue at row ",
+                                      next_row_, " of ", total_rows));
   }
   const v1::Tensor* tensors[] = {&block.d_index_query(),
                                  &block.d_index_weights(),

@@ -215,8 +215,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .per_head = false,
      .logits = {},
      .projections = &ProjectionsInputs::query,
-     .mutable_block_bytes =
-         [](v1::RowBlock& b) { return b.mutable_query(); }},
+     .mutable_block_bytes = [](v1::RowBlock& b) { return b.mutable_query(); }},
     {.name = "key",
      .role = TensorRole::kKeySide,
      .dtype = DTypeRule::kFloat,
@@ -234,8 +233,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .per_head = true,
      .logits = {},
      .projections = &ProjectionsInputs::lse,
-     .mutable_block_bytes =
-         [](v1::RowBlock& b) { return b.mutable_lse(); }},
+     .mutable_block_bytes = [](v1::RowBlock& b) { return b.mutable_lse(); }},
     {.name = "index_query",
      .role = TensorRole::kPerRow,
      .dtype = DTypeRule::kFloat,

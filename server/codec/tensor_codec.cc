@@ -236,8 +236,7 @@ ProjectionsBlockBytes ProjectionsBlockBytesOf(const v1::RowBlock& block) {
   };
   ProjectionsBlockBytes out;
   std::tie(out.query, out.query_bytes) = bytes(block.query());
-  std::tie(out.index_query, out.index_query_bytes) =
-      bytes(block.index_query());
+  std::tie(out.index_query, out.index_query_bytes) = bytes(block.index_query());
   std::tie(out.index_weights, out.index_weights_bytes) =
       bytes(block.index_weights());
   std::tie(out.lse, out.lse_bytes) = bytes(block.lse());

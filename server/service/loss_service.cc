@@ -115,12 +115,9 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
     outputs.row_kl = AllocateFloat64Tensor({problem.B, problem.T},
                                            response.mutable_row_kl());
   }
-  // The stream does not carry this form yet.
-  RETURN_IF_ERROR(CheckResponseFits(
-      LargestOutput(problem),
-      "send fewer rows per request (the stream does not carry the "
-      "projections form yet)",
-      response, *ctx.options));
+  RETURN_IF_ERROR(CheckResponseFits(LargestOutput(problem),
+                                    "send the problem with ComputeLossStream",
+                                    response, *ctx.options));
   ASSIGN_OR_RETURN(const ProjectionsRowData rows,
                    WholeProjectionsRows(problem, inputs));
   ASSIGN_OR_RETURN(const IndexerKlResult result,

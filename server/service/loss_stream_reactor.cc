@@ -210,13 +210,14 @@ absl::Status LossStreamReactor::ComputeLogitsBlock(const Block& block,
   out->set_num_rows(rows.size());
   LossOutputs outputs;
   if (!block.admitted.counting && options.want_grad) {
-    outputs.grad = AllocateTensor(options.grad_dtype,
-                                  {rows.size(), problem_->row_length},
-                                  out->mutable_grad());
+    outputs.grad =
+        AllocateTensor(options.grad_dtype, {rows.size(), problem_->row_length},
+                       out->mutable_grad());
     outputs.grad_byte_size = static_cast<int64_t>(out->grad().data().size());
   }
   if (!block.admitted.counting && options.want_row_kl) {
-    outputs.row_kl = AllocateFloat64Tensor({rows.size()}, out->mutable_row_kl());
+    outputs.row_kl =
+        AllocateFloat64Tensor({rows.size()}, out->mutable_row_kl());
     outputs.row_kl_size = rows.size();
   }
   RETURN_IF_ERROR(CheckMessageBytes(
@@ -227,13 +228,9 @@ absl::Status LossStreamReactor::ComputeLogitsBlock(const Block& block,
 
 namespace {
 
-// Keeps the first `rows` rows of a [capacity, ...] output tensor whose rows
-// are `row_bytes` apart, or drops it when there are none.
+// Keeps the first `rows` (>= 1) rows of a [capacity, ...] output tensor
+// whose rows are `row_bytes` apart.
 void KeepRows(int64_t rows, int64_t row_bytes, v1::Tensor* tensor) {
-  if (rows == 0) {
-    tensor->Clear();
-    return;
-  }
   tensor->set_shape(0, rows);
   tensor->mutable_data()->resize(rows * row_bytes);
 }
@@ -264,9 +261,10 @@ absl::Status LossStreamReactor::ComputeProjectionsBlock(const Block& block,
     }
   }
   const RowRange rows = block.admitted.rows;
-  ASSIGN_OR_RETURN(const ProjectionsRowData data,
-                   BlockProjectionsRows(
-                       p, rows, ProjectionsBlockBytesOf(block.request->block())));
+  ASSIGN_OR_RETURN(
+      const ProjectionsRowData data,
+      BlockProjectionsRows(p, rows,
+                           ProjectionsBlockBytesOf(block.request->block())));
   // The block may complete the rows held back from earlier blocks too.
   const int64_t capacity = projections_->held_rows() + rows.size();
   const int64_t grad_size = DTypeSize(o.grad_dtype);
@@ -308,16 +306,22 @@ absl::Status LossStreamReactor::ComputeProjectionsBlock(const Block& block,
                    projections_->Compute(rows, data, outputs));
   out->set_row_begin(done.begin);
   out->set_num_rows(done.size());
-  for (const auto& [tensor, output] :
-       {std::pair{out->mutable_d_index_query(), sizes[0]},
-        std::pair{out->mutable_d_index_weights(), sizes[1]},
-        std::pair{out->mutable_topk_indices(), sizes[2]},
-        std::pair{out->mutable_row_kl(), sizes[3]}}) {
-    if (output.wanted) {
-      KeepRows(done.size(), output.row_bytes, tensor);
-    } else {
-      tensor->Clear();
-    }
+  if (done.size() == 0) {  // every row held back: an answer without tensors
+    out->clear_d_index_query();
+    out->clear_d_index_weights();
+    out->clear_topk_indices();
+    out->clear_row_kl();
+    return absl::OkStatus();
+  }
+  if (o.want_grad) {
+    KeepRows(done.size(), sizes[0].row_bytes, out->mutable_d_index_query());
+    KeepRows(done.size(), sizes[1].row_bytes, out->mutable_d_index_weights());
+  }
+  if (p.server_topk) {
+    KeepRows(done.size(), sizes[2].row_bytes, out->mutable_topk_indices());
+  }
+  if (o.want_row_kl) {
+    KeepRows(done.size(), sizes[3].row_bytes, out->mutable_row_kl());
   }
   return absl::OkStatus();
 }
@@ -356,9 +360,8 @@ absl::StatusOr<IndexerKlResult> LossStreamReactor::FinishProjections(
   const IndexerKlOptions& o = p.logits.options;
   std::byte* d_index_key = nullptr;
   if (o.want_grad) {
-    d_index_key =
-        AllocateTensor(o.grad_dtype, {p.B, p.S, p.D_I},
-                       last.mutable_result()->mutable_d_index_key());
+    d_index_key = AllocateTensor(o.grad_dtype, {p.B, p.S, p.D_I},
+                                 last.mutable_result()->mutable_d_index_key());
   }
   return projections_->Finish(d_index_key);
 }
@@ -370,9 +373,8 @@ void LossStreamReactor::SendResult() {
     return;
   }
   Response last;
-  absl::StatusOr<IndexerKlResult> loss = projections_problem_
-                                             ? FinishProjections(last)
-                                             : computation_->Finish();
+  absl::StatusOr<IndexerKlResult> loss =
+      projections_problem_ ? FinishProjections(last) : computation_->Finish();
   if (!loss.ok()) {
     Fail(loss.status());
     return;
