@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
 """Trains a toy lightning indexer against a running klserve.
 
-A fixed "main attention" (per-head causal logits from fixed random
-projections of token and position embeddings) is the target; a toy
-DeepSeek-style lightning indexer,
+A fixed "main attention" (causal, per head, with fixed random projections
+q, k of token and position embeddings) is the target; a toy DeepSeek-style
+lightning indexer,
 
-    score[t, s] = sum_j w[t, j] * relu(q[t, j] . k[s]),
-    q = x Wq (H_I heads), k = x Wk (one key head), w = x Ww,
+    score[t, s] = sum_j w[t, j] * relu(q_I[t, j] . k_I[s]),
+    q_I = x Wq_I (H_I heads), k_I = x Wk_I (one key head), w = x W_w,
 
-(plus a bias on w) learns to match it through klserve's KL loss: the loss and the gradient with
-respect to the indexer scores come from the service (klserve.jax, a
-jax.custom_vjp over jax.pure_callback), the rest of the backward pass is
-JAX's, and the update is optax's Adam (cosine decay). Every step draws fresh synthetic
-tokens. Requests are tagged run/step/layer, so the loss can be watched in
-the server's Prometheus metrics (klserve_indexer_loss{run=...}) or its
-TensorBoard files (--tensorboard_dir).
+(plus a bias on w) learns to match it through klserve's KL loss. By
+default (--form=projections) the job sends what it holds, the main
+attention's q and k (detached) and the indexer's q_I, k_I and w; the
+service recomputes the logits and the scores and returns the gradients of
+q_I, k_I and w (klserve.jax.indexer_kl_loss_from_projections, a
+jax.custom_vjp over jax.pure_callback), and JAX's backward pass carries
+them into Wq_I, Wk_I and W_w. --form=logits sends the materialised logits
+[B, H, T, S] and scores [B, T, S] instead (klserve.jax.indexer_kl_loss).
+The update is optax's Adam (cosine decay). Every step draws fresh
+synthetic tokens. Requests are tagged run/step/layer, so the loss can be
+watched in the server's Prometheus metrics (klserve_indexer_loss{run=...})
+or its TensorBoard files (--tensorboard_dir).
 
     python examples/train_toy_indexer.py --target=localhost:50051
 
@@ -33,7 +38,7 @@ import numpy as np
 import optax
 
 import klserve
-from klserve.jax import indexer_kl_loss
+from klserve.jax import indexer_kl_loss, indexer_kl_loss_from_projections
 
 
 def parse_args():
@@ -60,6 +65,11 @@ def parse_args():
     p.add_argument("--scaling_factor", type=float, default=0.01,
                    help="the loss coefficient c (MaxText/Megatron use 0.01)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--form", choices=("projections", "logits"),
+                   default="projections",
+                   help="send the projections (the service recomputes the "
+                   "logits and scores) or the materialised logits and "
+                   "scores")
     return p.parse_args()
 
 
@@ -71,9 +81,9 @@ def main():
     if not client.health():
         sys.exit("klserve at %s is not SERVING" % args.target)
     info = client.server_info()
-    print("klserve %s at %s: %s backend, %s; run %r, layer %d" % (
-        info.version, args.target, info.backend, info.device, args.run,
-        args.layer))
+    print("klserve %s at %s: %s backend, %s; run %r, layer %d, the %s "
+          "form" % (info.version, args.target, info.backend, info.device,
+                    args.run, args.layer, args.form))
 
     B, T, V, D = args.batch, args.seq, args.vocab, args.d_model
     H, HI, DI = args.heads, args.indexer_heads, args.indexer_dim
@@ -91,10 +101,13 @@ def main():
     def embed(tokens):
         return tok_emb[tokens] + pos_emb[None]  # [B, T, D]
 
-    def main_attention_logits(x):  # [B, H, T, S], causal mask by the service
-        q = jnp.einsum("btd,hde->bhte", x, main_wq)
-        k = jnp.einsum("bsd,hde->bhse", x, main_wk)
-        return args.sharpness * jnp.einsum("bhte,bhse->bhts", q, k) / math.sqrt(DH)
+    # The main attention's logits are softmax_scale * q . k; the service
+    # applies the causal mask.
+    softmax_scale = args.sharpness / math.sqrt(DH)
+
+    def main_attention_qk(x):  # q [B, T, H, DH], k [B, S, H, DH]
+        return (jnp.einsum("btd,hde->bthe", x, main_wq),
+                jnp.einsum("bsd,hde->bshe", x, main_wk))
 
     ki = jax.random.split(k_init, 3)
     params = {
@@ -104,12 +117,33 @@ def main():
         "bw": jnp.full((HI,), 1.0 / HI),
     }
 
-    def indexer_scores(params, x):  # [B, T, S]
-        q = jnp.einsum("btd,dje->btje", x, params["wq"])
-        k = jnp.einsum("bsd,de->bse", x, params["wk"])
-        w = jnp.einsum("btd,dj->btj", x, params["ww"]) + params["bw"]
-        dots = jax.nn.relu(jnp.einsum("btje,bse->btjs", q, k))
-        return jnp.einsum("btj,btjs->bts", w, dots)
+    def indexer_projections(params, x):  # q_I, k_I, w
+        return (jnp.einsum("btd,dje->btje", x, params["wq"]),
+                jnp.einsum("bsd,de->bse", x, params["wk"]),
+                jnp.einsum("btd,dj->btj", x, params["ww"]) + params["bw"])
+
+    tags = dict(causal=True, scaling_factor=args.scaling_factor,
+                client=client, run=args.run, layer=args.layer)
+
+    def projections_loss(params, x, step):
+        q, k = jax.lax.stop_gradient(main_attention_qk(x))
+        # The toy's w is not scaled by H_I^-1/2 * D_I^-1/2 (its bias and
+        # initialisation take that role): index_weight_scale 1.
+        return indexer_kl_loss_from_projections(
+            q, k, *indexer_projections(params, x), softmax_scale=softmax_scale,
+            index_weight_scale=1.0, step=step, **tags)
+
+    def logits_loss(params, x, step):
+        q, k = main_attention_qk(x)
+        logits = jax.lax.stop_gradient(
+            softmax_scale * jnp.einsum("bthe,bshe->bhts", q, k))
+        q_i, k_i, w = indexer_projections(params, x)
+        dots = jax.nn.relu(jnp.einsum("btje,bse->btjs", q_i, k_i))
+        scores = jnp.einsum("btj,btjs->bts", w, dots)
+        return indexer_kl_loss(scores, attention_logits=logits, step=step,
+                               **tags)
+
+    loss_of = projections_loss if args.form == "projections" else logits_loss
 
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, args.steps))
     opt_state = optimizer.init(params)
@@ -118,15 +152,7 @@ def main():
     def train_step(params, opt_state, key, step):
         tokens = jax.random.randint(key, (B, T), 0, V)
         x = embed(tokens)
-        target = jax.lax.stop_gradient(main_attention_logits(x))
-
-        def loss_fn(params):
-            return indexer_kl_loss(
-                indexer_scores(params, x), attention_logits=target,
-                causal=True, scaling_factor=args.scaling_factor,
-                client=client, run=args.run, step=step, layer=args.layer)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+        loss, grads = jax.value_and_grad(loss_of)(params, x, step)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 

@@ -14,7 +14,7 @@ def _f64(x):
 
 def validity(batch, rows, keys, *, topk_indices=None, segment_ids_q=None,
              segment_ids_kv=None, attention_mask=None, key_padding_mask=None,
-             causal=False, q_offset=None):
+             key_start=None, key_end=None, causal=False, q_offset=None):
     """valid[b, t, slot]: [B, T, S] dense, [B, T, K] sparse."""
     q_offset = keys - rows if q_offset is None else q_offset
     valid = np.ones((batch, rows, keys), bool)
@@ -29,6 +29,10 @@ def validity(batch, rows, keys, *, topk_indices=None, segment_ids_q=None,
         valid &= np.asarray(attention_mask, bool)
     if key_padding_mask is not None:
         valid &= np.asarray(key_padding_mask, bool)[:, None, :]
+    if key_start is not None:
+        s = np.arange(keys)[None, None, :]
+        valid &= (np.asarray(key_start)[..., None] <= s) & (
+            s < np.asarray(key_end)[..., None])
     if topk_indices is None:
         return valid
     idx = np.asarray(topk_indices).astype(np.int64)
@@ -57,6 +61,7 @@ def indexer_kl_reference(indexer_scores, *, attention_logits=None,
                          attention_weights=None, topk_indices=None,
                          segment_ids_q=None, segment_ids_kv=None,
                          attention_mask=None, key_padding_mask=None,
+                         key_start=None, key_end=None,
                          row_valid=None, causal=False, q_offset=None,
                          num_keys=None, softmax_scale=None, flavor="exact",
                          reduction="mean", scaling_factor=None, grad_scale=None,
@@ -73,8 +78,8 @@ def indexer_kl_reference(indexer_scores, *, attention_logits=None,
                      segment_ids_q=segment_ids_q,
                      segment_ids_kv=segment_ids_kv,
                      attention_mask=attention_mask,
-                     key_padding_mask=key_padding_mask, causal=causal,
-                     q_offset=q_offset)
+                     key_padding_mask=key_padding_mask, key_start=key_start,
+                     key_end=key_end, causal=causal, q_offset=q_offset)
     has_valid = valid.any(axis=-1)
 
     # The target: x = sum over heads of P_h, or the aggregated weights.
@@ -150,3 +155,111 @@ def indexer_kl_reference(indexer_scores, *, attention_logits=None,
         mean_entropy_p=ent_p[counted].sum() / max(n_counted, 1),
         mean_entropy_q=ent_q[counted].sum() / max(n_counted, 1),
         topk_recall=recall)
+
+
+def projection_scores(query, key, index_query, index_key, index_weights, *,
+                      softmax_scale=None, index_weight_scale=None,
+                      use_relu=True):
+    """The projections form's two score tensors in float64, materialised:
+    (a [B, H, T, S], I [B, T, S], u [B, T, H_I, S], w_eff [B, T, H_I])."""
+    q, k = _f64(query), _f64(key)
+    iq, ik, iw = _f64(index_query), _f64(index_key), _f64(index_weights)
+    heads, kv_heads = q.shape[2], k.shape[2]
+    group = heads // kv_heads
+    k_per_head = np.repeat(k, group, axis=2)  # head h reads h // group
+    scale = 1.0 if softmax_scale is None else softmax_scale
+    a = scale * np.einsum("bthd,bshd->bhts", q, k_per_head)
+    h_i, d_i = iq.shape[2], iq.shape[3]
+    w_scale = (1.0 / np.sqrt(h_i * d_i) if index_weight_scale is None
+               else index_weight_scale)
+    w_eff = w_scale * iw
+    u = np.einsum("btjd,bsd->btjs", iq, ik)
+    r = np.maximum(u, 0.0) if use_relu else u
+    scores = np.einsum("btj,btjs->bts", w_eff, r)
+    return a, scores, u, w_eff
+
+
+def server_topk(scores, valid, k):
+    """The service's selection: per row the k valid keys of highest score,
+    ties to the lower key, in ascending key order, then -1."""
+    batch, rows, keys = scores.shape
+    out = np.full((batch, rows, k), -1, np.int32)
+    for b in range(batch):
+        for t in range(rows):
+            cand = np.nonzero(valid[b, t])[0]
+            # Stable sort on -score keeps the lower key first among ties.
+            order = cand[np.argsort(-scores[b, t, cand], kind="stable")]
+            chosen = np.sort(order[:k])
+            out[b, t, :len(chosen)] = chosen
+    return out
+
+
+def projections_reference(query, key, index_query, index_key, index_weights,
+                          *, topk_indices=None, topk=None, softmax_scale=None,
+                          index_weight_scale=None, use_relu=True,
+                          flavor="exact", reduction="mean",
+                          scaling_factor=None, grad_scale=None, **masks):
+    """The projections form in float64: the logits form fed a and I from
+    the same projections (indexer_kl_reference), its gradient G = dL/dI
+    carried by hand into index_query, index_key and index_weights. `masks`:
+    causal, q_offset, segment ids, attention_mask, key_padding_mask, key
+    bounds, row_valid. Returns indexer_kl_reference's dict plus
+    d_index_query, d_index_key, d_index_weights and topk_indices."""
+    # S is the keys' count here; the logits-form reference is told it.
+    masks.pop("num_keys", None)
+    a, scores, u, w_eff = projection_scores(
+        query, key, index_query, index_key, index_weights,
+        softmax_scale=softmax_scale, index_weight_scale=index_weight_scale,
+        use_relu=use_relu)
+    batch, rows, keys = scores.shape
+    mask_args = {name: masks.get(name) for name in (
+        "segment_ids_q", "segment_ids_kv", "attention_mask",
+        "key_padding_mask", "key_start", "key_end")}
+    dense_valid = validity(batch, rows, keys, causal=masks.get("causal",
+                                                               False),
+                           q_offset=masks.get("q_offset"), **mask_args)
+    if topk is not None:
+        topk_indices = server_topk(scores, dense_valid, topk)
+    options = dict(masks, flavor=flavor, reduction=reduction,
+                   scaling_factor=scaling_factor, grad_scale=grad_scale)
+    if topk_indices is None:
+        result = indexer_kl_reference(scores, attention_logits=a, **options)
+        g = result["grad"]
+    else:
+        idx = np.asarray(topk_indices).astype(np.int64)
+        safe = np.where(idx >= 0, idx, 0)
+        result = indexer_kl_reference(
+            np.take_along_axis(scores, safe, axis=2),
+            attention_logits=np.take_along_axis(a, safe[:, None], axis=3),
+            topk_indices=idx, num_keys=keys, **options)
+        # The compact gradient back on its keys (0 at invalid slots; a key
+        # named twice is an error, so no two slots land on one key).
+        g = np.zeros_like(scores)
+        b_i, t_i, j_i = np.nonzero(idx >= 0)
+        g[b_i, t_i, idx[b_i, t_i, j_i]] = result["grad"][b_i, t_i, j_i]
+    r = np.maximum(u, 0.0) if use_relu else u
+    dr = (u > 0).astype(np.float64) if use_relu else np.ones_like(u)
+    h_i, d_i = u.shape[2], _f64(index_query).shape[3]
+    iws = (1.0 / np.sqrt(h_i * d_i) if index_weight_scale is None
+           else index_weight_scale)
+    coef = g[:, :, None, :] * w_eff[..., None] * dr  # [B, T, H_I, S]
+    result.update(
+        d_index_weights=iws * np.einsum("bts,btjs->btj", g, r),
+        d_index_query=np.einsum("btjs,bsd->btjd", coef, _f64(index_key)),
+        d_index_key=np.einsum("btjs,btjd->bsd", coef, _f64(index_query)),
+        topk_indices=topk_indices)
+    return result
+
+
+def lse_of(a, valid):
+    """Each head's natural-log log-sum-exp of the logits a [B, H, T, S]
+    over the valid keys [B, T, S], float32 [B, H, T] (+inf where a row has
+    none, the usual value there)."""
+    am = np.where(valid[:, None], a, -np.inf)
+    m = am.max(-1)
+    finite = np.isfinite(m)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        total = np.where(valid[:, None], np.exp(am - np.where(
+            finite, m, 0)[..., None]), 0).sum(-1)
+        lse = np.where(finite, m + np.log(total), np.inf)
+    return lse.astype(np.float32)

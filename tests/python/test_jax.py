@@ -1,5 +1,6 @@
-"""klserve.jax.indexer_kl_loss: jax.grad through the service against
-jax.grad of a pure-JAX implementation of the same loss."""
+"""klserve.jax.indexer_kl_loss and indexer_kl_loss_from_projections:
+jax.grad through the service against jax.grad of a pure-JAX implementation
+of the same loss."""
 
 import time
 
@@ -9,7 +10,8 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from klserve.jax import indexer_kl_loss  # noqa: E402
+from klserve.jax import (indexer_kl_loss,  # noqa: E402
+                         indexer_kl_loss_from_projections)
 from reference import validity  # noqa: E402
 
 EPS = 1e-8
@@ -213,3 +215,179 @@ def test_errors_surface_through_jax(client):
     with pytest.raises(TypeError):
         indexer_kl_loss(scores, attention_logits=logits, client=client,
                         want_row_kl=True)
+
+
+# -- the projections form ----------------------------------------------------
+
+
+def jax_projections_kl(query, key, index_query, index_key, index_weights, *,
+                       valid, softmax_scale, index_weight_scale,
+                       use_relu=True, **loss_options):
+    """The spec's projections form in plain JAX, materialised: the main
+    logits of every head (GQA: query head h reads key head h // group),
+    the indexer scores sum_j w_eff * relu(q_I . k_I), then jax_indexer_kl
+    (per-head softmax, mean over heads, KL, the reduction)."""
+    group = query.shape[2] // key.shape[2]
+    logits = softmax_scale * jnp.einsum(
+        "bthd,bshd->bhts", query, jnp.repeat(key, group, axis=2))
+    dots = jnp.einsum("btjd,bsd->btjs", index_query, index_key)
+    if use_relu:
+        dots = jax.nn.relu(dots)
+    scores = jnp.einsum("btj,btjs->bts", index_weight_scale * index_weights,
+                        dots)
+    return jax_indexer_kl(scores, valid=valid, attention_logits=logits,
+                          **loss_options)
+
+
+def projections_problem(seed, batch=2, rows=8, keys=8, heads=4, kv_heads=2,
+                        dim=16, index_heads=3, index_dim=8):
+    rng = np.random.default_rng(seed)
+    shapes = ((batch, rows, heads, dim), (batch, keys, kv_heads, dim),
+              (batch, rows, index_heads, index_dim),
+              (batch, keys, index_dim), (batch, rows, index_heads))
+    return tuple(jnp.asarray(rng.standard_normal(shape), jnp.float32)
+                 for shape in shapes)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("flavor,use_relu", [("exact", True),
+                                             ("maxtext", True),
+                                             ("exact", False)])
+def test_projections_grad_matches_pure_jax(client, jit, flavor, use_relu):
+    query, key, iq, ik, iw = projections_problem(11)
+    valid = validity(2, 8, 8, causal=True)
+    options = dict(causal=True, softmax_scale=0.25, index_weight_scale=0.5,
+                   use_relu=use_relu, flavor=flavor, scaling_factor=0.01)
+
+    def service(iq, ik, iw):
+        # A cotangent other than 1 and a second term: the chain rule.
+        return 3.0 * indexer_kl_loss_from_projections(
+            query, key, iq, ik, iw, client=client, **options) + 0.1 * (
+                jnp.sum(iq ** 2) + jnp.sum(iw))
+
+    def pure(iq, ik, iw):
+        return 3.0 * jax_projections_kl(
+            query, key, iq, ik, iw, valid=valid, softmax_scale=0.25,
+            index_weight_scale=0.5, use_relu=use_relu, flavor=flavor,
+            scaling_factor=0.01) + 0.1 * (jnp.sum(iq ** 2) + jnp.sum(iw))
+
+    vg_service = jax.value_and_grad(service, argnums=(0, 1, 2))
+    vg_pure = jax.value_and_grad(pure, argnums=(0, 1, 2))
+    if jit:
+        vg_service, vg_pure = jax.jit(vg_service), jax.jit(vg_pure)
+    value, grads = vg_service(iq, ik, iw)
+    want_value, want_grads = vg_pure(iq, ik, iw)
+    assert float(value) == pytest.approx(float(want_value), rel=1e-4)
+    for got, want, like in zip(grads, want_grads, (iq, ik, iw)):
+        assert got.dtype == jnp.float32 and got.shape == like.shape
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        scale = max(np.abs(want).max(), 1e-30)
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * scale)
+    fwd = jax.jit(service) if jit else service
+    assert float(fwd(iq, ik, iw)) == pytest.approx(float(value), rel=1e-6)
+
+
+def test_projections_grad_through_parameters_under_jit(client):
+    """The indexer's own projections, as a training step has them: the
+    gradient reaches the parameters that made index_query, index_key and
+    index_weights, and is JAX's chain rule on the service's gradients."""
+    rng = np.random.default_rng(12)
+    x = jnp.asarray(rng.standard_normal((1, 8, 6)), jnp.float32)
+    query, key, _, _, _ = projections_problem(12, batch=1)
+    params = {name: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+              for name, shape in (("wq", (6, 3, 8)), ("wk", (6, 8)),
+                                  ("ww", (6, 3)))}
+    valid = validity(1, 8, 8, causal=True)
+
+    def indexer(params):
+        return (jnp.einsum("btd,dje->btje", x, params["wq"]),
+                x @ params["wk"], x @ params["ww"])
+
+    def service(params):
+        return indexer_kl_loss_from_projections(
+            query, key, *indexer(params), causal=True, softmax_scale=0.25,
+            client=client)
+
+    def pure(params):
+        return jax_projections_kl(query, key, *indexer(params), valid=valid,
+                                  softmax_scale=0.25,
+                                  index_weight_scale=(3 * 8) ** -0.5)
+
+    got = jax.jit(jax.grad(service))(params)
+    want = jax.grad(pure)(params)
+    for name in params:
+        g, w = np.asarray(got[name]), np.asarray(want[name])
+        np.testing.assert_allclose(g, w, rtol=1e-3,
+                                   atol=1e-4 * np.abs(w).max())
+
+
+def test_projections_query_and_key_get_zero_cotangent(client):
+    query, key, iq, ik, iw = projections_problem(13)
+
+    def f(query, key, iq):
+        return indexer_kl_loss_from_projections(query, key, iq, ik, iw,
+                                                causal=True, client=client)
+
+    d_query, d_key, d_iq = jax.jit(jax.grad(f, argnums=(0, 1, 2)))(
+        query, key, iq)
+    np.testing.assert_array_equal(np.asarray(d_query), 0)
+    np.testing.assert_array_equal(np.asarray(d_key), 0)
+    assert np.abs(np.asarray(d_iq)).max() > 0
+
+
+def test_projections_bf16_inputs_give_bf16_grads(client):
+    query, key, iq, ik, iw = (x.astype(jnp.bfloat16)
+                              for x in projections_problem(14))
+
+    def f(iq, ik, iw):
+        return indexer_kl_loss_from_projections(query, key, iq, ik, iw,
+                                                causal=True, client=client)
+
+    loss, grads = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(
+        iq, ik, iw)
+    assert loss.dtype == jnp.float32
+    assert all(g.dtype == jnp.bfloat16 for g in grads)
+    direct = client.compute_loss_from_projections(
+        *(np.asarray(v) for v in (query, key, iq, ik, iw)), causal=True,
+        grad_dtype="bf16")
+    for g, field in zip(grads, ("d_index_query", "d_index_key",
+                                "d_index_weights")):
+        np.testing.assert_array_equal(np.asarray(g).view(np.uint16),
+                                      getattr(direct, field).view(np.uint16))
+
+
+def test_projections_wrapper_takes_its_form_only(client):
+    query, key, iq, ik, iw = projections_problem(15)
+    with pytest.raises(TypeError):
+        indexer_kl_loss_from_projections(
+            query, key, iq, ik, iw, client=client,
+            attention_logits=jnp.zeros((2, 4, 8, 8)))
+    with pytest.raises(TypeError):
+        indexer_kl_loss(jnp.zeros((2, 8, 8)), attention_logits=jnp.zeros(
+            (2, 4, 8, 8)), query=query, client=client)
+
+
+def test_projections_traced_step_tag_and_vmap(client):
+    run = "pytest-jax-projections-%d" % time.monotonic_ns()
+    query, key, iq, ik, iw = projections_problem(16, batch=3)
+
+    @jax.jit
+    def train_step(iq, step):
+        return jax.value_and_grad(lambda iq: indexer_kl_loss_from_projections(
+            query, key, iq, ik, iw, causal=True, client=client, run=run,
+            step=step, layer=0))(iq)
+
+    for step in range(2):
+        loss, _ = train_step(iq, jnp.int32(step))
+    assert client.finish_step(run, 1).indexer_loss == pytest.approx(
+        float(loss), rel=1e-6)
+    # One request per mapped element.
+    per_element = jax.vmap(
+        lambda *xs: indexer_kl_loss_from_projections(
+            *(x[None] for x in xs), causal=True, client=client))(
+                query, key, iq, ik, iw)
+    for i in range(3):
+        single = client.compute_loss_from_projections(
+            *(np.asarray(x[i:i + 1]) for x in (query, key, iq, ik, iw)),
+            causal=True, want_grad=False)
+        assert float(per_element[i]) == pytest.approx(single.loss, rel=1e-6)

@@ -2,13 +2,15 @@
 a tensor added to the proto but not to klserve._tensor_table (or given the
 wrong role there) fails here, not quietly in a request that leaves it out."""
 
+import dataclasses
 import inspect
 
 from google.protobuf.descriptor import FieldDescriptor
 
 import klserve
 import klserve.jax
-from klserve._tensor_table import TENSORS, Role
+from klserve._tensor_table import (INDEXER_GRADS, INDEXER_INPUTS, PROJECTIONS,
+                                   TENSORS, Form, Role, names)
 from klserve.v1 import klserve_pb2 as pb2
 
 
@@ -37,6 +39,30 @@ def test_stream_header_carries_each_tensor_as_its_role_says():
                      type_name="klserve.v1.Tensor") == table(Role.SMALL)
 
 
+def test_unary_tensors_are_nowhere_in_the_stream():
+    unary = table(Role.UNARY)
+    assert set(PROJECTIONS) | {"lse"} == unary
+    for message in (pb2.StreamHeader, pb2.RowBlock):
+        assert not unary & {f.name for f in message.DESCRIPTOR.fields}, (
+            message)
+
+
+def test_the_indexer_gradients_are_response_tensors():
+    assert set(INDEXER_INPUTS) <= set(PROJECTIONS)
+    assert set(INDEXER_GRADS) | {"grad", "row_kl", "topk_indices"} == (
+        fields_of(pb2.ComputeLossResponse, type_name="klserve.v1.Tensor"))
+
+
+def test_the_options_of_the_call_are_loss_options_or_the_clients():
+    proto = {f.name for f in pb2.LossOptions.DESCRIPTOR.fields}
+    call = {f.name for f in dataclasses.fields(klserve.ComputeLossOptions)}
+    # Named for Python, tags and the transport: the rest is the proto's.
+    renamed = {"want_grad": "skip_grad"}
+    not_options = {"run", "step", "layer", "microbatch", "request_id",
+                   "stream"}
+    assert {renamed.get(n, n) for n in call - not_options} == proto
+
+
 def test_row_blocks_carry_the_per_row_tensors():
     assert fields_of(pb2.RowBlock, scalar_type=FieldDescriptor.TYPE_BYTES) == (
         table(Role.PER_ROW))
@@ -48,8 +74,16 @@ def test_per_row_layouts_have_b_first_and_t():
             assert t.layout[0] == "B" and "T" in t.layout, t.name
 
 
-def test_the_loss_calls_take_every_tensor():
-    for function in (klserve.Client.compute_loss,
-                     klserve.jax.indexer_kl_loss):
-        assert table() <= set(inspect.signature(function).parameters), (
-            function)
+def test_the_loss_calls_take_every_tensor_of_their_form():
+    def parameters(function):
+        return set(inspect.signature(function).parameters)
+
+    assert table() <= parameters(klserve.Client.compute_loss)
+    for function in (klserve.Client.compute_loss_from_projections,
+                     klserve.jax.indexer_kl_loss_from_projections):
+        assert set(names(Form.PROJECTIONS)) <= parameters(function), function
+        assert not set(names(Form.LOGITS)) - set(names(Form.PROJECTIONS)) & (
+            parameters(function)), function
+    logits = parameters(klserve.jax.indexer_kl_loss)
+    assert set(names(Form.LOGITS)) <= logits
+    assert not set(PROJECTIONS) & logits

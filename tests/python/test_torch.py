@@ -1,5 +1,6 @@
-"""klserve.torch.IndexerKlLoss: backward through the service against
-torch autograd of a pure-PyTorch implementation of the same loss."""
+"""klserve.torch.IndexerKlLoss and IndexerKlLossFromProjections: backward
+through the service against torch autograd of a pure-PyTorch
+implementation of the same loss."""
 
 import ml_dtypes
 import numpy as np
@@ -7,7 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from klserve.torch import IndexerKlLoss, indexer_kl_loss  # noqa: E402
+from klserve.torch import (IndexerKlLoss, indexer_kl_loss,  # noqa: E402
+                           indexer_kl_loss_from_projections)
 from reference import validity  # noqa: E402
 
 
@@ -69,3 +71,63 @@ def test_bf16_and_no_grad(client):
                                 client=client)
     assert plain.requires_grad is False
     assert plain.item() > 0
+
+
+def torch_projections_kl(query, key, index_query, index_key, index_weights,
+                         valid, softmax_scale, index_weight_scale,
+                         scaling_factor):
+    """The projections form materialised: per-head main logits (GQA: head
+    h reads key head h // group), indexer scores sum_j w_eff *
+    relu(q_I . k_I), then torch_indexer_kl (EXACT, MEAN)."""
+    group = query.shape[2] // key.shape[2]
+    logits = softmax_scale * torch.einsum(
+        "bthd,bshd->bhts", query, key.repeat_interleave(group, dim=2))
+    dots = torch.relu(torch.einsum("btjd,bsd->btjs", index_query, index_key))
+    scores = torch.einsum("btj,btjs->bts", index_weight_scale * index_weights,
+                          dots)
+    return torch_indexer_kl(scores, logits, valid, scaling_factor)
+
+
+def projections_problem(seed, batch=2, rows=7, keys=7, heads=4, kv_heads=1,
+                        dim=16, index_heads=3, index_dim=8):
+    rng = np.random.default_rng(seed)
+    shapes = ((batch, rows, heads, dim), (batch, keys, kv_heads, dim),
+              (batch, rows, index_heads, index_dim),
+              (batch, keys, index_dim), (batch, rows, index_heads))
+    return [torch.tensor(rng.standard_normal(shape), dtype=torch.float32)
+            for shape in shapes]
+
+
+def test_projections_backward_matches_pure_torch(client):
+    query, key, *indexer = projections_problem(3)
+    valid = validity(2, 7, 7, causal=True)
+    mine = [x.clone().requires_grad_() for x in indexer]
+    loss = indexer_kl_loss_from_projections(
+        query, key, *mine, causal=True, softmax_scale=0.25,
+        scaling_factor=0.01, client=client)
+    (2.5 * loss + (mine[0] ** 2).sum()).backward()
+    theirs = [x.clone().requires_grad_() for x in indexer]
+    want = torch_projections_kl(query, key, *theirs, valid, 0.25,
+                                (3 * 8) ** -0.5, 0.01)
+    (2.5 * want + (theirs[0] ** 2).sum()).backward()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-4)
+    for got, expected in zip(mine, theirs):
+        scale = expected.grad.abs().max().item()
+        torch.testing.assert_close(got.grad, expected.grad, rtol=1e-3,
+                                   atol=1e-4 * scale)
+
+
+def test_projections_gradient_only_where_required(client):
+    query, key, iq, ik, iw = projections_problem(4)
+    query.requires_grad_()
+    ik.requires_grad_()
+    loss = indexer_kl_loss_from_projections(query, key, iq, ik, iw,
+                                            causal=True, client=client)
+    loss.backward()
+    assert query.grad is None  # the main attention gets no gradient
+    assert ik.grad is not None and ik.grad.abs().max().item() > 0
+    with torch.no_grad():
+        plain = indexer_kl_loss_from_projections(query, key, iq, ik, iw,
+                                                 causal=True, client=client)
+    assert not plain.requires_grad
+    assert plain.item() == pytest.approx(loss.item(), rel=1e-6)

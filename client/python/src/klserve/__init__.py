@@ -5,10 +5,16 @@
     result = client.compute_loss(scores, attention_logits=logits, causal=True)
     result.loss, result.grad
 
+    # The projections form: the service recomputes the logits and scores.
+    result = client.compute_loss_from_projections(
+        query, key, index_query, index_key, index_weights, causal=True)
+    result.d_index_query, result.d_index_key, result.d_index_weights
+
 The call's keyword arguments are the request's tensors and the fields of
 `klserve.ComputeLossOptions`, which says what each does.
 `klserve.jax.indexer_kl_loss` makes the service a differentiable JAX
-function; `klserve.torch.IndexerKlLoss` a torch.autograd.Function. The loss
+function; `klserve.torch.IndexerKlLoss` a torch.autograd.Function;
+`indexer_kl_loss_from_projections` in both is the projections form. The loss
 itself is specified in docs/spec.md of the klserve repository; the wire
 contract is proto/klserve/v1/klserve.proto (its generated stubs are
 `klserve.v1`).

@@ -20,11 +20,13 @@ import numpy.typing as npt
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from klserve._errors import KlserveError, explain_unavailable, invalid_argument
-from klserve._signature import (ComputeLossOptions, loss_signature,
-                                split_arguments)
+from klserve._signature import (PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
+                                ComputeLossOptions, loss_signature,
+                                projections_parameters, split_arguments)
 from klserve._stream import (RequestSlicer, ResponseAssembler,
                              needs_counting_pass)
-from klserve._tensor_table import SCORES, TENSORS
+from klserve._tensor_table import (INDEXER_GRADS, PROJECTIONS, SCORES,
+                                   TENSORS, Form, Role)
 from klserve._tensors import from_tensor, grad_wire_name, to_tensor
 
 try:
@@ -72,6 +74,15 @@ class LossResult:
     row_kl: Optional[np.ndarray]
     request_id: str = ""
     streamed: bool = False  # whether it went through ComputeLossStream
+    # The projections form: dL/d index_query, index_key, index_weights,
+    # shaped like them, in grad_dtype (None when want_grad is False), and
+    # the service's own top-k selection, int32 [B, T, K], when topk was
+    # given. Read-only views of the answer's bytes, which saves a copy of
+    # each; .copy() one to write to it.
+    d_index_query: Optional[np.ndarray] = None
+    d_index_key: Optional[np.ndarray] = None
+    d_index_weights: Optional[np.ndarray] = None
+    topk_indices: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,7 +322,7 @@ class Client:
 
     # -- the loss ----------------------------------------------------------
 
-    def compute_loss(self, indexer_scores: npt.ArrayLike,
+    def compute_loss(self, indexer_scores: Optional[npt.ArrayLike] = None,
                      **arguments: Any) -> LossResult:
         """The indexer KL loss of one problem (docs/spec.md).
 
@@ -322,29 +333,87 @@ class Client:
 
         Arrays are NumPy arrays (or anything np.asarray takes): the float
         inputs float32, float16 or bfloat16 (ml_dtypes.bfloat16; float64 is
-        narrowed to float32), topk_indices and segment ids integers (sent as
-        int32), masks bool. Exactly one of attention_logits [B, H, T, S|K]
-        and attention_weights [B, T, S|K] is the target; topk_indices
+        narrowed to float32), topk_indices, segment ids and key bounds
+        integers (sent as int32), masks bool. The logits form: the scores
+        and exactly one of attention_logits [B, H, T, S|K] and
+        attention_weights [B, T, S|K] as the target; topk_indices
         [B, T, K] selects the sparse stage (num_keys = S is then required).
-        Returns a LossResult; raises KlserveError.
+        The projections form (see compute_loss_from_projections): no
+        scores, and query, key, index_query, index_key and index_weights
+        instead of a target. Returns a LossResult; raises KlserveError.
         """
         arrays, option_arguments = split_arguments("compute_loss", arguments)
         call = ComputeLossOptions(**option_arguments)
-        if indexer_scores is None:
-            raise invalid_argument(SCORES + ": must be given")
-        arrays[SCORES] = indexer_scores
+        if indexer_scores is not None:
+            arrays[SCORES] = indexer_scores
+        projections = _check_form(arrays, call)
         tensors = {t.name: t.convert(t.name, arrays[t.name])
                    for t in TENSORS if t.name in arrays}
         options = self._options(call)
         tags = self._tags(call)
+        total_bytes = sum(arr.nbytes for _, arr in tensors.values())
+        if projections:
+            self._check_unary_only(tensors, total_bytes, call.stream)
+            return self._compute_unary(tensors, options, tags,
+                                       call.request_id)
         stream = call.stream
         if stream is None:
-            total_bytes = sum(arr.nbytes for _, arr in tensors.values())
             stream = total_bytes > self.stream_threshold_bytes
         if stream:
             return self._compute_streaming(tensors, options, tags,
                                            call.request_id)
         return self._compute_unary(tensors, options, tags, call.request_id)
+
+    def compute_loss_from_projections(
+            self, query: npt.ArrayLike, key: npt.ArrayLike,
+            index_query: npt.ArrayLike, index_key: npt.ArrayLike,
+            index_weights: npt.ArrayLike, **arguments: Any) -> LossResult:
+        """The indexer KL loss from the projections the job holds
+        (docs/spec.md, "The projections form"): the service recomputes the
+        main attention's logits and the indexer scores tile by tile and
+        returns the gradients of index_query, index_key and index_weights
+        (LossResult.d_index_query, d_index_key, d_index_weights).
+
+        query [B, T, H, D] and key [B, S, H_kv, D] (H_kv divides H: MHA,
+        MQA or GQA), index_query [B, T, H_I, D_I], index_key [B, S, D_I],
+        index_weights [B, T, H_I]: float32, float16 or bfloat16. Keywords:
+        lse (float32 [B, H, T], each head's log-sum-exp over the row's valid
+        keys, used as given), topk_indices (the client's sparse selection)
+        or the option topk = K (the service's, returned as
+        LossResult.topk_indices), every mask including the key bounds
+        key_start/key_end, and the fields of klserve.ComputeLossOptions
+        (index_weight_scale, use_relu and the rest). With causal and
+        T != S, MaxText and Megatron clients send q_offset = 0 (their
+        causal mask aligns the first query with the first key).
+
+        The request goes in one message: ComputeLossStream does not carry
+        this form yet, so a problem past max_message_bytes raises
+        KlserveError RESOURCE_EXHAUSTED before anything is sent.
+        """
+        arguments.update(zip(PROJECTIONS, (query, key, index_query,
+                                           index_key, index_weights)))
+        return self.compute_loss(**arguments)
+
+    def _check_unary_only(self, tensors, total_bytes, stream):
+        """A request with tensors the stream has no field for goes as one
+        message, or not at all."""
+        unary = [t.name for t in TENSORS
+                 if t.role is Role.UNARY and t.name in tensors]
+        if stream:
+            raise invalid_argument(
+                "stream: %s cannot be streamed (ComputeLossStream does not "
+                "carry the projections form yet), got stream=True" %
+                ", ".join(unary))
+        if total_bytes > self.max_message_bytes:
+            raise KlserveError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "%s: the projections form goes in one message "
+                "(ComputeLossStream does not carry it yet), and this "
+                "request's tensors are %d bytes, past the client's "
+                "max_message_bytes %d; send fewer rows per request (or "
+                "raise max_message_bytes and the server's "
+                "--max_message_bytes)" % (", ".join(unary), total_bytes,
+                                          self.max_message_bytes))
 
     @staticmethod
     def _options(call: ComputeLossOptions) -> Any:
@@ -355,6 +424,7 @@ class Client:
                                  "'mean', 'mean_valid' or 'sum'")
         options = pb2.LossOptions(
             causal=bool(call.causal), num_keys=int(call.num_keys or 0),
+            topk=int(call.topk or 0),
             flavor=int(flavor), reduction=int(reduction),
             grad_dtype=grad_wire_name(call.grad_dtype),
             skip_grad=not call.want_grad,
@@ -363,7 +433,8 @@ class Client:
             recall_k=int(call.recall_k or 0))
         # Optional in the proto: unset means the spec's default.
         for name, kind in (("q_offset", int), ("softmax_scale", float),
-                           ("scaling_factor", float), ("grad_scale", float)):
+                           ("scaling_factor", float), ("grad_scale", float),
+                           ("index_weight_scale", float), ("use_relu", bool)):
             value = getattr(call, name)
             if value is not None:
                 setattr(options, name, kind(value))
@@ -394,7 +465,12 @@ class Client:
         row_kl = (from_tensor(response.row_kl, "row_kl")
                   if response.HasField("row_kl") and response.row_kl.dtype
                   else None)
-        return _result(response, grad, row_kl, streamed=False)
+        result = _result(response, grad, row_kl, streamed=False)
+        for field in INDEXER_GRADS + ("topk_indices",):
+            if response.HasField(field) and getattr(response, field).dtype:
+                setattr(result, field, from_tensor(getattr(response, field),
+                                                   field, writable=False))
+        return result
 
     def _compute_streaming(self, tensors, options, tags, request_id):
         slicer = RequestSlicer(tensors)
@@ -447,6 +523,39 @@ class Client:
         return self._with_retries(attempt)
 
 
+_LOGITS_ONLY = tuple(t.name for t in TENSORS if t.forms == Form.LOGITS)
+_PROJECTIONS_ONLY = tuple(t.name for t in TENSORS
+                          if t.forms == Form.PROJECTIONS)
+
+
+def _check_form(arrays: Dict[str, Any], call: ComputeLossOptions) -> bool:
+    """Whether the call is in the projections form; INVALID_ARGUMENT naming
+    the field for a call that mixes the forms or lacks a tensor of its
+    form. The client must know the form to choose unary or streamed, so it
+    tells these apart here rather than leaving them to the server."""
+    logits = [name for name in _LOGITS_ONLY if name in arrays]
+    projections = [name for name in _PROJECTIONS_ONLY if name in arrays]
+    if logits and projections:
+        raise invalid_argument(
+            "%s: the logits form's tensor, not allowed with the projections "
+            "form's %s, got both" % (logits[0], projections[0]))
+    if not projections:
+        if SCORES not in arrays:
+            raise invalid_argument(SCORES + ": must be given")
+        for name in sorted(PROJECTIONS_OPTIONS):
+            if getattr(call, name) is not None:
+                raise invalid_argument(
+                    "options.%s: the projections form only, got %r with "
+                    "%s" % (name, getattr(call, name), SCORES))
+        return False
+    for name in PROJECTIONS:
+        if name not in arrays:
+            raise invalid_argument(
+                "%s: must be given in the projections form (with %s), got "
+                "none" % (name, projections[0]))
+    return True
+
+
 def _result(response: Any, grad: Optional[np.ndarray],
             row_kl: Optional[np.ndarray], streamed: bool) -> LossResult:
     r = response.result
@@ -466,11 +575,15 @@ def _result(response: Any, grad: Optional[np.ndarray],
         streamed=streamed)
 
 
+_SELF = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
 Client.compute_loss.__signature__ = loss_signature(  # type: ignore
-    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    [_SELF,
      inspect.Parameter(SCORES, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                       annotation=npt.ArrayLike)],
+                       default=None, annotation=Optional[npt.ArrayLike])],
     returns=LossResult)
+Client.compute_loss_from_projections.__signature__ = (  # type: ignore
+    loss_signature([_SELF, *projections_parameters(npt.ArrayLike)],
+                   returns=LossResult, array_names=PROJECTIONS_ARGUMENTS))
 
 _default_client: Optional[Client] = None
 _default_lock = threading.Lock()

@@ -1,6 +1,6 @@
-"""The loss call's keyword arguments, stated once for Client.compute_loss and
-the JAX and PyTorch wrappers: the request's tensors (the tensor table) and
-the fields of ComputeLossOptions."""
+"""The loss call's keyword arguments, stated once for Client.compute_loss,
+Client.compute_loss_from_projections and the JAX and PyTorch wrappers: the
+request's tensors (the tensor table) and the fields of ComputeLossOptions."""
 
 import dataclasses
 import inspect
@@ -8,11 +8,17 @@ from typing import Any, Dict, FrozenSet, Iterable, Optional, Tuple, Union
 
 import numpy.typing as npt
 
-from klserve._tensor_table import SCORES, TENSORS
+from klserve._tensor_table import PROJECTIONS, SCORES, TENSORS, Form, names
 
 # The tensors other than the scores: the scores are the call's first
 # argument (and, in the wrappers, the one that is differentiated).
 ARRAY_ARGUMENTS = tuple(t.name for t in TENSORS if t.name != SCORES)
+# What the logits form's wrappers take besides the scores.
+LOGITS_ARGUMENTS = tuple(n for n in names(Form.LOGITS) if n != SCORES)
+# What the projections form's calls take as keywords besides the five
+# projections, their positional arguments.
+PROJECTIONS_ARGUMENTS = tuple(n for n in names(Form.PROJECTIONS)
+                              if n not in PROJECTIONS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +29,8 @@ class ComputeLossOptions:
     causal: the causal cut, key s visible to query t when
         s <= t + q_offset; q_offset defaults to S - T.
     num_keys: S; required with topk_indices (the sparse stage).
-    softmax_scale: multiplies the attention logits (default 1).
+    softmax_scale: multiplies the attention logits (default 1); in the
+        projections form, query . key.
     flavor: "exact" or "maxtext" (or the proto enum value).
     reduction: "mean", "mean_valid" or "sum" (or the proto enum value).
     scaling_factor: c, the loss's factor (default 1).
@@ -31,7 +38,18 @@ class ComputeLossOptions:
         upstream factor of the backward pass; default 1).
     grad_dtype: the gradient's dtype: a NumPy dtype or "fp32", "bf16",
         "fp16". The JAX and PyTorch wrappers default it to the scores'
-        dtype (float32 for float64 scores).
+        dtype (float32 for float64 scores); in the projections form to
+        the indexer inputs' dtype when they share one, else float32.
+    index_weight_scale: the projections form only; multiplies
+        index_weights in the indexer scores (default H_I^-1/2 * D_I^-1/2,
+        for raw weights_proj output as MaxText and DeepSeek apply it;
+        Megatron's weights come scaled: send 1).
+    use_relu: the projections form only; relu on each indexer head's dot
+        product (default True; False gives the plain product, GLM-5).
+    topk: the projections form only; the sparse stage with the service's
+        own selection of K >= 1 keys per row (the highest indexer scores,
+        ties to the lower key), returned as topk_indices. Not with
+        topk_indices or lse.
     want_grad, want_row_kl, want_diagnostics, recall_k: what the answer
         carries (the gradient; each row's KL; the entropies and, with
         recall_k > 0, the top-k recall). The wrappers decide these.
@@ -49,6 +67,9 @@ class ComputeLossOptions:
     reduction: Union[str, int] = "mean"
     scaling_factor: Optional[float] = None
     grad_scale: Optional[float] = None
+    index_weight_scale: Optional[float] = None
+    use_relu: Optional[bool] = None
+    topk: Optional[int] = None
     grad_dtype: Optional[npt.DTypeLike] = "fp32"
     want_grad: bool = True
     want_row_kl: bool = False
@@ -68,25 +89,31 @@ OPTION_FIELDS = tuple(dataclasses.fields(ComputeLossOptions))
 # wrappers set these themselves.
 DECIDED_BY_WRAPPERS: FrozenSet[str] = frozenset(
     ("want_grad", "want_row_kl", "want_diagnostics", "recall_k"))
+# Options of the projections form alone, which the logits form's wrappers
+# do not take.
+PROJECTIONS_OPTIONS: FrozenSet[str] = frozenset(
+    ("index_weight_scale", "use_relu", "topk"))
 
 
 def split_arguments(caller: str, arguments: Dict[str, Any],
-                    decided: Iterable[str] = ()
+                    decided: Iterable[str] = (),
+                    array_names: Tuple[str, ...] = ARRAY_ARGUMENTS
                     ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(arrays, options) from a loss call's keyword arguments: the tensors
-    given (None left out) and the options. TypeError, as for any Python
-    call, for a name that is neither, or one the caller decides itself."""
+    of array_names given (None left out) and the options. TypeError, as for
+    any Python call, for a name that is neither, or one the caller decides
+    itself."""
     decided = frozenset(decided)
     option_names = {f.name for f in OPTION_FIELDS} - decided
-    unknown = sorted(set(arguments) - set(ARRAY_ARGUMENTS) - option_names)
+    unknown = sorted(set(arguments) - set(array_names) - option_names)
     if unknown:
         raise TypeError(
             "%s: unexpected keyword arguments %s (it takes the tensors %s "
             "and the fields of klserve.ComputeLossOptions%s)" % (
-                caller, unknown, ", ".join(ARRAY_ARGUMENTS),
+                caller, unknown, ", ".join(array_names),
                 " but " + ", ".join(sorted(decided)) if decided else ""))
     arrays = {name: value for name, value in arguments.items()
-              if name in ARRAY_ARGUMENTS and value is not None}
+              if name in array_names and value is not None}
     options = {name: value for name, value in arguments.items()
                if name in option_names}
     return arrays, options
@@ -96,10 +123,11 @@ def loss_signature(leading: Iterable[inspect.Parameter],
                    trailing: Iterable[inspect.Parameter] = (),
                    decided: Iterable[str] = (),
                    defaults: Optional[Dict[str, Any]] = None,
-                   returns: Any = inspect.Signature.empty
+                   returns: Any = inspect.Signature.empty,
+                   array_names: Tuple[str, ...] = ARRAY_ARGUMENTS
                    ) -> inspect.Signature:
     """The signature a loss call shows to help() and inspect: `leading`
-    (self, the scores), every array argument, every option but `decided`
+    (self, the scores), the array arguments, every option but `decided`
     (with `defaults` overriding ComputeLossOptions'), then `trailing`."""
     decided = frozenset(decided)
     defaults = defaults or {}
@@ -107,7 +135,7 @@ def loss_signature(leading: Iterable[inspect.Parameter],
     params = list(leading)
     params += [inspect.Parameter(name, keyword, default=None,
                                  annotation=Optional[npt.ArrayLike])
-               for name in ARRAY_ARGUMENTS]
+               for name in array_names]
     params += [inspect.Parameter(f.name, keyword,
                                  default=defaults.get(f.name, f.default),
                                  annotation=f.type)
@@ -116,16 +144,41 @@ def loss_signature(leading: Iterable[inspect.Parameter],
     return inspect.Signature(params, return_annotation=returns)
 
 
+def _client_parameter() -> inspect.Parameter:
+    return inspect.Parameter("client", inspect.Parameter.KEYWORD_ONLY,
+                             default=None,
+                             annotation="Optional[klserve.Client]")
+
+
 def wrapper_signature(scores_annotation: Any,
                       returns: Any) -> inspect.Signature:
-    """The signature of the JAX and PyTorch wrappers: the scores, the loss
-    call's keyword arguments but DECIDED_BY_WRAPPERS (grad_dtype defaulting
-    to the scores' dtype), and the client."""
+    """The signature of the logits form's JAX and PyTorch wrappers: the
+    scores, that form's keyword arguments but DECIDED_BY_WRAPPERS
+    (grad_dtype defaulting to the scores' dtype), and the client."""
     return loss_signature(
         [inspect.Parameter(SCORES, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                            annotation=scores_annotation)],
-        [inspect.Parameter("client", inspect.Parameter.KEYWORD_ONLY,
-                           default=None,
-                           annotation="Optional[klserve.Client]")],
+        [_client_parameter()],
+        decided=DECIDED_BY_WRAPPERS | PROJECTIONS_OPTIONS,
+        defaults={"grad_dtype": None}, returns=returns,
+        array_names=LOGITS_ARGUMENTS)
+
+
+def projections_parameters(annotation: Any) -> Tuple[inspect.Parameter, ...]:
+    """The five projections, positional, in PROJECTIONS order."""
+    return tuple(inspect.Parameter(name,
+                                   inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                   annotation=annotation)
+                 for name in PROJECTIONS)
+
+
+def projections_wrapper_signature(annotation: Any,
+                                  returns: Any) -> inspect.Signature:
+    """The signature of the projections form's JAX and PyTorch wrappers:
+    the five projections, the form's other tensors and options but
+    DECIDED_BY_WRAPPERS (grad_dtype defaulting to the indexer inputs'),
+    and the client."""
+    return loss_signature(
+        projections_parameters(annotation), [_client_parameter()],
         decided=DECIDED_BY_WRAPPERS, defaults={"grad_dtype": None},
-        returns=returns)
+        returns=returns, array_names=PROJECTIONS_ARGUMENTS)

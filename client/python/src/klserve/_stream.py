@@ -49,6 +49,15 @@ class RequestSlicer:
 
     def __init__(self, tensors: Tensors) -> None:
         self._tensors = tensors
+        unary = [t.name for t in TENSORS
+                 if t.role is Role.UNARY and t.name in tensors]
+        if unary:
+            # The StreamHeader has no field for them: leaving them out would
+            # send another problem.
+            raise invalid_argument(
+                "%s: not carried by ComputeLossStream (the projections form "
+                "is not streamed yet), got a stream request with it" %
+                unary[0])
         if SCORES not in tensors:
             raise invalid_argument(SCORES + ": must be given")
         scores = tensors[SCORES][1]

@@ -11,7 +11,7 @@ from typing import Any, Callable, Tuple
 
 import numpy as np
 
-from klserve._tensors import bool_input, float_input, int32_input
+from klserve._tensors import bool_input, float_input, fp32_input, int32_input
 
 
 class Role(enum.Enum):
@@ -21,6 +21,18 @@ class Role(enum.Enum):
     # Sent whole in the StreamHeader (a Tensor): small next to the per-row
     # ones, and needed by every row.
     SMALL = "small"
+    # Sent in a ComputeLossRequest only: the stream has no field for it yet
+    # (the projections form), so a request with one is never streamed.
+    UNARY = "unary"
+
+
+class Form(enum.Flag):
+    """The loss forms a tensor belongs to (docs/spec.md): the logits forms
+    take the indexer scores and a target; the projections form takes the
+    projections and recomputes both."""
+    LOGITS = enum.auto()
+    PROJECTIONS = enum.auto()
+    BOTH = LOGITS | PROJECTIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +46,7 @@ class RequestTensor:
     # among them; in a RowBlock its rows are laid out as
     # [dims between B and T..., num_rows, dims after T...].
     layout: Tuple[str, ...]
+    forms: Form = Form.BOTH
 
     @property
     def shape_text(self) -> str:
@@ -44,17 +57,43 @@ class RequestTensor:
 # named as such rather than as the tensor that disagrees with it.
 TENSORS = (
     RequestTensor("indexer_scores", Role.PER_ROW, float_input,
-                  ("B", "T", "S or K")),
+                  ("B", "T", "S or K"), Form.LOGITS),
     RequestTensor("attention_logits", Role.PER_ROW, float_input,
-                  ("B", "H", "T", "S or K")),
+                  ("B", "H", "T", "S or K"), Form.LOGITS),
     RequestTensor("attention_weights", Role.PER_ROW, float_input,
-                  ("B", "T", "S or K")),
+                  ("B", "T", "S or K"), Form.LOGITS),
     RequestTensor("topk_indices", Role.PER_ROW, int32_input, ("B", "T", "K")),
     RequestTensor("segment_ids_q", Role.SMALL, int32_input, ("B", "T")),
     RequestTensor("segment_ids_kv", Role.SMALL, int32_input, ("B", "S")),
     RequestTensor("attention_mask", Role.PER_ROW, bool_input, ("B", "T", "S")),
     RequestTensor("key_padding_mask", Role.SMALL, bool_input, ("B", "S")),
     RequestTensor("row_valid", Role.SMALL, bool_input, ("B", "T")),
+    RequestTensor("key_start", Role.SMALL, int32_input, ("B", "T")),
+    RequestTensor("key_end", Role.SMALL, int32_input, ("B", "T")),
+    RequestTensor("query", Role.UNARY, float_input, ("B", "T", "H", "D"),
+                  Form.PROJECTIONS),
+    RequestTensor("key", Role.UNARY, float_input, ("B", "S", "H_kv", "D"),
+                  Form.PROJECTIONS),
+    RequestTensor("lse", Role.UNARY, fp32_input, ("B", "H", "T"),
+                  Form.PROJECTIONS),
+    RequestTensor("index_query", Role.UNARY, float_input,
+                  ("B", "T", "H_I", "D_I"), Form.PROJECTIONS),
+    RequestTensor("index_key", Role.UNARY, float_input, ("B", "S", "D_I"),
+                  Form.PROJECTIONS),
+    RequestTensor("index_weights", Role.UNARY, float_input,
+                  ("B", "T", "H_I"), Form.PROJECTIONS),
 )
 
 SCORES = TENSORS[0].name
+
+# The projections form's tensors that every request of it carries, in the
+# order of compute_loss_from_projections' positional arguments.
+PROJECTIONS = ("query", "key", "index_query", "index_key", "index_weights")
+# Those the service returns a gradient for, and the response fields.
+INDEXER_INPUTS = ("index_query", "index_key", "index_weights")
+INDEXER_GRADS = tuple("d_" + name for name in INDEXER_INPUTS)
+
+
+def names(form: Form) -> Tuple[str, ...]:
+    """The tensors of a form, in table order."""
+    return tuple(t.name for t in TENSORS if t.forms & form)

@@ -80,6 +80,16 @@ def float_input(field, value):
     return name, _little_endian(arr)
 
 
+def fp32_input(field, value):
+    """A float tensor the wire takes as float32 only (lse): float16 and
+    bfloat16 are widened, exactly; float64 is narrowed."""
+    arr = np.asarray(value)
+    if arr.dtype != BF16 and arr.dtype.kind != "f":
+        raise invalid_argument("%s: dtype must be float32, got %s" %
+                               (field, arr.dtype))
+    return "FP32", _little_endian(arr.astype(FP32, copy=False))
+
+
 def int32_input(field, value):
     arr = np.asarray(value)
     if arr.dtype.kind not in "iu":
@@ -113,8 +123,9 @@ def to_spec(pb2, name, arr):
     return pb2.TensorSpec(dtype=name, shape=list(arr.shape))
 
 
-def from_tensor(tensor, field):
-    """A response Tensor as a writable NumPy array."""
+def from_tensor(tensor, field, writable=True):
+    """A response Tensor as a NumPy array: writable (a copy of the message's
+    bytes), or without that copy a read-only view of them."""
     dtype = WIRE_DTYPES.get(tensor.dtype)
     if dtype is None:
         raise _protocol_error("%s: unknown dtype %r" % (field, tensor.dtype))
@@ -123,7 +134,8 @@ def from_tensor(tensor, field):
     if len(tensor.data) != count * dtype.itemsize:
         raise _protocol_error("%s: %d bytes for %s %s" % (
             field, len(tensor.data), tensor.dtype, list(shape)))
-    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape).copy()
+    arr = np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    return arr.copy() if writable else arr
 
 
 def _protocol_error(what):

@@ -18,6 +18,24 @@ residual; the backward pass multiplies it by the incoming cotangent. Only
 indexer_scores is differentiable: every other input (the target above all)
 gets a zero cotangent, as in the spec, where no gradient flows into p.
 A plain forward evaluation (no differentiation) asks for the loss alone.
+
+The projections form (docs/spec.md) is the same kind of function of what
+the job holds, the main attention's q and k and the indexer's own inputs:
+
+    from klserve.jax import indexer_kl_loss_from_projections
+
+    def loss_fn(params, batch):
+        x = batch["x"]                                      # [B, T, d]
+        q, k = jax.lax.stop_gradient(main_attention_qk(x))  # fixed
+        q_i = jnp.einsum("btd,dje->btje", x, params["wq_i"])
+        k_i = x @ params["wk_i"]
+        w = x @ params["w_w"]
+        return indexer_kl_loss_from_projections(
+            q, k, q_i, k_i, w, causal=True, softmax_scale=D ** -0.5)
+
+The service returns the gradients of index_query, index_key and
+index_weights, which the backward pass carries on into the parameters that
+made them; query and key (and lse, masks) get zero cotangents.
 """
 
 from typing import Any, Optional
@@ -28,8 +46,11 @@ import numpy as np
 import numpy.typing as npt
 
 from klserve._client import Client, default_client, set_default_client
-from klserve._signature import (DECIDED_BY_WRAPPERS, split_arguments,
+from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
+                                PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
+                                projections_wrapper_signature, split_arguments,
                                 wrapper_signature)
+from klserve._tensor_table import INDEXER_GRADS, PROJECTIONS
 from klserve._tensors import FLOAT_DTYPES, grad_wire_name, wire_name_of_float
 
 # Integer tags that may be traced values (e.g. the step inside a jitted
@@ -49,6 +70,30 @@ def _pure_callback(callback, result_shapes, *args):
         return jax.pure_callback(callback, result_shapes, *args)
 
 
+def _take_tags(options):
+    """(run, {tag: JAX scalar}) out of the options: the integer tags travel
+    as operands so that they may be traced."""
+    run = options.pop("run", None)
+    tags = {}
+    for name in _TRACEABLE_TAGS:
+        value = options.pop(name, None)
+        if value is not None:
+            tags[name] = jnp.asarray(value)
+    return run, tags
+
+
+def _tag_values(tags_np):
+    return {k: int(np.asarray(v)) for k, v in tags_np.items()}
+
+
+def _float_array(name, value):
+    array = jnp.asarray(value)
+    if not jnp.issubdtype(array.dtype, jnp.floating):
+        raise TypeError("%s: must be a float array, got %s" %
+                        (name, array.dtype))
+    return array
+
+
 def indexer_kl_loss(indexer_scores: npt.ArrayLike, *,
                     client: Optional[Client] = None,
                     **arguments: Any) -> jax.Array:
@@ -64,18 +109,11 @@ def indexer_kl_loss(indexer_scores: npt.ArrayLike, *,
     dL/d indexer_scores in their dtype. Without `client`,
     klserve.default_client().
     """
-    arrays, options = split_arguments("indexer_kl_loss", arguments,
-                                      DECIDED_BY_WRAPPERS)
-    run = options.pop("run", None)
-    tags = {}
-    for name in _TRACEABLE_TAGS:
-        value = options.pop(name, None)
-        if value is not None:
-            tags[name] = jnp.asarray(value)
-    scores = jnp.asarray(indexer_scores)
-    if not jnp.issubdtype(scores.dtype, jnp.floating):
-        raise TypeError("indexer_scores: must be a float array, got %s" %
-                        scores.dtype)
+    arrays, options = split_arguments(
+        "indexer_kl_loss", arguments,
+        DECIDED_BY_WRAPPERS | PROJECTIONS_OPTIONS, LOGITS_ARGUMENTS)
+    run, tags = _take_tags(options)
+    scores = _float_array("indexer_scores", indexer_scores)
     loss_dtype = jnp.result_type(scores.dtype, jnp.float32)
     grad_name = options.pop("grad_dtype", None)
     if grad_name is None:
@@ -85,12 +123,11 @@ def indexer_kl_loss(indexer_scores: npt.ArrayLike, *,
     client = client if client is not None else default_client()
 
     def call_service(want_grad, scores_np, arrays_np, tags_np):
-        tag_values = {k: int(np.asarray(v)) for k, v in tags_np.items()}
         result = client.compute_loss(
             np.asarray(scores_np), **{k: np.asarray(v)
                                       for k, v in arrays_np.items()},
             run=run, grad_dtype=grad_name, want_grad=want_grad,
-            **tag_values, **options)
+            **_tag_values(tags_np), **options)
         loss = np.asarray(result.loss, dtype=loss_dtype)
         if not want_grad:
             return loss
@@ -132,4 +169,83 @@ indexer_kl_loss.__signature__ = wrapper_signature(  # type: ignore
     npt.ArrayLike, jax.Array)
 
 
-__all__ = ["indexer_kl_loss", "default_client", "set_default_client"]
+def indexer_kl_loss_from_projections(
+        query: npt.ArrayLike, key: npt.ArrayLike, index_query: npt.ArrayLike,
+        index_key: npt.ArrayLike, index_weights: npt.ArrayLike, *,
+        client: Optional[Client] = None, **arguments: Any) -> jax.Array:
+    """The indexer KL loss (a scalar) of the projections form, computed by
+    the service (klserve.Client.compute_loss_from_projections says what the
+    arguments are). Differentiable in index_query, index_key and
+    index_weights, with the service's gradients; query, key and every
+    other input get zero cotangents. Keywords as there, except want_grad,
+    want_row_kl, want_diagnostics and recall_k, which are decided here;
+    grad_dtype defaults to the indexer inputs' dtype when they share one,
+    else float32 (each gradient is then cast to its input's dtype). Tags
+    as in indexer_kl_loss. The loss is float32 (float64 when the indexer
+    inputs are). The service's own top-k selection (topk = K) is used but
+    not returned here: Client.compute_loss_from_projections returns it.
+    """
+    arrays, options = split_arguments(
+        "indexer_kl_loss_from_projections", arguments, DECIDED_BY_WRAPPERS,
+        PROJECTIONS_ARGUMENTS)
+    run, tags = _take_tags(options)
+    query, key, *indexer = (
+        _float_array(name, value) for name, value in zip(
+            PROJECTIONS, (query, key, index_query, index_key, index_weights)))
+    indexer = tuple(indexer)
+    loss_dtype = jnp.result_type(*(x.dtype for x in indexer), jnp.float32)
+    grad_name = options.pop("grad_dtype", None)
+    if grad_name is None:
+        # float64 has no wire name (None): FP32, as for mixed dtypes.
+        wire_names = {wire_name_of_float(x.dtype) for x in indexer}
+        grad_name = (wire_names.pop() or "FP32" if len(wire_names) == 1
+                     else "FP32")
+    grad_name = grad_wire_name(grad_name)
+    grad_dtype = FLOAT_DTYPES[grad_name]
+    client = client if client is not None else default_client()
+
+    def call_service(want_grad, q, k, indexer_np, arrays_np, tags_np):
+        result = client.compute_loss_from_projections(
+            np.asarray(q), np.asarray(k), *map(np.asarray, indexer_np),
+            **{name: np.asarray(v) for name, v in arrays_np.items()},
+            run=run, grad_dtype=grad_name, want_grad=want_grad,
+            **_tag_values(tags_np), **options)
+        loss = np.asarray(result.loss, dtype=loss_dtype)
+        if not want_grad:
+            return loss
+        return loss, tuple(
+            np.asarray(getattr(result, field), dtype=grad_dtype)
+            for field in INDEXER_GRADS)
+
+    loss_shape = jax.ShapeDtypeStruct((), loss_dtype)
+    grad_shapes = tuple(jax.ShapeDtypeStruct(x.shape, grad_dtype)
+                        for x in indexer)
+
+    @jax.custom_vjp
+    def loss_fn(q, k, ix, a, t):
+        return _pure_callback(
+            lambda *operands: call_service(False, *operands), loss_shape,
+            q, k, ix, a, t)
+
+    def loss_fn_fwd(q, k, ix, a, t):
+        return _pure_callback(
+            lambda *operands: call_service(True, *operands),
+            (loss_shape, grad_shapes), q, k, ix, a, t)
+
+    def loss_fn_bwd(grads, cotangent):
+        cotangent = cotangent.astype(jnp.float32)
+        d_indexer = tuple((g.astype(jnp.float32) * cotangent).astype(x.dtype)
+                          for g, x in zip(grads, indexer))
+        # None: zero cotangents for query, key, lse, the masks and tags.
+        return None, None, d_indexer, None, None
+
+    loss_fn.defvjp(loss_fn_fwd, loss_fn_bwd)
+    return loss_fn(query, key, indexer, arrays, tags)
+
+
+indexer_kl_loss_from_projections.__signature__ = (  # type: ignore
+    projections_wrapper_signature(npt.ArrayLike, jax.Array))
+
+
+__all__ = ["indexer_kl_loss", "indexer_kl_loss_from_projections",
+           "default_client", "set_default_client"]

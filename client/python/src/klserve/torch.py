@@ -11,8 +11,15 @@ to the service, asking for the gradient with respect to indexer_scores when
 they require one, and keeps it; backward multiplies it by the incoming
 gradient. Only indexer_scores is differentiable: the target and the masks
 get no gradient, as in the spec, where no gradient flows into p.
+
+IndexerKlLossFromProjections (indexer_kl_loss_from_projections) is the
+projections form: from the main attention's query and key and the
+indexer's index_query, index_key and index_weights, the service returns the
+loss and the gradients of the last three, which backward passes on; query
+and key get none.
 """
 
+import warnings
 from typing import Any, Mapping, Optional
 
 import ml_dtypes
@@ -20,8 +27,11 @@ import numpy as np
 import torch
 
 from klserve._client import Client, default_client
-from klserve._signature import (DECIDED_BY_WRAPPERS, split_arguments,
+from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
+                                PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
+                                projections_wrapper_signature, split_arguments,
                                 wrapper_signature)
+from klserve._tensor_table import INDEXER_GRADS
 from klserve._tensors import grad_wire_name
 
 _TORCH_GRAD_NAMES = {torch.float32: "FP32", torch.bfloat16: "BF16",
@@ -44,11 +54,20 @@ def to_numpy(value: Any) -> np.ndarray:
 
 def from_numpy(array: np.ndarray, dtype: torch.dtype,
                device: torch.device) -> torch.Tensor:
-    """A NumPy array (ml_dtypes.bfloat16 included) as a tensor."""
-    if array.dtype == np.dtype(ml_dtypes.bfloat16):
-        tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    else:
-        tensor = torch.from_numpy(array)
+    """A NumPy array (ml_dtypes.bfloat16 included) as a tensor. A read-only
+    array (the projections form's gradients, views of the answer's bytes)
+    is shared, not copied: the tensor must then not be written to, which
+    holds for the gradients that backward only reads."""
+    with warnings.catch_warnings():
+        # torch warns that writing to a tensor over read-only memory is
+        # undefined; nothing here writes to it.
+        warnings.filterwarnings("ignore", "The given NumPy array is not "
+                                "writable")
+        if array.dtype == np.dtype(ml_dtypes.bfloat16):
+            tensor = torch.from_numpy(array.view(np.int16)).view(
+                torch.bfloat16)
+        else:
+            tensor = torch.from_numpy(array)
     return tensor.to(device=device, dtype=dtype)
 
 
@@ -70,7 +89,7 @@ class IndexerKlLoss(torch.autograd.Function):
                 options: Optional[Mapping[str, Any]]) -> torch.Tensor:
         arrays, options = split_arguments(
             "IndexerKlLoss", {**(inputs or {}), **(options or {})},
-            DECIDED_BY_WRAPPERS)
+            DECIDED_BY_WRAPPERS | PROJECTIONS_OPTIONS, LOGITS_ARGUMENTS)
         if client is None:
             client = default_client()
         want_grad = bool(ctx.needs_input_grad[0])
@@ -109,8 +128,9 @@ def indexer_kl_loss(indexer_scores: torch.Tensor, *,
     localhost:50051)."""
     if client is None:
         client = default_client()
-    arrays, options = split_arguments("indexer_kl_loss", arguments,
-                                      DECIDED_BY_WRAPPERS)
+    arrays, options = split_arguments(
+        "indexer_kl_loss", arguments,
+        DECIDED_BY_WRAPPERS | PROJECTIONS_OPTIONS, LOGITS_ARGUMENTS)
     return IndexerKlLoss.apply(indexer_scores, arrays, client, options)
 
 
@@ -118,4 +138,88 @@ indexer_kl_loss.__signature__ = wrapper_signature(  # type: ignore
     torch.Tensor, torch.Tensor)
 
 
-__all__ = ["IndexerKlLoss", "indexer_kl_loss", "to_numpy", "from_numpy"]
+class IndexerKlLossFromProjections(torch.autograd.Function):
+    """IndexerKlLossFromProjections.apply(query, key, index_query,
+    index_key, index_weights, inputs, client, options) -> loss.
+
+    The projections form (klserve.Client.compute_loss_from_projections).
+    `inputs`: dict of the form's other tensors (lse, topk_indices, masks,
+    key bounds); `client` and `options` as in IndexerKlLoss (grad_dtype
+    defaults to the indexer inputs' dtype when they share one, else
+    float32). The service's gradients are asked for when any of
+    index_query, index_key and index_weights requires one; query and key
+    get none. The loss is a 0-d float32 tensor (float64 when the indexer
+    inputs are) on index_query's device.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor,
+                index_query: torch.Tensor, index_key: torch.Tensor,
+                index_weights: torch.Tensor,
+                inputs: Optional[Mapping[str, Any]], client: Optional[Client],
+                options: Optional[Mapping[str, Any]]) -> torch.Tensor:
+        arrays, options = split_arguments(
+            "IndexerKlLossFromProjections",
+            {**(inputs or {}), **(options or {})}, DECIDED_BY_WRAPPERS,
+            PROJECTIONS_ARGUMENTS)
+        if client is None:
+            client = default_client()
+        indexer = (index_query, index_key, index_weights)
+        want_grad = any(ctx.needs_input_grad[2:5])
+        grad_name = options.pop("grad_dtype", None)
+        if grad_name is None:
+            dtypes = {x.dtype for x in indexer}
+            grad_name = (_TORCH_GRAD_NAMES.get(dtypes.pop(), "FP32")
+                         if len(dtypes) == 1 else "FP32")
+        result = client.compute_loss_from_projections(
+            to_numpy(query), to_numpy(key),
+            *(to_numpy(x) for x in indexer),
+            **{k: to_numpy(v) for k, v in arrays.items()},
+            grad_dtype=grad_wire_name(grad_name), want_grad=want_grad,
+            **options)
+        if want_grad:
+            ctx.save_for_backward(*(
+                from_numpy(getattr(result, field), x.dtype, x.device)
+                for field, x in zip(INDEXER_GRADS, indexer)))
+        ctx.result = result  # loss, N, topk_indices for the curious
+        loss_dtype = (torch.float64 if all(x.dtype == torch.float64
+                                           for x in indexer)
+                      else torch.float32)
+        return torch.tensor(result.loss, dtype=loss_dtype,
+                            device=index_query.device)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
+        scale = grad_output.float()
+        d_indexer = tuple(
+            (grad.float() * scale).to(grad.dtype) if needed else None
+            for grad, needed in zip(ctx.saved_tensors,
+                                    ctx.needs_input_grad[2:5]))
+        return (None, None, *d_indexer, None, None, None)
+
+
+def indexer_kl_loss_from_projections(
+        query: torch.Tensor, key: torch.Tensor, index_query: torch.Tensor,
+        index_key: torch.Tensor, index_weights: torch.Tensor, *,
+        client: Optional[Client] = None, **arguments: Any) -> torch.Tensor:
+    """IndexerKlLossFromProjections with keyword arguments: as in
+    klserve.Client.compute_loss_from_projections, except want_grad,
+    want_row_kl, want_diagnostics and recall_k, which are decided here.
+    Without `client`, klserve.default_client()."""
+    if client is None:
+        client = default_client()
+    arrays, options = split_arguments(
+        "indexer_kl_loss_from_projections", arguments, DECIDED_BY_WRAPPERS,
+        PROJECTIONS_ARGUMENTS)
+    return IndexerKlLossFromProjections.apply(
+        query, key, index_query, index_key, index_weights, arrays, client,
+        options)
+
+
+indexer_kl_loss_from_projections.__signature__ = (  # type: ignore
+    projections_wrapper_signature(torch.Tensor, torch.Tensor))
+
+
+__all__ = ["IndexerKlLoss", "IndexerKlLossFromProjections",
+           "indexer_kl_loss", "indexer_kl_loss_from_projections",
+           "to_numpy", "from_numpy"]
