@@ -1,5 +1,7 @@
 #include "server/service/loss_stream_reactor.h"
 
+#include <algorithm>
+#include <array>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,57 @@
 #include "server/service/loss_tags_from.h"
 
 namespace klserve::server {
+namespace {
+
+// One per-row output of a projections GradBlock: its field, whether the
+// problem asks for it, and its bytes a row.
+struct RowOutput {
+  const char* field;
+  bool wanted;
+  int64_t row_bytes;
+};
+
+// d_index_query, d_index_weights, topk_indices, row_kl, in that order.
+std::array<RowOutput, 4> RowOutputsOf(const ProjectionsProblem& p) {
+  const IndexerKlOptions& o = p.logits.options;
+  const int64_t grad_size = DTypeSize(o.grad_dtype);
+  return {{{"d_index_query", o.want_grad, p.H_I * p.D_I * grad_size},
+           {"d_index_weights", o.want_grad, p.H_I * grad_size},
+           {"topk_indices", p.server_topk, p.K * int64_t{sizeof(int32_t)}},
+           {"row_kl", o.want_row_kl, int64_t{sizeof(double)}}}};
+}
+
+// Sets `out` to the outputs of `rows` rows of `p` (each tensor the problem
+// asks for, allocated, shaped [rows, ...]) and returns where they go.
+ProjectionsBlockOutputs AllocateRows(const ProjectionsProblem& p, int64_t rows,
+                                     v1::GradBlock* out) {
+  const IndexerKlOptions& o = p.logits.options;
+  ProjectionsBlockOutputs outputs{.capacity_rows = rows};
+  if (o.want_grad) {
+    outputs.d_index_query = AllocateTensor(o.grad_dtype, {rows, p.H_I, p.D_I},
+                                           out->mutable_d_index_query());
+    outputs.d_index_weights = AllocateTensor(o.grad_dtype, {rows, p.H_I},
+                                             out->mutable_d_index_weights());
+  }
+  if (p.server_topk) {
+    // std::string's buffer is aligned for int32.
+    outputs.topk_indices = reinterpret_cast<int32_t*>(AllocateTensor(
+        DType::kInt32, {rows, p.K}, out->mutable_topk_indices()));
+  }
+  if (o.want_row_kl) {
+    outputs.row_kl = AllocateFloat64Tensor({rows}, out->mutable_row_kl());
+  }
+  return outputs;
+}
+
+// Keeps the first `rows` (>= 1) rows of a [capacity, ...] output tensor
+// whose rows are `row_bytes` apart.
+void KeepRows(int64_t rows, int64_t row_bytes, v1::Tensor* tensor) {
+  tensor->set_shape(0, rows);
+  tensor->mutable_data()->resize(rows * row_bytes);
+}
+
+}  // namespace
 
 LossStreamReactor* LossStreamReactor::Start(const ServiceContext& context,
                                             grpc::CallbackServerContext* call) {
@@ -100,6 +153,29 @@ absl::Status LossStreamReactor::TakeProjectionsHeader() {
         o.want_grad ? "send fewer keys (batch entries) per stream"
                     : "send a shorter request_id",
         limits));
+  }
+  {
+    // A GradBlock carries at least the whole tile its block completes,
+    // whatever the block's size: one tile's answer must fit a message.
+    const int64_t rows = std::min(p.tile_rows, p.T);
+    Response tile;
+    AllocateRows(p, rows, tile.mutable_grad_block());
+    tile.mutable_grad_block()->set_row_begin(p.num_rows());
+    tile.mutable_grad_block()->set_num_rows(rows);
+    // Named for the first output asked for (d_index_query with the
+    // gradient).
+    const std::array<RowOutput, 4> outputs = RowOutputsOf(p);
+    const RowOutput* largest = nullptr;
+    for (const RowOutput& output : outputs) {
+      if (output.wanted && largest == nullptr) largest = &output;
+    }
+    if (largest != nullptr) {
+      RETURN_IF_ERROR(CheckMessageBytes(
+          largest->field, static_cast<int64_t>(tile.ByteSizeLong()),
+          absl::StrCat("a block's answer carries whole tiles of ", rows,
+                       " query rows, so one tile's must fit"),
+          limits));
+    }
   }
   projections_problem_.emplace(std::move(problem));
   return absl::OkStatus();
@@ -226,17 +302,6 @@ absl::Status LossStreamReactor::ComputeLogitsBlock(const Block& block,
   return computation_->Compute(block.admitted, data, outputs);
 }
 
-namespace {
-
-// Keeps the first `rows` (>= 1) rows of a [capacity, ...] output tensor
-// whose rows are `row_bytes` apart.
-void KeepRows(int64_t rows, int64_t row_bytes, v1::Tensor* tensor) {
-  tensor->set_shape(0, rows);
-  tensor->mutable_data()->resize(rows * row_bytes);
-}
-
-}  // namespace
-
 absl::Status LossStreamReactor::ComputeProjectionsBlock(const Block& block,
                                                         Response& response) {
   const ProjectionsProblem& p = *projections_problem_;
@@ -267,41 +332,20 @@ absl::Status LossStreamReactor::ComputeProjectionsBlock(const Block& block,
                            ProjectionsBlockBytesOf(block.request->block())));
   // The block may complete the rows held back from earlier blocks too.
   const int64_t capacity = projections_->held_rows() + rows.size();
-  const int64_t grad_size = DTypeSize(o.grad_dtype);
-  const struct {
-    const char* field;
-    bool wanted;
-    int64_t row_bytes;
-  } sizes[] = {
-      {"d_index_query", o.want_grad, p.H_I * p.D_I * grad_size},
-      {"d_index_weights", o.want_grad, p.H_I * grad_size},
-      {"topk_indices", p.server_topk, p.K * int64_t{sizeof(int32_t)}},
-      {"row_kl", o.want_row_kl, int64_t{sizeof(double)}},
-  };
-  for (const auto& output : sizes) {
+  const std::array<RowOutput, 4> sizes = RowOutputsOf(p);
+  for (const RowOutput& output : sizes) {
     if (!output.wanted) continue;
     RETURN_IF_ERROR(
         CheckTensorBytes(output.field, capacity * output.row_bytes, limits));
   }
   v1::GradBlock* out = response.mutable_grad_block();
-  ProjectionsBlockOutputs outputs{.capacity_rows = capacity};
-  if (o.want_grad) {
-    outputs.d_index_query = AllocateTensor(
-        o.grad_dtype, {capacity, p.H_I, p.D_I}, out->mutable_d_index_query());
-    outputs.d_index_weights = AllocateTensor(o.grad_dtype, {capacity, p.H_I},
-                                             out->mutable_d_index_weights());
-  }
-  if (p.server_topk) {
-    // std::string's buffer is aligned for int32.
-    outputs.topk_indices = reinterpret_cast<int32_t*>(AllocateTensor(
-        DType::kInt32, {capacity, p.K}, out->mutable_topk_indices()));
-  }
-  if (o.want_row_kl) {
-    outputs.row_kl = AllocateFloat64Tensor({capacity}, out->mutable_row_kl());
-  }
+  const ProjectionsBlockOutputs outputs = AllocateRows(p, capacity, out);
   RETURN_IF_ERROR(CheckMessageBytes(
       "num_rows", static_cast<int64_t>(response.ByteSizeLong()),
-      "send smaller blocks", limits));
+      absl::StrCat("send smaller blocks (a block's answer also carries the ",
+                   projections_->held_rows(),
+                   " rows held back from earlier blocks)"),
+      limits));
   ASSIGN_OR_RETURN(const RowRange done,
                    projections_->Compute(rows, data, outputs));
   out->set_row_begin(done.begin);

@@ -207,6 +207,55 @@ TEST_F(ServerTest, ProjectionsGradBlocksCoverTheCompletedRows) {
   EXPECT_FALSE(result.has_d_index_query());
 }
 
+// Past the message limit: Client::ComputeLoss streams it past its
+// threshold, and the answer is the reference's.
+TEST_F(ServerTest, ProjectionsPastTheMessageLimitGoThroughTheStream) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_bytes=30000"}));
+  ProjectionsSpec spec;
+  spec.name = "PastTheMessageLimit";
+  // A query row is (4 * 16 + 2 * 8 + 2) BF16: 164 bytes; its answer
+  // (2 * 8 + 2) FP32: 72 bytes, 9216 for a tile of 128.
+  spec.T = 256, spec.S = 64, spec.H = 4, spec.H_kv = 1, spec.D = 16;
+  spec.H_I = 2, spec.D_I = 8;
+  spec.dtype = "BF16";
+  spec.options.set_grad_dtype("FP32");
+  spec.options.set_causal(true);
+  spec.seed = 58;
+  const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  ASSERT_GT(request.ByteSizeLong(), 30000u);
+  ClientOptions options;
+  options.target = server().target();
+  options.stream_threshold_bytes = 20000;
+  options.block_bytes = 8192;
+  absl::StatusOr<std::unique_ptr<Client>> streaming =
+      Client::Create(std::move(options));
+  ASSERT_TRUE(streaming.ok()) << Describe(streaming.status());
+  absl::StatusOr<v1::ComputeLossResponse> streamed =
+      (*streaming)->ComputeLoss(request);
+  ASSERT_TRUE(streamed.ok()) << Describe(streamed.status());
+  ExpectAsTheReference(request, *streamed);
+}
+
+// A block's answer carries whole tiles (128 dense rows): a message limit
+// that one tile's answer is over refuses the stream at its header, naming
+// the largest output, whatever the blocks would be.
+TEST_F(ServerTest, ProjectionsStreamRefusesATileOverTheMessageLimit) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_bytes=30000"}));
+  ProjectionsSpec spec;
+  spec.name = "TileLimit";
+  // A tile's d_index_query: 128 * 8 * 16 FP32 = 65536 bytes.
+  spec.T = 200, spec.S = 16, spec.H = 1, spec.H_kv = 1, spec.D = 1;
+  spec.H_I = 8, spec.D_I = 16;
+  spec.dtype = "BF16";
+  spec.options.set_grad_dtype("FP32");
+  absl::StatusOr<v1::ComputeLossResponse> streamed =
+      client().ComputeLossStreaming(MakeProjectionsRequest(spec), 1);
+  ASSERT_FALSE(streamed.ok());
+  EXPECT_EQ(streamed.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(streamed.status().message(), "d_index_query:"))
+      << Describe(streamed.status());
+}
+
 TEST_F(ServerTest, ProjectionsStreamHoldsItsKeySideToTheFlag) {
   // key [1, 6, 2, 8] FP32: 384 bytes; index_key [1, 6, 4]: 96; the
   // d_index_key sum 8 * 6 * 4 = 192: 672 in all, 480 without the gradient.

@@ -319,6 +319,9 @@ TEST_F(ServerTest, ProjectionsResponseIsHeldToTheMessageLimit) {
   EXPECT_EQ(response.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StartsWith(response.status().message(), "d_index_query:"))
       << Describe(response.status());
+  EXPECT_TRUE(absl::StrContains(response.status().message(),
+                                "send the problem with ComputeLossStream"))
+      << Describe(response.status());
   // Without the gradients it fits.
   v1::ComputeLossRequest loss_only = request;
   loss_only.mutable_options()->set_skip_grad(true);
