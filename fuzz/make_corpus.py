@@ -73,6 +73,19 @@ def boolean(values):
 # ComputeLossRequest fields.
 OPTIONS, LOGITS, WEIGHTS, SCORES, TOPK = 3, 10, 11, 12, 13
 SEG_Q, SEG_KV, MASK, KPM, ROW_VALID = 14, 15, 16, 17, 18
+KEY_START, KEY_END = 19, 20
+QUERY, KEY, LSE, INDEX_QUERY, INDEX_KEY, INDEX_WEIGHTS = 21, 22, 23, 24, 25, 26
+
+
+def projections(dtype, encode):
+    """The projections of B = 1, T = 2, S = 3, H = 2, H_kv = 1, D = 2,
+    H_I = 2, D_I = 2."""
+    return (
+        blob(QUERY, tensor(dtype, [1, 2, 2, 2], encode(ramp(8)))) +
+        blob(KEY, tensor(dtype, [1, 3, 1, 2], encode(ramp(6, 0.5)))) +
+        blob(INDEX_QUERY, tensor(dtype, [1, 2, 2, 2], encode(ramp(8, 1.0)))) +
+        blob(INDEX_KEY, tensor(dtype, [1, 3, 2], encode(ramp(6, 0.75)))) +
+        blob(INDEX_WEIGHTS, tensor(dtype, [1, 2, 2], encode(weights(4)))))
 
 
 def ramp(n, scale=0.25):
@@ -116,6 +129,35 @@ SEEDS = {
         blob(WEIGHTS, tensor("FP32", [1, 2, 3], fp32(weights(6)))) +
         blob(SCORES, tensor("FP32", [1, 2, 3], fp32(ramp(6)))) +
         blob(MASK, tensor("BOOL", [1, 2, 3], boolean([1, 0, 1, 0, 0, 0])))),
+    # Per-row key bounds: two documents of 2 and 1 rows (THD, B = 1).
+    "key_bounds": (
+        blob(OPTIONS, vint(10, 1)) +
+        blob(WEIGHTS, tensor("FP32", [1, 3, 3], fp32(weights(9)))) +
+        blob(SCORES, tensor("FP32", [1, 3, 3], fp32(ramp(9)))) +
+        blob(KEY_START, tensor("INT32", [1, 3], int32([0, 0, 2]))) +
+        blob(KEY_END, tensor("INT32", [1, 3], int32([1, 2, 3])))),
+    # The projections form, dense and causal, FP32; row KL.
+    "projections_dense": (
+        blob(OPTIONS, vint(1, 1) + vint(10, 1)) + projections("FP32", fp32)),
+    # The projections form, BF16, the service's top-2 selection, no relu,
+    # index_weight_scale 1, key bounds.
+    "projections_server_topk": (
+        blob(OPTIONS, f64(14, 1.0) + vint(15, 0) + vint(16, 2)) +
+        projections("BF16", bf16) +
+        blob(KEY_START, tensor("INT32", [1, 2], int32([0, 1]))) +
+        blob(KEY_END, tensor("INT32", [1, 2], int32([2, 3])))),
+    # The projections form with the client's indices and an lse.
+    "projections_client_topk": (
+        projections("FP16", fp16) +
+        blob(TOPK, tensor("INT32", [1, 2, 2], int32([0, 2, 1, -1]))) +
+        # [B, H, T]: each head's log-sum-exp over its row's valid slots.
+        blob(LSE, tensor("FP32", [1, 2, 2], fp32([0.8868710061149, 0.5,
+                                                  0.8132616875182228,
+                                                  -0.25])))),
+    # Invalid: the projections form mixed with indexer scores.
+    "invalid_forms_mixed": (
+        projections("FP32", fp32) +
+        blob(SCORES, tensor("FP32", [1, 2, 3], fp32(ramp(6))))),
     # Invalid: shapes disagree.
     "invalid_shape_mismatch": (
         blob(WEIGHTS, tensor("FP32", [1, 2, 4], fp32(weights(8)))) +

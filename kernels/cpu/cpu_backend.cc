@@ -161,7 +161,10 @@ absl::Status CpuBackend::ComputeProjectionRows(const ProjectionsProblem& p,
         // never wait for one that will not come.
         key_grad.Fold(number, tile.b, folds ? &partial : nullptr);
       },
-      [] { cpu::RowScratch::ReleaseExcessOfThisThread(); });
+      [this] {
+        cpu::RowScratch::ReleaseExcessOfThisThread();
+        kernels_.release_projection_scratch();
+      });
   return error.status();
 }
 

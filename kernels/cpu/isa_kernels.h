@@ -39,6 +39,7 @@ struct IsaKernels {
                                           const ProjectionTile& tile,
                                           const ProjectionTileOutputs& outputs,
                                           int64_t& failed_row);
+  void (*release_projection_scratch)();
   absl::Status (*count_rows_with_keys)(const ProjectionsProblem& problem,
                                        const ProjectionsRowData& data,
                                        RowRange rows, int64_t& count,

@@ -18,7 +18,7 @@ namespace klserve::cpu {
 inline constexpr int64_t kKeyTile = 512;
 // The most a dense tile keeps of its main logits between its two passes
 // over them (docs/PERFORMANCE.md: the working memory).
-inline constexpr int64_t kStoredLogitsBytes = int64_t{48} << 20;
+inline constexpr int64_t kStoredLogitsBytes = int64_t{32} << 20;
 // The same for the indexer's dot products, between the scores' pass and the
 // gradients'.
 inline constexpr int64_t kStoredDotsBytes = int64_t{16} << 20;

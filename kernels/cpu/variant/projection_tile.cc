@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -107,6 +108,24 @@ absl::Status OverflowError(const char* what, int64_t b, int64_t t, int64_t h,
       value));
 }
 
+// Floats reused from tile to tile, grown as needed and left uninitialised
+// (the large buffers of a dense tile would otherwise be zeroed and faulted
+// in again for every tile).
+class FloatBuffer {
+ public:
+  float* Get(int64_t n) {
+    if (n > size_) {
+      data_.reset(new float[n]);
+      size_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<float[]> data_;
+  int64_t size_ = 0;
+};
+
 // Per key tile of a dense tile, `slices` blocks of `block` floats (a head's
 // logits; the indexer's dot products): kept for all key tiles when they fit
 // in `budget` bytes, so that a later pass reads them rather than computing
@@ -118,18 +137,28 @@ class KeyTileStore {
     slices_ = slices;
     block_ = block;
     kept_ = key_tiles * slices * block * int64_t{sizeof(float)} <= budget;
-    data_.resize(kept_ ? key_tiles * slices * block : block);
+    data_ = buffer_.Get(kept_ ? key_tiles * slices * block : block);
   }
   bool kept() const { return kept_; }
   float* At(int64_t key_tile, int64_t slice) {
-    return data_.data() + (kept_ ? (key_tile * slices_ + slice) * block_ : 0);
+    return data_ + (kept_ ? (key_tile * slices_ + slice) * block_ : 0);
   }
 
  private:
   bool kept_ = false;
   int64_t slices_ = 0, block_ = 0;
-  std::vector<float> data_;
+  FloatBuffer buffer_;
+  float* data_ = nullptr;
 };
+
+// The large buffers of a dense tile, kept by each thread while it computes
+// the tiles of one request (ReleaseProjectionScratch frees them after).
+struct DenseScratch {
+  FloatBuffer w, I, g;  // [n, L]
+  KeyTileStore logits;  // the main logits, [key tile][head][n, kKeyTile]
+  KeyTileStore dots;    // u = q_I k_I^T, [key tile][n * H_I, kKeyTile]
+};
+thread_local std::unique_ptr<DenseScratch> dense_scratch;
 
 // The validity of each row of a tile, copied out of the row scratch.
 struct TileValidity {
@@ -281,6 +310,12 @@ absl::Status TileRowLosses(const IndexerKlProblem& lp,
 // ---------------------------------------------------------------------------
 // The dense stage: every valid key of each row, in key tiles.
 
+DenseScratch& ThisThreadsScratch() {
+  if (dense_scratch == nullptr)
+    dense_scratch = std::make_unique<DenseScratch>();
+  return *dense_scratch;
+}
+
 class DenseTile {
  public:
   DenseTile(const ProjectionsProblem& p, const ProjectionsRowData& data,
@@ -307,13 +342,17 @@ class DenseTile {
     // the row code then passes over L = hi_ slots a row, not S.
     IndexerKlProblem rows = lp_;
     rows.row_length = L_ = std::max<int64_t>(hi_, 1);
-    w_.assign(n_ * L_, 0.0f);
-    I_.assign(n_ * L_, 0.0f);
+    // w accumulates; the scores are written on [lo_, hi_) and must be finite
+    // (0) before; the row code writes every slot of g.
+    w_ = big_.w.Get(n_ * L_);
+    I_ = big_.I.Get(n_ * L_);
+    std::fill(w_, w_ + n_ * L_, 0.0f);
+    for (int64_t i = 0; i < n_; ++i)
+      std::fill(I_ + i * L_, I_ + i * L_ + lo_, 0.0f);
     if (absl::Status s = TargetAndScores(failed_row); !s.ok()) return s;
-    if (tile_.want_grad) g_.assign(n_ * L_, 0.0f);
-    if (absl::Status s =
-            TileRowLosses(rows, tile_, tv_, w_.data(), I_.data(), g_.data(),
-                          out_.results, scratch, failed_row);
+    if (tile_.want_grad) g_ = big_.g.Get(n_ * L_);
+    if (absl::Status s = TileRowLosses(rows, tile_, tv_, w_, I_, g_,
+                                       out_.results, scratch, failed_row);
         !s.ok()) {
       return s;
     }
@@ -480,7 +519,7 @@ class DenseTile {
             }
           }
           // w += P_h, folded into the loop of its exponentials.
-          AddScaled add{w_.data() + i * L_ + s0, scale[i * H + h]};
+          AddScaled add{w_ + i * L_ + s0, scale[i * H + h]};
           const float head_shift = shift[i * H + h];
           const double head_mass =
               bytes ? ExpRow<true>(a, limit, bytes, head_shift, 1.0f, e.data(),
@@ -496,7 +535,7 @@ class DenseTile {
              IndexKeyTile(s0, s1), p_.D_I, 0.0f, u, sk);
       for (int64_t i = 0; i < n_; ++i) {
         const RowValidity& v = tv_.rows[i];
-        float* I = I_.data() + i * L_ + s0;
+        float* I = I_ + i * L_ + s0;
         IndexerScores(u + i * p_.H_I * sk, sk, in_.weights.data() + i * p_.H_I,
                       p_.H_I, sk, p_.use_relu, I);
         const int64_t limit = TileLimit(v, s0, sk);
@@ -559,7 +598,7 @@ class DenseTile {
       }
       for (int64_t i = 0; i < n_; ++i) {
         IndexerGrads(u + i * p_.H_I * sk, sk, in_.weights.data() + i * p_.H_I,
-                     p_.H_I, sk, p_.use_relu, g_.data() + i * L_ + s0,
+                     p_.H_I, sk, p_.use_relu, g_ + i * L_ + s0,
                      e.data() + i * p_.H_I * sk, dw.data() + i * p_.H_I);
       }
       GemmNN(M, p_.D_I, sk, e.data(), sk, index_keys, p_.D_I, 1.0f, dq.data(),
@@ -579,10 +618,11 @@ class DenseTile {
   TileInputs in_;
   TileValidity tv_;
   int64_t lo_ = 0, hi_ = 0;
-  int64_t L_ = 0;                 // slots per row of w_, I_ and g_
-  std::vector<float> w_, I_, g_;  // [n, L]
-  KeyTileStore logits_;  // the main logits, [key tile][head][n, kKeyTile]
-  KeyTileStore dots_;    // u = q_I k_I^T, [key tile][n * H_I, kKeyTile]
+  int64_t L_ = 0;  // slots per row of w_, I_ and g_
+  DenseScratch& big_ = ThisThreadsScratch();
+  float *w_ = nullptr, *I_ = nullptr, *g_ = nullptr;  // [n, L]
+  KeyTileStore& logits_ = big_.logits;
+  KeyTileStore& dots_ = big_.dots;
   std::vector<float> key_buffer_, index_key_buffer_;
 };
 
@@ -646,7 +686,10 @@ absl::Status SelectTopk(const ProjectionsProblem& p,
     std::nth_element(ranked.begin(), ranked.begin() + k, ranked.end(), higher);
     int32_t* row = indices + i * p.K;
     for (int64_t j = 0; j < k; ++j) row[j] = ranked[j].second;
-    std::sort(row, row + k);
+    // A comparator of this namespace's own: the sort is then instantiated
+    // inside the variant, never as a library function that another
+    // variant's copy could stand in for (scripts/check_isa_isolation.py).
+    std::sort(row, row + k, [](int32_t a, int32_t b) { return a < b; });
     std::fill(row + k, row + p.K, -1);
   }
   return absl::OkStatus();
@@ -869,6 +912,8 @@ class SparseTile {
 };
 
 }  // namespace
+
+void ReleaseProjectionScratch() { dense_scratch.reset(); }
 
 absl::Status CountRowsWithKeys(const ProjectionsProblem& problem,
                                const ProjectionsRowData& rows_data,

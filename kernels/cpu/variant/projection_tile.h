@@ -27,6 +27,10 @@ absl::Status CountRowsWithKeys(const ProjectionsProblem& problem,
                                const ProjectionsRowData& data, RowRange rows,
                                int64_t& count, int64_t& failed_row);
 
+// Frees what this thread's tiles kept for reuse: for when the thread has
+// computed its last tile of a request.
+void ReleaseProjectionScratch();
+
 }  // namespace klserve::cpu::KLSERVE_ISA
 
 #endif  // KLSERVE_KERNELS_CPU_VARIANT_PROJECTION_TILE_H_

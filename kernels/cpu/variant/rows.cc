@@ -90,6 +90,7 @@ void ExpArray(const float* in, float* out, int64_t n) {
 
 extern const IsaKernels kIsaKernels;
 const IsaKernels kIsaKernels = {Isa::KLSERVE_ISA_ENUM, &ComputeRows, &ExpArray,
-                                &ComputeProjectionTile, &CountRowsWithKeys};
+                                &ComputeProjectionTile, &ReleaseProjectionScratch,
+                                 &CountRowsWithKeys};
 
 }  // namespace klserve::cpu::KLSERVE_ISA
