@@ -296,6 +296,7 @@ TEST_F(KlctlTest, InfoPrintsTheBackend) {
   EXPECT_EQ(kv["threads"], "2") << run.out;
   EXPECT_FALSE(kv["version"].empty()) << run.out;
   EXPECT_EQ(kv["max_concurrent_requests"], "8") << run.out;
+  EXPECT_EQ(kv["max_stream_key_bytes"], "1073741824") << run.out;
 }
 
 TEST_F(KlctlTest, DensePerHeadBf16LossAndGradientMatchTheLibrary) {
