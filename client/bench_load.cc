@@ -252,15 +252,17 @@ bool UsesStream(const v1::ComputeLossRequest& request, StreamMode mode,
     case StreamMode::kAuto:
       break;
   }
-  // The stream does not carry the projections form yet.
-  if (FormOf(request) == RequestForm::kProjections) return false;
   return RequestTensorBytes(request) > client_options.stream_threshold_bytes;
 }
 
 absl::StatusOr<std::vector<EchoMessageSize>> EchoPlanFor(
     const v1::ComputeLossRequest& request, int64_t grad_element_bytes,
     StreamMode mode, const ClientOptions& client_options) {
-  if (FormOf(request) == RequestForm::kProjections) {
+  ASSIGN_OR_RETURN(const RequestSlicer slicer, RequestSlicer::Create(request));
+  int64_t grad_row_bytes = slicer.row_width() * grad_element_bytes;
+  // Bytes the last message carries beyond the rows': d_index_key.
+  int64_t end_bytes = 0;
+  if (slicer.form() == RequestForm::kProjections) {
     // d_index_query and d_index_weights per query row, d_index_key per key.
     const auto& q = request.index_query().shape();
     const auto& k = request.index_key().shape();
@@ -268,17 +270,13 @@ absl::StatusOr<std::vector<EchoMessageSize>> EchoPlanFor(
       return absl::InvalidArgumentError(
           "index_query, index_key: must be [B, T, H_I, D_I] and [B, S, D_I]");
     }
-    const int64_t elements =
-        q[0] * q[1] * q[2] * q[3] + k[0] * k[1] * k[2] + q[0] * q[1] * q[2];
-    return std::vector<EchoMessageSize>{
-        {RequestTensorBytes(request), elements * grad_element_bytes}};
+    grad_row_bytes = (q[2] * q[3] + q[2]) * grad_element_bytes;
+    end_bytes = k[0] * k[1] * k[2] * grad_element_bytes;
   }
-  ASSIGN_OR_RETURN(const RequestSlicer slicer, RequestSlicer::Create(request));
-  const int64_t grad_row_bytes = slicer.row_width() * grad_element_bytes;
   const int64_t request_bytes = RequestTensorBytes(request);
   if (!UsesStream(request, mode, client_options)) {
     return std::vector<EchoMessageSize>{
-        {request_bytes, slicer.num_rows() * grad_row_bytes}};
+        {request_bytes, slicer.num_rows() * grad_row_bytes + end_bytes}};
   }
   const int64_t block_rows = slicer.BlockRowsFor(client_options.block_bytes);
   // What the header carries whole: everything but the per-row tensors.
@@ -295,6 +293,7 @@ absl::StatusOr<std::vector<EchoMessageSize>> EchoPlanFor(
       header_bytes = 0;
     }
   }
+  plan.back().reply_bytes += end_bytes;
   return plan;
 }
 

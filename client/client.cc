@@ -249,9 +249,7 @@ absl::StatusOr<v1::FinishStepResponse> Client::FinishStep(
 
 absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLoss(
     const v1::ComputeLossRequest& request) {
-  // The stream does not carry the projections form yet.
-  if (FormOf(request) == RequestForm::kProjections ||
-      RequestTensorBytes(request) <= options_.stream_threshold_bytes) {
+  if (RequestTensorBytes(request) <= options_.stream_threshold_bytes) {
     return ComputeLossUnary(request);
   }
   return ComputeLossStreaming(request);
@@ -300,8 +298,11 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
       stream->WritesDone();
     });
 
+    const bool projections = slicer.form() == RequestForm::kProjections;
     ResponseAssembler assembler(request.indexer_scores().shape(),
                                 slicer.counts_first());
+    ProjectionsResponseAssembler projections_assembler(slicer.batch(),
+                                                       slicer.rows_per_batch());
     std::optional<v1::ComputeLossResponse> result;
     absl::Status local;
     v1::ComputeLossStreamResponse message;
@@ -310,7 +311,9 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
       if (result.has_value()) {
         local = ProtocolError("ComputeLossStream: message after the result");
       } else if (message.has_grad_block()) {
-        local = assembler.Add(*message.mutable_grad_block());
+        local = projections
+                    ? projections_assembler.Add(*message.mutable_grad_block())
+                    : assembler.Add(*message.mutable_grad_block());
       } else if (message.has_result()) {
         result = std::move(*message.mutable_result());
       } else {
@@ -328,7 +331,8 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
     if (!result.has_value()) {
       return ProtocolError("ComputeLossStream: no result before the end");
     }
-    return assembler.Finish(std::move(*result));
+    return projections ? projections_assembler.Finish(std::move(*result))
+                       : assembler.Finish(std::move(*result));
   };
   return WithRetries(options_, *stubs_->channel, deadline, attempt);
 }

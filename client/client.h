@@ -100,11 +100,10 @@ class Client {
 
   // Computes one problem, as one unary message when its tensor bytes are at
   // most options().stream_threshold_bytes, through ComputeLossStream
-  // otherwise. Either way the response is what the unary call returns. A
-  // request of the projections form (`query` set; the response then carries
-  // d_index_query, d_index_key, d_index_weights and, with options.topk, the
-  // service's topk_indices) always goes unary: the stream does not carry
-  // that form yet.
+  // otherwise. Either way the response is what the unary call returns, in
+  // either form (the projections form, `query` set: d_index_query,
+  // d_index_key, d_index_weights and, with options.topk, the service's
+  // topk_indices).
   absl::StatusOr<v1::ComputeLossResponse> ComputeLoss(
       const v1::ComputeLossRequest& request);
 
@@ -114,12 +113,14 @@ class Client {
 
   // The bidi stream: a StreamHeader, then RowBlocks of `block_rows` rows
   // (0: as many as fit options().block_bytes), every row twice for
-  // REDUCTION_MEAN_VALID without row_valid (RowBlock.counting), written by a
-  // second thread while this one reads the GradBlocks; returns them
-  // assembled into one response, grad [B, T, S or K] and row_kl [B, T]
+  // REDUCTION_MEAN_VALID without row_valid in the logits form
+  // (RowBlock.counting), written by a second thread while this one reads
+  // the GradBlocks; returns them assembled into one response, grad
+  // [B, T, S or K] (the projections form: d_index_query, d_index_weights,
+  // topk_indices, with d_index_key from the result) and row_kl [B, T]
   // included. The request's per-row tensors must have consistent shapes and
-  // byte sizes (INVALID_ARGUMENT before anything is sent otherwise), and be
-  // of the logits form (INVALID_ARGUMENT naming query otherwise).
+  // byte sizes (INVALID_ARGUMENT before anything is sent otherwise). The
+  // projections form's key side travels whole in the header.
   // UNAVAILABLE is retried only while no response message has arrived.
   absl::StatusOr<v1::ComputeLossResponse> ComputeLossStreaming(
       const v1::ComputeLossRequest& request, int64_t block_rows = 0);

@@ -19,19 +19,26 @@ v1::TensorSpec SpecOf(const v1::Tensor& tensor) {
   return spec;
 }
 
-// Checks a per-row tensor's rank and leading [B, ..., T] dimensions.
-absl::Status CheckRowShape(absl::string_view field, const v1::Tensor& tensor,
-                           int rank, int t_axis, int64_t batch,
-                           int64_t rows_per_batch, absl::string_view layout) {
-  const auto& shape = tensor.shape();
-  if (shape.size() != rank || shape[0] != batch ||
+// The rank of a table layout: "[B, H, T, S or K]" has 4 dimensions.
+int RankOf(absl::string_view layout) {
+  return static_cast<int>(std::count(layout.begin(), layout.end(), ',')) + 1;
+}
+
+// Checks a per-row tensor's rank and leading [B, ..., T] dimensions, which
+// `source` (the tensor that fixed B and T) gave.
+absl::Status CheckRowShape(const RequestTensor& tensor, const v1::Tensor& t,
+                           int64_t batch, int64_t rows_per_batch,
+                           absl::string_view source) {
+  const auto& shape = t.shape();
+  const int t_axis = tensor.per_head ? 2 : 1;
+  if (shape.size() != RankOf(tensor.layout) || shape[0] != batch ||
       shape[t_axis] != rows_per_batch) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ": shape must be ", layout, " with B = ", batch,
-        " and T = ", rows_per_batch, " (from indexer_scores), got [",
+        tensor.name, ": shape must be ", tensor.layout, " with B = ", batch,
+        " and T = ", rows_per_batch, " (from ", source, "), got [",
         absl::StrJoin(shape, ","), "]"));
   }
-  return CheckTensorBytes(field, tensor);
+  return CheckTensorBytes(tensor.name, t);
 }
 
 absl::Status ProtocolError(absl::string_view what) {
@@ -44,49 +51,55 @@ absl::Status ProtocolError(absl::string_view what) {
 absl::StatusOr<RequestSlicer> RequestSlicer::Create(
     const v1::ComputeLossRequest& request) {
   RequestSlicer slicer(request);
-  if (FormOf(request) == RequestForm::kProjections) {
-    return absl::InvalidArgumentError(
-        "query: the stream does not carry the projections form yet, got "
-        "query; send it as one ComputeLoss message");
-  }
-  const v1::Tensor& scores = request.indexer_scores();
-  if (!request.has_indexer_scores() || scores.shape().size() != 3) {
+  const RequestForm form = FormOf(request);
+  slicer.form_ = form;
+  // The tensor whose [B, T, ...] fixes B and T: the scores, or the query.
+  const RequestTensor& source = *FindRequestTensor(
+      form == RequestForm::kProjections ? "query" : "indexer_scores");
+  const v1::Tensor* first = FindTensor(request, source);
+  const int rank = RankOf(source.layout);
+  if (first == nullptr || first->shape().size() != rank) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "indexer_scores: must be given with shape [B, T, S or K], got [",
-        absl::StrJoin(scores.shape(), ","), "]"));
+        source.name, ": must be given with shape ", source.layout, ", got [",
+        first == nullptr ? "" : absl::StrJoin(first->shape(), ","), "]"));
   }
-  if (scores.shape(0) < 1 || scores.shape(1) < 1 || scores.shape(2) < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("indexer_scores: dimensions must be >= 1, got [",
-                     absl::StrJoin(scores.shape(), ","), "]"));
+  for (const int64_t d : first->shape()) {
+    if (d < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source.name, ": dimensions must be >= 1, got [",
+                       absl::StrJoin(first->shape(), ","), "]"));
+    }
   }
+  // The projections form counts N without the rows, or not in a stream (the
+  // server refuses it).
   slicer.counts_first_ =
+      form == RequestForm::kLogits &&
       request.options().reduction() == v1::REDUCTION_MEAN_VALID &&
       !request.has_row_valid();
-  slicer.batch_ = scores.shape(0);
-  slicer.rows_per_batch_ = scores.shape(1);
-  slicer.row_width_ = scores.shape(2);
+  slicer.batch_ = first->shape(0);
+  slicer.rows_per_batch_ = first->shape(1);
+  slicer.row_width_ = first->shape(rank - 1);
 
-  // The scores (the one required tensor) first: they fix B and T, so a bad
-  // scores tensor is named as such rather than as the target that disagrees
-  // with it.
-  for (const bool required : {true, false}) {
+  // The tensor that fixes B and T first, so a bad one is named as such
+  // rather than as another that disagrees with it.
+  for (const bool is_source : {true, false}) {
     for (const RequestTensor& tensor : PerRowTensors()) {
       const v1::Tensor* t = FindTensor(request, tensor);
-      if (RequiredIn(RequestForm::kLogits, tensor) != required ||
-          t == nullptr) {
+      if ((&tensor == &source) != is_source || t == nullptr ||
+          !TakenIn(form, tensor)) {
         continue;
       }
-      RETURN_IF_ERROR(CheckRowShape(
-          tensor.name, *t, tensor.per_head ? 4 : 3, tensor.per_head ? 2 : 1,
-          slicer.batch_, slicer.rows_per_batch_,
-          tensor.per_head ? "[B, H, T, S or K]" : "[B, T, S or K]"));
+      RETURN_IF_ERROR(CheckRowShape(tensor, *t, slicer.batch_,
+                                    slicer.rows_per_batch_, source.name));
       const auto& shape = t->shape();
+      const int t_axis = tensor.per_head ? 2 : 1;
       Part part{.tensor = &tensor,
                 .data = &t->data(),
                 .heads = tensor.per_head ? shape[1] : 1};
-      ASSIGN_OR_RETURN(const int64_t element_bytes, WireDTypeSize(t->dtype()));
-      part.head_row_bytes = shape[shape.size() - 1] * element_bytes;
+      ASSIGN_OR_RETURN(part.head_row_bytes, WireDTypeSize(t->dtype()));
+      for (int d = t_axis + 1; d < shape.size(); ++d) {
+        part.head_row_bytes *= shape[d];
+      }
       slicer.parts_.push_back(part);
     }
   }
@@ -234,6 +247,112 @@ absl::Status ResponseAssembler::Add(v1::GradBlock& block) {
   next_row_ += n;
   ++blocks_;
   return absl::OkStatus();
+}
+
+ProjectionsResponseAssembler::ProjectionsResponseAssembler(
+    int64_t batch, int64_t rows_per_batch)
+    : batch_(batch), rows_per_batch_(rows_per_batch) {
+  for (size_t i = 0; i < std::size(kOutputs); ++i)
+    outputs_[i].name = kOutputs[i];
+}
+
+absl::Status ProjectionsResponseAssembler::Add(v1::GradBlock& block) {
+  const int64_t total_rows = batch_ * rows_per_batch_;
+  const int64_t n = block.num_rows();
+  if (block.row_begin() != next_row_ || n < 0 || n > total_rows - next_row_) {
+    return ProtocolError(absl::StrCat("grad block rows [", block.row_begin(),
+                                      ", +", n, ") do not continue at row ",
+                                      next_row_, " of ", total_rows));
+  }
+  const v1::Tensor* tensors[] = {&block.d_index_query(),
+                                 &block.d_index_weights(),
+                                 &block.topk_indices(), &block.row_kl()};
+  if (block.has_grad()) {
+    return ProtocolError(absl::StrCat("grad block at row ", next_row_,
+                                      " carries grad in the projections form"));
+  }
+  for (size_t i = 0; i < std::size(kOutputs); ++i) {
+    Output& output = outputs_[i];
+    const v1::Tensor& t = *tensors[i];
+    const bool here = !t.data().empty();
+    if (n == 0) {  // a block that completed no rows carries nothing
+      if (here) {
+        return ProtocolError(absl::StrCat("grad block of no rows at row ",
+                                          next_row_, " carries ", output.name));
+      }
+      continue;
+    }
+    if (!seen_rows_) {
+      output.present = here;
+      if (here) {
+        output.dtype = t.dtype();
+        output.row_shape.assign(t.shape().begin() + std::min(1, t.shape_size()),
+                                t.shape().end());
+        absl::StatusOr<int64_t> size = WireDTypeSize(output.dtype);
+        if (!size.ok()) return ProtocolError(size.status().message());
+        output.row_bytes = *size;
+        for (const int64_t d : output.row_shape) output.row_bytes *= d;
+        // Reserved, not resized: the blocks append their rows in order.
+        output.data.reserve(total_rows * output.row_bytes);
+      }
+    }
+    if (here != output.present) {
+      return ProtocolError(absl::StrCat("grad block at row ", next_row_,
+                                        " carries ", output.name,
+                                        " unlike the first block"));
+    }
+    if (!here) continue;
+    const bool same_shape =
+        t.shape_size() == static_cast<int>(output.row_shape.size()) + 1 &&
+        t.shape(0) == n &&
+        std::equal(output.row_shape.begin(), output.row_shape.end(),
+                   t.shape().begin() + 1);
+    if (t.dtype() != output.dtype || !same_shape ||
+        static_cast<int64_t>(t.data().size()) != n * output.row_bytes) {
+      return ProtocolError(absl::StrCat(
+          "grad block at row ", next_row_, ": ", output.name, " must be ",
+          n * output.row_bytes, " bytes of ", output.dtype, " in ", n,
+          " rows, got ", t.data().size(), " bytes of ", t.dtype()));
+    }
+    output.data.append(t.data());
+  }
+  if (n > 0) seen_rows_ = true;
+  next_row_ += n;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ComputeLossResponse> ProjectionsResponseAssembler::Finish(
+    v1::ComputeLossResponse final_result) {
+  const int64_t total_rows = batch_ * rows_per_batch_;
+  if (next_row_ != total_rows) {
+    return ProtocolError(absl::StrCat("result arrived after ", next_row_,
+                                      " of ", total_rows, " rows"));
+  }
+  const bool in_result[] = {
+      final_result.has_d_index_query(), final_result.has_d_index_weights(),
+      final_result.has_topk_indices(), final_result.has_row_kl()};
+  for (size_t i = 0; i < std::size(kOutputs); ++i) {
+    if (in_result[i]) {
+      return ProtocolError(absl::StrCat("the result carries ", kOutputs[i]));
+    }
+  }
+  // Only the tensors the blocks carried are set, as in the unary response.
+  v1::Tensor* (v1::ComputeLossResponse::*const mutable_tensor[])() = {
+      &v1::ComputeLossResponse::mutable_d_index_query,
+      &v1::ComputeLossResponse::mutable_d_index_weights,
+      &v1::ComputeLossResponse::mutable_topk_indices,
+      &v1::ComputeLossResponse::mutable_row_kl};
+  for (size_t i = 0; i < std::size(kOutputs); ++i) {
+    Output& output = outputs_[i];
+    if (!output.present) continue;
+    v1::Tensor& t = *(final_result.*mutable_tensor[i])();
+    t.set_dtype(output.dtype);
+    t.add_shape(batch_);
+    t.add_shape(rows_per_batch_);
+    for (const int64_t d : output.row_shape) t.add_shape(d);
+    *t.mutable_data() = std::move(output.data);
+  }
+  return final_result;
 }
 
 absl::StatusOr<v1::ComputeLossResponse> ResponseAssembler::Finish(

@@ -45,7 +45,7 @@ const Fields& FieldsOf(const RequestTensor& tensor) {
 }
 
 // The message field `field` of `message`, or null when unset or when the
-// message has no such field (a projections tensor in a StreamHeader). The
+// message has no such field (a small tensor in a RowBlock). The
 // field's type is the one the table promises (tests/proto checks it), so the
 // cast is to the generated class the field holds.
 template <typename Field>
@@ -98,6 +98,10 @@ absl::string_view DTypeRuleText(DTypeRule rule) {
 
 RequestForm FormOf(const v1::ComputeLossRequest& request) {
   return request.has_query() ? RequestForm::kProjections : RequestForm::kLogits;
+}
+
+RequestForm FormOf(const v1::StreamHeader& header) {
+  return header.has_query() ? RequestForm::kProjections : RequestForm::kLogits;
 }
 
 absl::string_view FormName(RequestForm form) {

@@ -8,8 +8,9 @@
 // field in proto/klserve/v1/klserve.proto (ComputeLossRequest, StreamHeader
 // and, when per-row, RowBlock), its member of IndexerKlInputs or
 // ProjectionsInputs (or both: the masks) and its use in the kernels (for a
-// per-row tensor also its slot in RowBlockBytes, filled by
-// server/codec/tensor_codec.cc's BlockBytesOf), and its flag in
+// per-row tensor also its slot in RowBlockBytes or ProjectionsBlockBytes,
+// filled by server/codec/tensor_codec.cc's BlockBytesOf and
+// ProjectionsBlockBytesOf), and its flag in
 // client/klctl.cc (a flag is a macro, so it is written out; klctl refuses a
 // loss call while one is missing). tests/proto/request_tensors_test.cc fails
 // until the table and the proto agree.
@@ -39,15 +40,15 @@ namespace klserve {
 enum class TensorRole {
   // As large as the problem, one slice per row (b, t): streamed in the
   // RowBlocks (the StreamHeader holds its TensorSpec), and each block's
-  // bytes are held to the tensor limit.
+  // bytes are held to the tensor limit. In either form (the projections
+  // form's query side too).
   kPerRow,
   // Per batch entry ([B, T] or [B, S]): sent whole, in the StreamHeader too.
   kSmall,
-  // A tensor of the projections form alone ([B, T, ...], [B, S, ...], or
-  // lse's [B, H, T]): sent whole in a ComputeLossRequest. The stream does
-  // not carry the projections form yet, so StreamHeader and RowBlock have no
-  // field for it.
-  kProjection,
+  // The projections form's key side ([B, S, ...]): every query row reads
+  // all of it, so it is sent whole, in the StreamHeader too, where the
+  // server holds it for the stream's life (--max_stream_key_bytes).
+  kKeySide,
 };
 
 // The two forms of a request.
@@ -74,8 +75,8 @@ using InputMember =
 
 struct RequestTensor {
   // The field's name in ComputeLossRequest (a Tensor), StreamHeader (a
-  // TensorSpec when per-row, a Tensor when small, none for a projection)
-  // and, when per-row, RowBlock (bytes). The accessors below find the
+  // TensorSpec when per-row, else a Tensor) and, when per-row, RowBlock
+  // (bytes). The accessors below find the
   // fields by this name.
   absl::string_view name;
   TensorRole role;
@@ -86,7 +87,9 @@ struct RequestTensor {
   absl::string_view layout;
   // Per-row: the layout of a RowBlock's bytes of num_rows rows; else empty.
   absl::string_view block_layout;
-  // Per-row with a head axis: [B, H, T, X], blocks head-major [H, n, X].
+  // Per-row with a head axis before T: [B, H, T, X...], blocks head-major
+  // [H, n, X...]. Otherwise T is the second axis: [B, T, X...], blocks
+  // [n, X...].
   bool per_head;
   // Its member in each form.
   InputMember<IndexerKlInputs> logits;
@@ -205,16 +208,16 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .projections = &ProjectionsInputs::key_end,
      .mutable_block_bytes = nullptr},
     {.name = "query",
-     .role = TensorRole::kProjection,
+     .role = TensorRole::kPerRow,
      .dtype = DTypeRule::kFloat,
      .layout = "[B, T, H, D]",
-     .block_layout = "",
+     .block_layout = "[num_rows, H, D]",
      .per_head = false,
      .logits = {},
      .projections = &ProjectionsInputs::query,
-     .mutable_block_bytes = nullptr},
+     .mutable_block_bytes = [](v1::RowBlock& b) { return b.mutable_query(); }},
     {.name = "key",
-     .role = TensorRole::kProjection,
+     .role = TensorRole::kKeySide,
      .dtype = DTypeRule::kFloat,
      .layout = "[B, S, H_kv, D]",
      .block_layout = "",
@@ -223,25 +226,26 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .projections = &ProjectionsInputs::key,
      .mutable_block_bytes = nullptr},
     {.name = "lse",
-     .role = TensorRole::kProjection,
+     .role = TensorRole::kPerRow,
      .dtype = DTypeRule::kFloat32,
      .layout = "[B, H, T]",
-     .block_layout = "",
-     .per_head = false,
+     .block_layout = "[H, num_rows]",
+     .per_head = true,
      .logits = {},
      .projections = &ProjectionsInputs::lse,
-     .mutable_block_bytes = nullptr},
+     .mutable_block_bytes = [](v1::RowBlock& b) { return b.mutable_lse(); }},
     {.name = "index_query",
-     .role = TensorRole::kProjection,
+     .role = TensorRole::kPerRow,
      .dtype = DTypeRule::kFloat,
      .layout = "[B, T, H_I, D_I]",
-     .block_layout = "",
+     .block_layout = "[num_rows, H_I, D_I]",
      .per_head = false,
      .logits = {},
      .projections = &ProjectionsInputs::index_query,
-     .mutable_block_bytes = nullptr},
+     .mutable_block_bytes =
+         [](v1::RowBlock& b) { return b.mutable_index_query(); }},
     {.name = "index_key",
-     .role = TensorRole::kProjection,
+     .role = TensorRole::kKeySide,
      .dtype = DTypeRule::kFloat,
      .layout = "[B, S, D_I]",
      .block_layout = "",
@@ -250,14 +254,15 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .projections = &ProjectionsInputs::index_key,
      .mutable_block_bytes = nullptr},
     {.name = "index_weights",
-     .role = TensorRole::kProjection,
+     .role = TensorRole::kPerRow,
      .dtype = DTypeRule::kFloat,
      .layout = "[B, T, H_I]",
-     .block_layout = "",
+     .block_layout = "[num_rows, H_I]",
      .per_head = false,
      .logits = {},
      .projections = &ProjectionsInputs::index_weights,
-     .mutable_block_bytes = nullptr},
+     .mutable_block_bytes =
+         [](v1::RowBlock& b) { return b.mutable_index_weights(); }},
 };
 
 // The per-row entries of kRequestTensors, in its order. (Not a
@@ -271,8 +276,10 @@ const RequestTensor* FindRequestTensor(absl::string_view name);
 // "FP32, BF16 or FP16", "FP32", "INT32" or "BOOL".
 absl::string_view DTypeRuleText(DTypeRule rule);
 
-// The form of `request`: the projections form when it carries `query`.
+// The form of `request`: the projections form when it carries `query` (in
+// a StreamHeader, its spec).
 RequestForm FormOf(const v1::ComputeLossRequest& request);
+RequestForm FormOf(const v1::StreamHeader& header);
 // "the logits form" or "the projections form", for messages.
 absl::string_view FormName(RequestForm form);
 
@@ -289,7 +296,7 @@ const v1::Tensor* FindTensor(const v1::ComputeLossRequest& request,
 v1::Tensor* MutableTensor(v1::ComputeLossRequest& request,
                           const RequestTensor& tensor);
 
-// A small tensor in `header`, or null when absent.
+// A small or key-side tensor in `header`, or null when absent.
 const v1::Tensor* FindTensor(const v1::StreamHeader& header,
                              const RequestTensor& tensor);
 v1::Tensor* MutableTensor(v1::StreamHeader& header,

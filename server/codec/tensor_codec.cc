@@ -40,10 +40,10 @@ absl::StatusOr<std::optional<TensorView>> ViewIn(
 }
 
 // In a StreamHeader: a per-row tensor's spec (dtype and shape only) or a
-// small tensor whole.
+// small or key-side tensor whole.
 absl::StatusOr<std::optional<TensorView>> ViewIn(const v1::StreamHeader& header,
                                                  const RequestTensor& tensor) {
-  if (tensor.role == TensorRole::kSmall) {
+  if (tensor.role != TensorRole::kPerRow) {
     return MaybeViewOf(tensor.name, FindTensor(header, tensor));
   }
   const v1::TensorSpec* spec = FindSpec(header, tensor);
@@ -222,6 +222,29 @@ absl::StatusOr<ProjectionsInputs> ProjectionsInputsFrom(
 
 absl::StatusOr<IndexerKlInputs> InputsFrom(const v1::StreamHeader& header) {
   return InputsIn<IndexerKlInputs>(header, RequestForm::kLogits);
+}
+
+absl::StatusOr<ProjectionsInputs> ProjectionsInputsFrom(
+    const v1::StreamHeader& header) {
+  return InputsIn<ProjectionsInputs>(header, RequestForm::kProjections);
+}
+
+ProjectionsBlockBytes ProjectionsBlockBytesOf(const v1::RowBlock& block) {
+  const auto bytes = [](const std::string& s) {
+    return std::pair<const void*, int64_t>(s.data(),
+                                           static_cast<int64_t>(s.size()));
+  };
+  ProjectionsBlockBytes out;
+  std::tie(out.query, out.query_bytes) = bytes(block.query());
+  std::tie(out.index_query, out.index_query_bytes) = bytes(block.index_query());
+  std::tie(out.index_weights, out.index_weights_bytes) =
+      bytes(block.index_weights());
+  std::tie(out.lse, out.lse_bytes) = bytes(block.lse());
+  std::tie(out.topk_indices, out.topk_indices_bytes) =
+      bytes(block.topk_indices());
+  std::tie(out.attention_mask, out.attention_mask_bytes) =
+      bytes(block.attention_mask());
+  return out;
 }
 
 RowBlockBytes BlockBytesOf(const v1::RowBlock& block) {

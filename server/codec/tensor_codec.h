@@ -55,8 +55,15 @@ absl::StatusOr<ProjectionsInputs> ProjectionsInputsFrom(
 // bytes.
 absl::StatusOr<IndexerKlInputs> InputsFrom(const v1::StreamHeader& header);
 
+// The same for a streamed problem of the projections form (FormOf): the
+// query side gives dtype and shape only; the key side and the small
+// tensors view the header's bytes.
+absl::StatusOr<ProjectionsInputs> ProjectionsInputsFrom(
+    const v1::StreamHeader& header);
+
 // A block's bytes, viewed in place.
 RowBlockBytes BlockBytesOf(const v1::RowBlock& block);
+ProjectionsBlockBytes ProjectionsBlockBytesOf(const v1::RowBlock& block);
 
 void ResultTo(const IndexerKlResult& result, v1::LossResult* out);
 

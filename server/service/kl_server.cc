@@ -120,6 +120,8 @@ absl::Status ValidateOptions(const ServerOptions& options) {
                      "], got ", options.max_message_bytes));
   }
   RETURN_IF_ERROR(at_least("max_tensor_bytes", options.max_tensor_bytes, 1));
+  RETURN_IF_ERROR(
+      at_least("max_stream_key_bytes", options.max_stream_key_bytes, 1));
   // Below a few MiB gRPC could not hold one connection's buffers.
   RETURN_IF_ERROR(at_least("transport_memory_bytes",
                            options.transport_memory_bytes, int64_t{16} << 20));

@@ -77,6 +77,9 @@ ABSL_FLAG(bool, enable_echo, Defaults().enable_echo,
 ABSL_FLAG(int64_t, max_tensor_bytes, Defaults().max_tensor_bytes,
           "largest tensor a request may carry or ask for (stream blocks count "
           "one at a time)");
+ABSL_FLAG(int64_t, max_stream_key_bytes, Defaults().max_stream_key_bytes,
+          "what one projections-form stream may hold for its key side: key "
+          "and index_key bytes plus 8 * B * S * D_I for the d_index_key sum");
 ABSL_FLAG(absl::Duration, drain_timeout, Defaults().drain_timeout,
           "on SIGTERM/SIGINT, how long requests in flight may take to finish");
 ABSL_FLAG(std::string, metrics_listen, Defaults().metrics_listen,
@@ -170,6 +173,7 @@ int main(int argc, char** argv) {
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   options.enable_echo = absl::GetFlag(FLAGS_enable_echo);
   options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
+  options.max_stream_key_bytes = absl::GetFlag(FLAGS_max_stream_key_bytes);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);

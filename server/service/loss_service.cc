@@ -115,12 +115,9 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
     outputs.row_kl = AllocateFloat64Tensor({problem.B, problem.T},
                                            response.mutable_row_kl());
   }
-  // The stream does not carry this form yet.
-  RETURN_IF_ERROR(CheckResponseFits(
-      LargestOutput(problem),
-      "send fewer rows per request (the stream does not carry the "
-      "projections form yet)",
-      response, *ctx.options));
+  RETURN_IF_ERROR(CheckResponseFits(LargestOutput(problem),
+                                    "send the problem with ComputeLossStream",
+                                    response, *ctx.options));
   ASSIGN_OR_RETURN(const ProjectionsRowData rows,
                    WholeProjectionsRows(problem, inputs));
   ASSIGN_OR_RETURN(const IndexerKlResult result,
@@ -250,6 +247,7 @@ grpc::ServerUnaryReactor* LossService::GetServerInfo(
     info.set_max_tensor_bytes(options.max_tensor_bytes);
     info.set_max_concurrent_requests(options.max_concurrent_requests);
     info.set_max_open_streams(options.max_open_streams);
+    info.set_max_stream_key_bytes(options.max_stream_key_bytes);
     for (const char* dtype : {"FP32", "BF16", "FP16"}) {
       info.add_input_dtypes(dtype);
       info.add_grad_dtypes(dtype);

@@ -1,5 +1,7 @@
 #include "server/service/loss_stream_reactor.h"
 
+#include <algorithm>
+#include <array>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,57 @@
 #include "server/service/loss_tags_from.h"
 
 namespace klserve::server {
+namespace {
+
+// One per-row output of a projections GradBlock: its field, whether the
+// problem asks for it, and its bytes a row.
+struct RowOutput {
+  const char* field;
+  bool wanted;
+  int64_t row_bytes;
+};
+
+// d_index_query, d_index_weights, topk_indices, row_kl, in that order.
+std::array<RowOutput, 4> RowOutputsOf(const ProjectionsProblem& p) {
+  const IndexerKlOptions& o = p.logits.options;
+  const int64_t grad_size = DTypeSize(o.grad_dtype);
+  return {{{"d_index_query", o.want_grad, p.H_I * p.D_I * grad_size},
+           {"d_index_weights", o.want_grad, p.H_I * grad_size},
+           {"topk_indices", p.server_topk, p.K * int64_t{sizeof(int32_t)}},
+           {"row_kl", o.want_row_kl, int64_t{sizeof(double)}}}};
+}
+
+// Sets `out` to the outputs of `rows` rows of `p` (each tensor the problem
+// asks for, allocated, shaped [rows, ...]) and returns where they go.
+ProjectionsBlockOutputs AllocateRows(const ProjectionsProblem& p, int64_t rows,
+                                     v1::GradBlock* out) {
+  const IndexerKlOptions& o = p.logits.options;
+  ProjectionsBlockOutputs outputs{.capacity_rows = rows};
+  if (o.want_grad) {
+    outputs.d_index_query = AllocateTensor(o.grad_dtype, {rows, p.H_I, p.D_I},
+                                           out->mutable_d_index_query());
+    outputs.d_index_weights = AllocateTensor(o.grad_dtype, {rows, p.H_I},
+                                             out->mutable_d_index_weights());
+  }
+  if (p.server_topk) {
+    // std::string's buffer is aligned for int32.
+    outputs.topk_indices = reinterpret_cast<int32_t*>(AllocateTensor(
+        DType::kInt32, {rows, p.K}, out->mutable_topk_indices()));
+  }
+  if (o.want_row_kl) {
+    outputs.row_kl = AllocateFloat64Tensor({rows}, out->mutable_row_kl());
+  }
+  return outputs;
+}
+
+// Keeps the first `rows` (>= 1) rows of a [capacity, ...] output tensor
+// whose rows are `row_bytes` apart.
+void KeepRows(int64_t rows, int64_t row_bytes, v1::Tensor* tensor) {
+  tensor->set_shape(0, rows);
+  tensor->mutable_data()->resize(rows * row_bytes);
+}
+
+}  // namespace
 
 LossStreamReactor* LossStreamReactor::Start(const ServiceContext& context,
                                             grpc::CallbackServerContext* call) {
@@ -31,6 +84,9 @@ absl::Status LossStreamReactor::TakeHeader() {
   header_ = std::move(*incoming_.mutable_header());
   incoming_.Clear();
   RETURN_IF_ERROR(context_.reporter->CheckTags(LossTagsFrom(header_.tags())));
+  if (FormOf(header_) == RequestForm::kProjections) {
+    return TakeProjectionsHeader();
+  }
   ASSIGN_OR_RETURN(const IndexerKlOptions options,
                    OptionsFrom(header_.options()));
   ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(header_));
@@ -52,15 +108,108 @@ absl::Status LossStreamReactor::TakeHeader() {
   return absl::OkStatus();
 }
 
+absl::Status LossStreamReactor::TakeProjectionsHeader() {
+  const ServerOptions& limits = *context_.options;
+  ASSIGN_OR_RETURN(const ProjectionsOptions options,
+                   ProjectionsOptionsFrom(header_.options()));
+  ASSIGN_OR_RETURN(const ProjectionsInputs inputs,
+                   ProjectionsInputsFrom(header_));
+  // The key side and the small tensors, whole (the query side's specs count
+  // no bytes here; its blocks are checked as they come).
+  RETURN_IF_ERROR(CheckInputBytes(inputs, limits));
+  ASSIGN_OR_RETURN(ProjectionsProblem problem,
+                   ProjectionsProblem::Create(inputs, options));
+  const ProjectionsProblem& p = problem;
+  const IndexerKlOptions& o = p.logits.options;
+  // What the stream holds until its end: the key side, and the float64 sum
+  // of d_index_key over every row.
+  const int64_t key_sum_bytes =
+      o.want_grad ? p.B * p.S * p.D_I * int64_t{sizeof(double)} : 0;
+  const int64_t held = p.key.byte_size + p.index_key.byte_size + key_sum_bytes;
+  if (held > limits.max_stream_key_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "key: the stream would hold ", held, " bytes for its key side (key ",
+        p.key.byte_size, ", index_key ", p.index_key.byte_size,
+        ", the d_index_key sum ", key_sum_bytes, "), over the limit of ",
+        limits.max_stream_key_bytes,
+        " (--max_stream_key_bytes); send fewer keys (batch entries) per "
+        "stream"));
+  }
+  {
+    // The last message carries d_index_key whole and echoes request_id.
+    Response last;
+    v1::ComputeLossResponse* result = last.mutable_result();
+    result->set_request_id(header_.request_id());
+    WidestResultTo(result->mutable_result());
+    if (o.want_grad) {
+      const int64_t bytes = p.B * p.S * p.D_I * DTypeSize(o.grad_dtype);
+      RETURN_IF_ERROR(CheckTensorBytes("d_index_key", bytes, limits));
+      AllocateTensor(o.grad_dtype, {p.B, p.S, p.D_I},
+                     result->mutable_d_index_key());
+    }
+    RETURN_IF_ERROR(CheckMessageBytes(
+        o.want_grad ? "d_index_key" : "request_id",
+        static_cast<int64_t>(last.ByteSizeLong()),
+        o.want_grad ? "send fewer keys (batch entries) per stream"
+                    : "send a shorter request_id",
+        limits));
+  }
+  {
+    // A GradBlock carries at least the whole tile its block completes,
+    // whatever the block's size: one tile's answer must fit a message.
+    const int64_t rows = std::min(p.tile_rows, p.T);
+    Response tile;
+    AllocateRows(p, rows, tile.mutable_grad_block());
+    tile.mutable_grad_block()->set_row_begin(p.num_rows());
+    tile.mutable_grad_block()->set_num_rows(rows);
+    // Named for the first output asked for (d_index_query with the
+    // gradient).
+    const std::array<RowOutput, 4> outputs = RowOutputsOf(p);
+    const RowOutput* largest = nullptr;
+    for (const RowOutput& output : outputs) {
+      if (output.wanted && largest == nullptr) largest = &output;
+    }
+    if (largest != nullptr) {
+      RETURN_IF_ERROR(CheckMessageBytes(
+          largest->field, static_cast<int64_t>(tile.ByteSizeLong()),
+          absl::StrCat("a block's answer carries whole tiles of ", rows,
+                       " query rows, so one tile's must fit"),
+          limits));
+    }
+  }
+  projections_problem_.emplace(std::move(problem));
+  return absl::OkStatus();
+}
+
 absl::Status LossStreamReactor::TakeBlock() {
   if (!incoming_.has_block()) {
     return absl::InvalidArgumentError(
         "block: after the StreamHeader only RowBlocks may come");
   }
   const v1::RowBlock& block = incoming_.block();
-  ASSIGN_OR_RETURN(const AdmittedBlock admitted,
-                   computation_->Admit(block.row_begin(), block.num_rows(),
-                                       block.counting()));
+  AdmittedBlock admitted;
+  if (projections_problem_) {
+    if (block.counting()) {
+      return absl::InvalidArgumentError(
+          "counting: the projections form has no counting pass (its N needs "
+          "no rows), got true");
+    }
+    const int64_t num_rows = projections_problem_->num_rows();
+    if (block.row_begin() != next_block_row_ || block.num_rows() < 1 ||
+        block.num_rows() > num_rows - next_block_row_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row_begin, num_rows: blocks must come in order without gaps "
+          "within the B*T = ",
+          num_rows, " rows; expected row ", next_block_row_, ", got [",
+          block.row_begin(), ", +", block.num_rows(), ")"));
+    }
+    admitted.rows = {block.row_begin(), block.row_begin() + block.num_rows()};
+    next_block_row_ = admitted.rows.end;
+  } else {
+    ASSIGN_OR_RETURN(admitted,
+                     computation_->Admit(block.row_begin(), block.num_rows(),
+                                         block.counting()));
+  }
   // A block carries only the tensors the header named, each in the field
   // the header named it in: bytes elsewhere would be ignored (or, for the
   // target, read in place of the named field) and give a wrong answer.
@@ -78,11 +227,13 @@ absl::Status LossStreamReactor::TakeBlock() {
         tensor.name, static_cast<int64_t>(BlockBytes(block, tensor).size()),
         options));
   }
-  if (!admitted.counting) {  // a counting block is answered without tensors
+  if (problem_ && !admitted.counting) {
+    // A counting block is answered without tensors; the projections form's
+    // outputs depend on the rows held back, and are checked as computed.
     RETURN_IF_ERROR(CheckOutputBytes(*problem_, block.num_rows(),
                                      /*one_message=*/true, options));
-    rows_ += block.num_rows();
   }
+  if (!admitted.counting) rows_ += block.num_rows();
   blocks_.push_back(
       Block{std::make_unique<Request>(std::move(incoming_)), admitted});
   incoming_.Clear();
@@ -99,32 +250,10 @@ void LossStreamReactor::ComputeBlock(Block block) {
   absl::Status status;
   if (!skip) {
     status = [&]() -> absl::Status {
-      const RowRange rows = block.admitted.rows;
-      ASSIGN_OR_RETURN(
-          const RowData data,
-          BlockRowData(*problem_, rows, BlockBytesOf(block.request->block())));
-      const IndexerKlOptions& options = problem_->options;
       Response response;
-      v1::GradBlock* out = response.mutable_grad_block();
-      out->set_row_begin(rows.begin);
-      out->set_num_rows(rows.size());
-      LossOutputs outputs;
-      if (!block.admitted.counting && options.want_grad) {
-        outputs.grad = AllocateTensor(options.grad_dtype,
-                                      {rows.size(), problem_->row_length},
-                                      out->mutable_grad());
-        outputs.grad_byte_size =
-            static_cast<int64_t>(out->grad().data().size());
-      }
-      if (!block.admitted.counting && options.want_row_kl) {
-        outputs.row_kl =
-            AllocateFloat64Tensor({rows.size()}, out->mutable_row_kl());
-        outputs.row_kl_size = rows.size();
-      }
-      RETURN_IF_ERROR(CheckMessageBytes(
-          "num_rows", static_cast<int64_t>(response.ByteSizeLong()),
-          "send smaller blocks", *context_.options));
-      RETURN_IF_ERROR(computation_->Compute(block.admitted, data, outputs));
+      RETURN_IF_ERROR(projections_problem_
+                          ? ComputeProjectionsBlock(block, response)
+                          : ComputeLogitsBlock(block, response));
       ASSIGN_OR_RETURN(encoded, EncodeMessage(response));
       return absl::OkStatus();
     }();
@@ -143,6 +272,102 @@ void LossStreamReactor::ComputeBlock(Block block) {
     finished = Finished();
   }
   if (finished) delete this;
+}
+
+absl::Status LossStreamReactor::ComputeLogitsBlock(const Block& block,
+                                                   Response& response) {
+  const RowRange rows = block.admitted.rows;
+  ASSIGN_OR_RETURN(
+      const RowData data,
+      BlockRowData(*problem_, rows, BlockBytesOf(block.request->block())));
+  const IndexerKlOptions& options = problem_->options;
+  v1::GradBlock* out = response.mutable_grad_block();
+  out->set_row_begin(rows.begin);
+  out->set_num_rows(rows.size());
+  LossOutputs outputs;
+  if (!block.admitted.counting && options.want_grad) {
+    outputs.grad =
+        AllocateTensor(options.grad_dtype, {rows.size(), problem_->row_length},
+                       out->mutable_grad());
+    outputs.grad_byte_size = static_cast<int64_t>(out->grad().data().size());
+  }
+  if (!block.admitted.counting && options.want_row_kl) {
+    outputs.row_kl =
+        AllocateFloat64Tensor({rows.size()}, out->mutable_row_kl());
+    outputs.row_kl_size = rows.size();
+  }
+  RETURN_IF_ERROR(CheckMessageBytes(
+      "num_rows", static_cast<int64_t>(response.ByteSizeLong()),
+      "send smaller blocks", *context_.options));
+  return computation_->Compute(block.admitted, data, outputs);
+}
+
+absl::Status LossStreamReactor::ComputeProjectionsBlock(const Block& block,
+                                                        Response& response) {
+  const ProjectionsProblem& p = *projections_problem_;
+  const IndexerKlOptions& o = p.logits.options;
+  const ServerOptions& limits = *context_.options;
+  if (!projections_) {
+    // The unary call's backend, so that both give the same bits.
+    ASSIGN_OR_RETURN(
+        ProjectionsComputation computation,
+        ProjectionsComputation::Create(context_.backends->ForProjections(), p));
+    projections_.emplace(std::move(computation));
+    if (projections_->needs_counting()) {
+      if (!projections_->counts_without_rows()) {
+        return absl::InvalidArgumentError(
+            "reduction: REDUCTION_MEAN_VALID without row_valid counts the "
+            "rows with a valid key, which with topk_indices or an "
+            "attention_mask needs every row before the first gradient, so "
+            "the stream cannot carry it; send row_valid, or the problem with "
+            "ComputeLoss");
+      }
+      RETURN_IF_ERROR(projections_->Count({}));
+    }
+  }
+  const RowRange rows = block.admitted.rows;
+  ASSIGN_OR_RETURN(
+      const ProjectionsRowData data,
+      BlockProjectionsRows(p, rows,
+                           ProjectionsBlockBytesOf(block.request->block())));
+  // The block may complete the rows held back from earlier blocks too.
+  const int64_t capacity = projections_->held_rows() + rows.size();
+  const std::array<RowOutput, 4> sizes = RowOutputsOf(p);
+  for (const RowOutput& output : sizes) {
+    if (!output.wanted) continue;
+    RETURN_IF_ERROR(
+        CheckTensorBytes(output.field, capacity * output.row_bytes, limits));
+  }
+  v1::GradBlock* out = response.mutable_grad_block();
+  const ProjectionsBlockOutputs outputs = AllocateRows(p, capacity, out);
+  RETURN_IF_ERROR(CheckMessageBytes(
+      "num_rows", static_cast<int64_t>(response.ByteSizeLong()),
+      absl::StrCat("send smaller blocks (a block's answer also carries the ",
+                   projections_->held_rows(),
+                   " rows held back from earlier blocks)"),
+      limits));
+  ASSIGN_OR_RETURN(const RowRange done,
+                   projections_->Compute(rows, data, outputs));
+  out->set_row_begin(done.begin);
+  out->set_num_rows(done.size());
+  if (done.size() == 0) {  // every row held back: an answer without tensors
+    out->clear_d_index_query();
+    out->clear_d_index_weights();
+    out->clear_topk_indices();
+    out->clear_row_kl();
+    return absl::OkStatus();
+  }
+  if (o.want_grad) {
+    KeepRows(done.size(), sizes[0].row_bytes, out->mutable_d_index_query());
+    KeepRows(done.size(), sizes[1].row_bytes, out->mutable_d_index_weights());
+  }
+  if (p.server_topk) {
+    KeepRows(done.size(), sizes[2].row_bytes, out->mutable_topk_indices());
+  }
+  if (o.want_row_kl) {
+    KeepRows(done.size(), sizes[3].row_bytes, out->mutable_row_kl());
+  }
+  return absl::OkStatus();
 }
 
 void LossStreamReactor::Advance() {
@@ -168,18 +393,36 @@ void LossStreamReactor::Advance() {
   }
 }
 
+absl::StatusOr<IndexerKlResult> LossStreamReactor::FinishProjections(
+    Response& last) {
+  const ProjectionsProblem& p = *projections_problem_;
+  if (!projections_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row_begin, num_rows: the blocks covered rows [0, 0) of the B*T = ",
+        p.num_rows(), " rows"));
+  }
+  const IndexerKlOptions& o = p.logits.options;
+  std::byte* d_index_key = nullptr;
+  if (o.want_grad) {
+    d_index_key = AllocateTensor(o.grad_dtype, {p.B, p.S, p.D_I},
+                                 last.mutable_result()->mutable_d_index_key());
+  }
+  return projections_->Finish(d_index_key);
+}
+
 void LossStreamReactor::SendResult() {
-  if (!problem_) {
+  if (!problem_ && !projections_problem_) {
     Fail(absl::InvalidArgumentError(
         "header: the stream ended before its StreamHeader"));
     return;
   }
-  absl::StatusOr<IndexerKlResult> loss = computation_->Finish();
+  Response last;
+  absl::StatusOr<IndexerKlResult> loss =
+      projections_problem_ ? FinishProjections(last) : computation_->Finish();
   if (!loss.ok()) {
     Fail(loss.status());
     return;
   }
-  Response last;
   v1::ComputeLossResponse* result = last.mutable_result();
   result->set_request_id(header_.request_id());
   ResultTo(*loss, result->mutable_result());
@@ -192,7 +435,9 @@ void LossStreamReactor::SendResult() {
   // Tags were checked with the header: this cannot fail.
   context_.reporter
       ->Add(LossTagsFrom(header_.tags()), *loss,
-            problem_->options.scaling_factor)
+            projections_problem_
+                ? projections_problem_->logits.options.scaling_factor
+                : problem_->options.scaling_factor)
       .IgnoreError();
   result_sent_ = true;
   Queue(*std::move(encoded));

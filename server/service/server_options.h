@@ -64,6 +64,12 @@ struct ServerOptions {
   // Largest single tensor a request may carry or ask for (a stream's blocks
   // count one at a time).
   int64_t max_tensor_bytes = int64_t{1} << 30;
+  // What one ComputeLossStream of the projections form may hold for its key
+  // side, for the stream's whole life: key and index_key (sent whole in the
+  // StreamHeader) and the float64 sum of d_index_key (8 * B * S * D_I
+  // bytes). Past it the stream is RESOURCE_EXHAUSTED naming key. Every open
+  // stream may hold this much at once (--max_open_streams).
+  int64_t max_stream_key_bytes = int64_t{1} << 30;
   // How long SIGTERM waits for requests in flight before cancelling them.
   absl::Duration drain_timeout = absl::Seconds(30);
   // Prometheus /metrics address (9464: clear of Prometheus's 9090 and the

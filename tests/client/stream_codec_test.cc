@@ -359,5 +359,165 @@ TEST(ResponseAssembler, FinishBeforeLastRowIsAnError) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("3 of 10 rows"));
 }
 
+// The projections form: query [B, T, H, D], lse [B, H, T] and the indexer's
+// query side per row; key and index_key whole.
+constexpr int64_t kD = 2, kHi = 2, kDi = 3, kSk = 6;
+
+v1::ComputeLossRequest ProjectionsRequest() {
+  v1::ComputeLossRequest request;
+  request.set_request_id("proj-1");
+  *request.mutable_query() = Iota<float>("FP32", {kB, kT, kH, kD});
+  *request.mutable_key() = Iota<float>("FP32", {kB, kSk, 1, kD});
+  *request.mutable_lse() = Iota<float>("FP32", {kB, kH, kT});
+  *request.mutable_index_query() = Iota<uint16_t>("BF16", {kB, kT, kHi, kDi});
+  *request.mutable_index_key() = Iota<uint16_t>("BF16", {kB, kSk, kDi});
+  *request.mutable_index_weights() = Iota<float>("FP32", {kB, kT, kHi});
+  *request.mutable_row_valid() = Iota<uint8_t>("BOOL", {kB, kT});
+  return request;
+}
+
+TEST(RequestSlicer, ProjectionsHeaderCarriesTheKeySideWhole) {
+  const v1::ComputeLossRequest request = ProjectionsRequest();
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << slicer.status();
+  EXPECT_EQ(slicer->form(), RequestForm::kProjections);
+  EXPECT_EQ(slicer->num_rows(), kB * kT);
+  EXPECT_FALSE(slicer->counts_first());
+  const v1::StreamHeader header = slicer->MakeHeader();
+  EXPECT_EQ(header.key().data(), request.key().data());
+  EXPECT_EQ(header.index_key().data(), request.index_key().data());
+  EXPECT_EQ(header.row_valid().data(), request.row_valid().data());
+  EXPECT_THAT(header.query().shape(), ElementsAre(kB, kT, kH, kD));
+  EXPECT_THAT(header.lse().shape(), ElementsAre(kB, kH, kT));
+  EXPECT_EQ(header.index_query().dtype(), "BF16");
+  EXPECT_THAT(header.index_weights().shape(), ElementsAre(kB, kT, kHi));
+  // Query row bytes: H * D + H (lse) + H_I * D_I (BF16) + H_I floats.
+  EXPECT_EQ(slicer->row_bytes(), (kH * kD + kH + kHi) * 4 + kHi * kDi * 2);
+}
+
+// Rows 3..6 cross from batch entry 0 (T = 5) into entry 1.
+TEST(RequestSlicer, ProjectionsBlocksCarryTheQuerySideRows) {
+  const v1::ComputeLossRequest request = ProjectionsRequest();
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << slicer.status();
+  v1::RowBlock block;
+  slicer->FillBlock(3, 4, &block);
+  // query [n, H, D]: rows r hold elements r * H * D on.
+  std::vector<float> query;
+  for (int64_t r = 3; r < 7; ++r) {
+    for (int64_t i = 0; i < kH * kD; ++i) query.push_back(r * kH * kD + i);
+  }
+  EXPECT_EQ(Values<float>(block.query()), query);
+  // lse [H, n]: head h's rows of entry b at (b * H + h) * T + t.
+  std::vector<float> lse;
+  for (int64_t h = 0; h < kH; ++h) {
+    for (int64_t r = 3; r < 7; ++r) {
+      lse.push_back((r / kT * kH + h) * kT + r % kT);
+    }
+  }
+  EXPECT_EQ(Values<float>(block.lse()), lse);
+  EXPECT_EQ(block.index_query().size(), 4 * kHi * kDi * 2);
+  EXPECT_EQ(Values<float>(block.index_weights()).front(), 3 * kHi);
+  EXPECT_TRUE(block.indexer_scores().empty());
+}
+
+TEST(RequestSlicer, ProjectionsRowTensorsMustAgreeWithTheQuery) {
+  v1::ComputeLossRequest request = ProjectionsRequest();
+  *request.mutable_index_weights() = Iota<float>("FP32", {kB, kT + 1, kHi});
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  EXPECT_EQ(slicer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(slicer.status().message()),
+              HasSubstr("index_weights: shape must be [B, T, H_I]"));
+  EXPECT_THAT(std::string(slicer.status().message()), HasSubstr("from query"));
+}
+
+// A projections GradBlock of rows [begin, begin + n): d_index_query FP32
+// [n, H_I, D_I] holding r * 100 + i, d_index_weights [n, H_I].
+v1::GradBlock ProjectionsGradBlock(int64_t begin, int64_t n) {
+  v1::GradBlock block;
+  block.set_row_begin(begin);
+  block.set_num_rows(n);
+  if (n == 0) return block;
+  std::vector<float> dq, dw;
+  for (int64_t r = begin; r < begin + n; ++r) {
+    for (int64_t i = 0; i < kHi * kDi; ++i) dq.push_back(r * 100 + i);
+    for (int64_t i = 0; i < kHi; ++i) dw.push_back(-r * 100 - i);
+  }
+  v1::Tensor* q = block.mutable_d_index_query();
+  q->set_dtype("FP32");
+  for (const int64_t d : {n, kHi, kDi}) q->add_shape(d);
+  q->set_data(dq.data(), dq.size() * sizeof(float));
+  v1::Tensor* w = block.mutable_d_index_weights();
+  w->set_dtype("FP32");
+  for (const int64_t d : {n, kHi}) w->add_shape(d);
+  w->set_data(dw.data(), dw.size() * sizeof(float));
+  return block;
+}
+
+TEST(ProjectionsResponseAssembler, AssemblesBlocksOfTheCompletedRows) {
+  ProjectionsResponseAssembler assembler(kB, kT);
+  // A block that completed nothing, one that completed earlier rows too.
+  for (auto [begin, n] :
+       {std::pair<int64_t, int64_t>{0, 0}, {0, 4}, {4, 0}, {4, 6}}) {
+    v1::GradBlock block = ProjectionsGradBlock(begin, n);
+    ASSERT_TRUE(assembler.Add(block).ok()) << begin << "+" << n;
+  }
+  v1::ComputeLossResponse last;
+  last.set_request_id("proj-1");
+  last.mutable_d_index_key()->set_dtype("FP32");
+  absl::StatusOr<v1::ComputeLossResponse> response =
+      assembler.Finish(std::move(last));
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->request_id(), "proj-1");
+  EXPECT_TRUE(response->has_d_index_key());
+  EXPECT_FALSE(response->has_topk_indices());
+  EXPECT_FALSE(response->has_row_kl());
+  EXPECT_THAT(response->d_index_query().shape(), ElementsAre(kB, kT, kHi, kDi));
+  EXPECT_THAT(response->d_index_weights().shape(), ElementsAre(kB, kT, kHi));
+  const std::vector<float> dq = Values<float>(response->d_index_query().data());
+  ASSERT_EQ(dq.size(), kB * kT * kHi * kDi);
+  for (int64_t r = 0; r < kB * kT; ++r) {
+    EXPECT_EQ(dq[r * kHi * kDi + 1], r * 100 + 1) << r;
+  }
+}
+
+TEST(ProjectionsResponseAssembler, RejectsWhatBreaksTheProtocol) {
+  {
+    ProjectionsResponseAssembler assembler(kB, kT);
+    v1::GradBlock gap = ProjectionsGradBlock(1, 2);
+    EXPECT_THAT(std::string(assembler.Add(gap).message()),
+                HasSubstr("do not continue"));
+  }
+  {
+    ProjectionsResponseAssembler assembler(kB, kT);
+    v1::GradBlock empty = ProjectionsGradBlock(0, 0);
+    *empty.mutable_d_index_query() = ProjectionsGradBlock(0, 1).d_index_query();
+    EXPECT_THAT(std::string(assembler.Add(empty).message()),
+                HasSubstr("of no rows"));
+  }
+  {
+    ProjectionsResponseAssembler assembler(kB, kT);
+    v1::GradBlock first = ProjectionsGradBlock(0, 2);
+    ASSERT_TRUE(assembler.Add(first).ok());
+    v1::GradBlock second = ProjectionsGradBlock(2, 2);
+    second.clear_d_index_weights();
+    EXPECT_THAT(std::string(assembler.Add(second).message()),
+                HasSubstr("unlike the first block"));
+  }
+  {
+    ProjectionsResponseAssembler assembler(kB, kT);
+    v1::GradBlock short_rows = ProjectionsGradBlock(0, 2);
+    short_rows.mutable_d_index_query()->set_shape(0, 1);
+    EXPECT_EQ(assembler.Add(short_rows).code(), absl::StatusCode::kInternal);
+  }
+  {
+    ProjectionsResponseAssembler assembler(kB, kT);
+    v1::GradBlock block = ProjectionsGradBlock(0, 3);
+    ASSERT_TRUE(assembler.Add(block).ok());
+    absl::Status status = assembler.Finish(v1::ComputeLossResponse()).status();
+    EXPECT_THAT(std::string(status.message()), HasSubstr("3 of 10 rows"));
+  }
+}
+
 }  // namespace
 }  // namespace klserve

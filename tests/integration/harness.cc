@@ -789,6 +789,18 @@ void CompareTensor(const char* field, bool has_expected,
                 actual.grad(), diffs);
   CompareTensor("row_kl", expected.has_row_kl(), expected.row_kl(),
                 actual.has_row_kl(), actual.row_kl(), diffs);
+  CompareTensor("d_index_query", expected.has_d_index_query(),
+                expected.d_index_query(), actual.has_d_index_query(),
+                actual.d_index_query(), diffs);
+  CompareTensor("d_index_key", expected.has_d_index_key(),
+                expected.d_index_key(), actual.has_d_index_key(),
+                actual.d_index_key(), diffs);
+  CompareTensor("d_index_weights", expected.has_d_index_weights(),
+                expected.d_index_weights(), actual.has_d_index_weights(),
+                actual.d_index_weights(), diffs);
+  CompareTensor("topk_indices", expected.has_topk_indices(),
+                expected.topk_indices(), actual.has_topk_indices(),
+                actual.topk_indices(), diffs);
   if (diffs.empty()) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
          << "responses differ (expected vs actual):\n  "

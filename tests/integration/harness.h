@@ -216,7 +216,8 @@ absl::StatusOr<v1::ComputeLossResponse> LibraryCompute(
 
 // Bit-for-bit equality of two responses: request_id, every result field
 // (doubles compared as bits), diagnostics' presence and values, and the
-// dtype, shape and bytes of grad and row_kl.
+// presence, dtype, shape and bytes of grad, row_kl and the projections
+// form's d_index_query, d_index_key, d_index_weights and topk_indices.
 ::testing::AssertionResult SameResponse(const v1::ComputeLossResponse& expected,
                                         const v1::ComputeLossResponse& actual);
 

@@ -220,10 +220,11 @@ class KlctlTest : public ServerTest {
 
   // Runs `klctl loss` on the projections-form `request`'s tensors with
   // `flags` (which must say what its options say), the gradients into the
-  // test's directory, and compares what it prints and writes with the
-  // reference.
+  // test's directory, and compares what it prints (the transport too) and
+  // writes with the reference.
   void ExpectProjectionsMatchReference(const v1::ComputeLossRequest& request,
-                                       std::vector<std::string> flags) {
+                                       std::vector<std::string> flags,
+                                       const std::string& transport = "unary") {
     const klref::RefProjectionsResult ref =
         klref::ComputeProjectionsReference(RefProjectionsOf(request));
     ASSERT_TRUE(ref.kl.error.empty()) << ref.kl.error;
@@ -251,7 +252,7 @@ class KlctlTest : public ServerTest {
         << run.out << "\nstderr:\n"
         << run.err;
     std::map<std::string, std::string> kv = KeyValues(run.out);
-    EXPECT_EQ(kv["transport"], "unary");
+    EXPECT_EQ(kv["transport"], transport);
     const double loss = ParseDouble(kv["loss"]);
     EXPECT_NEAR(loss, ref.kl.loss, 1e-5 * std::fabs(ref.kl.loss) + 1e-9)
         << run.out;
@@ -295,6 +296,7 @@ TEST_F(KlctlTest, InfoPrintsTheBackend) {
   EXPECT_EQ(kv["threads"], "2") << run.out;
   EXPECT_FALSE(kv["version"].empty()) << run.out;
   EXPECT_EQ(kv["max_concurrent_requests"], "8") << run.out;
+  EXPECT_EQ(kv["max_stream_key_bytes"], "1073741824") << run.out;
 }
 
 TEST_F(KlctlTest, DensePerHeadBf16LossAndGradientMatchTheLibrary) {
@@ -368,6 +370,23 @@ TEST_F(KlctlTest, ProjectionsWithServerTopkMatchTheReference) {
   s.seed = 55;
   ExpectProjectionsMatchReference(MakeProjectionsRequest(s),
                                   {"--causal", "--topk=3"});
+}
+
+// Streamed in blocks of about 3 rows (tiles of 16 rows in the sparse stage):
+// what klctl writes is assembled from GradBlocks of the completed rows.
+TEST_F(KlctlTest, ProjectionsStreamedMatchTheReference) {
+  ProjectionsSpec s;
+  s.name = "klctl-projections-stream";
+  s.B = 2, s.T = 20, s.S = 24, s.H = 4, s.H_kv = 2, s.D = 8;
+  s.options.set_causal(true);
+  s.options.set_topk(3);
+  s.options.set_want_row_kl(true);
+  s.seed = 57;
+  // A row of query side: (4 * 8 + 3 * 4 + 3) FP32 = 188 bytes.
+  ExpectProjectionsMatchReference(
+      MakeProjectionsRequest(s),
+      {"--causal", "--topk=3", "--stream=always", "--block_bytes=564"},
+      "stream");
 }
 
 TEST_F(KlctlTest, ProjectionsWithKeyBoundsAndOptionsMatchTheReference) {
@@ -459,6 +478,15 @@ TEST_F(KlctlTest, BenchRunsTheProjectionsForm) {
   EXPECT_TRUE(absl::StrContains(run.out, "form=projections")) << run.out;
   EXPECT_TRUE(absl::StrContains(run.out, "transport: unary")) << run.out;
   EXPECT_TRUE(absl::StrContains(run.out, "requests: 2")) << run.out;
+  const CommandResult streamed = Klctl(
+      {"bench", "--form=projections", "--count=2", "--shape=1,64,64",
+       "--heads=4", "--duration=20s", "--stream=always", "--block_bytes=4096"});
+  ASSERT_EQ(streamed.exit_code, 0) << "stdout:\n"
+                                   << streamed.out << "\nstderr:\n"
+                                   << streamed.err;
+  EXPECT_TRUE(absl::StrContains(streamed.out, "transport: stream"))
+      << streamed.out;
+  EXPECT_TRUE(absl::StrContains(streamed.out, "requests: 2")) << streamed.out;
 }
 
 // More workers than the server has slots: its refusals are load, which the

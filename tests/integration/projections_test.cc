@@ -133,7 +133,7 @@ TEST_P(ProjectionsAgreementTest, UnaryEqualsTheReference) {
   const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
   const klref::RefProjectionsResult ref =
       klref::ComputeProjectionsReference(RefProjectionsOf(request));
-  // ComputeLoss sends the projections form unary whatever its size.
+  // Small: ComputeLoss sends it unary (projections_stream_test streams).
   absl::StatusOr<v1::ComputeLossResponse> response =
       client().ComputeLoss(request);
   ASSERT_TRUE(response.ok()) << Describe(response.status());
@@ -157,44 +157,6 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<ProjectionsSpec>& info) {
       return info.param.name;
     });
-
-// Each head's log-sum-exp over the row's valid keys, from the reference's
-// logits and validity; 0 on rows without a valid key.
-v1::Tensor LseOf(const klref::RefProjections& p) {
-  const klref::RefProblem logits = klref::LogitsFormOf(p, {});
-  const klref::RefResult dense = klref::ComputeReference(logits);
-  std::vector<float> lse(p.B * p.H * p.T, 0.0f);
-  for (int64_t b = 0; b < p.B; ++b) {
-    for (int64_t h = 0; h < p.H; ++h) {
-      for (int64_t t = 0; t < p.T; ++t) {
-        const int64_t r = b * p.T + t;
-        double max = -std::numeric_limits<double>::infinity();
-        for (int64_t s = 0; s < p.S; ++s) {
-          if (!dense.valid[r * p.S + s]) continue;
-          max = std::max(
-              max, p.options.softmax_scale *
-                       logits.logits[((b * p.H + h) * p.T + t) * p.S + s]);
-        }
-        if (std::isinf(max)) continue;
-        double sum = 0;
-        for (int64_t s = 0; s < p.S; ++s) {
-          if (!dense.valid[r * p.S + s]) continue;
-          sum +=
-              std::exp(p.options.softmax_scale *
-                           logits.logits[((b * p.H + h) * p.T + t) * p.S + s] -
-                       max);
-        }
-        lse[(b * p.H + h) * p.T + t] = static_cast<float>(max + std::log(sum));
-      }
-    }
-  }
-  v1::Tensor t;
-  t.set_dtype("FP32");
-  for (int64_t d : {p.B, p.H, p.T}) t.add_shape(d);
-  t.mutable_data()->resize(lse.size() * sizeof(float));
-  std::memcpy(t.mutable_data()->data(), lse.data(), t.data().size());
-  return t;
-}
 
 TEST_F(ServerTest, ProjectionsWithLseEqualTheReference) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
@@ -325,17 +287,6 @@ TEST_F(ProjectionsErrorTest, NanInQueryNamesQuery) {
   ExpectRefused(request, "query");
 }
 
-// The stream does not carry the projections form: the client refuses
-// before sending anything.
-TEST_F(ProjectionsErrorTest, StreamingIsRefusedByTheClient) {
-  absl::StatusOr<v1::ComputeLossResponse> response =
-      client().ComputeLossStreaming(Good());
-  ASSERT_FALSE(response.ok());
-  EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StartsWith(response.status().message(), "query:"))
-      << Describe(response.status());
-}
-
 TEST_F(ServerTest, ProjectionsTensorsAreHeldToTheTensorLimit) {
   // query is [1, 6, 2, 8] FP32: 384 bytes; index_query 288.
   ASSERT_NO_FATAL_FAILURE(StartServer({"--max_tensor_bytes=300"}));
@@ -367,6 +318,9 @@ TEST_F(ServerTest, ProjectionsResponseIsHeldToTheMessageLimit) {
   ASSERT_FALSE(response.ok());
   EXPECT_EQ(response.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StartsWith(response.status().message(), "d_index_query:"))
+      << Describe(response.status());
+  EXPECT_TRUE(absl::StrContains(response.status().message(),
+                                "send the problem with ComputeLossStream"))
       << Describe(response.status());
   // Without the gradients it fits.
   v1::ComputeLossRequest loss_only = request;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -221,6 +222,42 @@ double GradTolerance(const std::string& grad_dtype) {
   if (grad_dtype == "BF16") return 1e-2;
   if (grad_dtype == "FP16") return 2e-3;
   return 1e-4;
+}
+
+v1::Tensor LseOf(const klref::RefProjections& p) {
+  const klref::RefProblem logits = klref::LogitsFormOf(p, {});
+  const klref::RefResult dense = klref::ComputeReference(logits);
+  std::vector<float> lse(p.B * p.H * p.T, 0.0f);
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t h = 0; h < p.H; ++h) {
+      for (int64_t t = 0; t < p.T; ++t) {
+        const int64_t r = b * p.T + t;
+        double max = -std::numeric_limits<double>::infinity();
+        for (int64_t s = 0; s < p.S; ++s) {
+          if (!dense.valid[r * p.S + s]) continue;
+          max = std::max(
+              max, p.options.softmax_scale *
+                       logits.logits[((b * p.H + h) * p.T + t) * p.S + s]);
+        }
+        if (std::isinf(max)) continue;
+        double sum = 0;
+        for (int64_t s = 0; s < p.S; ++s) {
+          if (!dense.valid[r * p.S + s]) continue;
+          sum +=
+              std::exp(p.options.softmax_scale *
+                           logits.logits[((b * p.H + h) * p.T + t) * p.S + s] -
+                       max);
+        }
+        lse[(b * p.H + h) * p.T + t] = static_cast<float>(max + std::log(sum));
+      }
+    }
+  }
+  v1::Tensor t;
+  t.set_dtype("FP32");
+  for (int64_t d : {p.B, p.H, p.T}) t.add_shape(d);
+  t.mutable_data()->resize(lse.size() * sizeof(float));
+  std::memcpy(t.mutable_data()->data(), lse.data(), t.data().size());
+  return t;
 }
 
 }  // namespace klserve::integration

@@ -41,6 +41,10 @@ klref::RefProjections RefProjectionsOf(const v1::ComputeLossRequest& request);
                                        const v1::ComputeLossResponse& actual,
                                        double tolerance);
 
+// Each head's log-sum-exp over the row's valid keys, FP32 [B, H, T], from
+// the reference's logits and validity; 0 on rows without a valid key.
+v1::Tensor LseOf(const klref::RefProjections& p);
+
 // Relative tolerance of a gradient in `grad_dtype` ("FP32", "BF16",
 // "FP16"): a few of its units in the last place, as the kernels compute in
 // float32 and round once.

@@ -61,12 +61,15 @@ TEST(RequestTensors, EveryTensorOfComputeLossRequestIsInTheTable) {
             TableNames(std::nullopt));
 }
 
-TEST(RequestTensors, StreamHeaderHasSpecsOfPerRowTensorsAndSmallTensors) {
+TEST(RequestTensors, StreamHeaderHasSpecsOfPerRowTensorsAndWholeTheRest) {
   const Descriptor& header = *v1::StreamHeader::descriptor();
   EXPECT_EQ(FieldsOfType(header, *v1::TensorSpec::descriptor()),
             TableNames(TensorRole::kPerRow));
-  EXPECT_EQ(FieldsOfType(header, *v1::Tensor::descriptor()),
-            TableNames(TensorRole::kSmall));
+  std::set<std::string> whole = TableNames(TensorRole::kSmall);
+  whole.merge(TableNames(TensorRole::kKeySide));
+  EXPECT_EQ(FieldsOfType(header, *v1::Tensor::descriptor()), whole);
+  EXPECT_EQ(TableNames(TensorRole::kKeySide),
+            (std::set<std::string>{"key", "index_key"}));
 }
 
 TEST(RequestTensors, RowBlockHasTheBytesOfEveryPerRowTensor) {
@@ -116,11 +119,7 @@ TEST(RequestTensors, RequestAccessorsReachTheNamedFields) {
 TEST(RequestTensors, HeaderAccessorsReachTheNamedFields) {
   v1::StreamHeader header;
   for (const RequestTensor& tensor : kRequestTensors) {
-    if (tensor.role == TensorRole::kProjection) {
-      // The stream does not carry the projections form: no field to find.
-      EXPECT_EQ(FindTensor(header, tensor), nullptr) << tensor.name;
-      EXPECT_EQ(FindSpec(header, tensor), nullptr) << tensor.name;
-    } else if (tensor.role == TensorRole::kPerRow) {
+    if (tensor.role == TensorRole::kPerRow) {
       EXPECT_EQ(FindSpec(header, tensor), nullptr) << tensor.name;
       MutableSpec(header, tensor)->set_dtype(std::string(tensor.name));
     } else {
@@ -131,8 +130,10 @@ TEST(RequestTensors, HeaderAccessorsReachTheNamedFields) {
   EXPECT_EQ(header.attention_logits().dtype(), "attention_logits");
   EXPECT_EQ(header.row_valid().dtype(), "row_valid");
   EXPECT_EQ(header.key_end().dtype(), "key_end");
+  EXPECT_EQ(header.query().dtype(), "query");
+  EXPECT_EQ(header.lse().dtype(), "lse");
+  EXPECT_EQ(header.index_key().dtype(), "index_key");
   for (const RequestTensor& tensor : kRequestTensors) {
-    if (tensor.role == TensorRole::kProjection) continue;
     const std::string dtype = tensor.role == TensorRole::kPerRow
                                   ? FindSpec(header, tensor)->dtype()
                                   : FindTensor(header, tensor)->dtype();
@@ -147,6 +148,8 @@ TEST(RequestTensors, BlockBytesAreWrittenAndReadInTheNamedField) {
   }
   EXPECT_EQ(block.attention_logits(), "attention_logits");
   EXPECT_EQ(block.attention_mask(), "attention_mask");
+  EXPECT_EQ(block.index_weights(), "index_weights");
+  EXPECT_EQ(block.lse(), "lse");
   const Descriptor& descriptor = *v1::RowBlock::descriptor();
   for (const RequestTensor& tensor : PerRowTensors()) {
     const FieldDescriptor* field =
@@ -185,11 +188,16 @@ TEST(RequestTensors, EachFormRequiresItsOwnTensors) {
 // target and the scores are the logits forms' alone; the masks, key bounds
 // and topk_indices are both's.
 TEST(RequestTensors, FormsShareTheMasksAndKeyBounds) {
+  const std::set<std::string> projections_only = {
+      "query", "key", "lse", "index_query", "index_key", "index_weights"};
   for (const RequestTensor& tensor : kRequestTensors) {
     const bool logits = TakenIn(RequestForm::kLogits, tensor);
     const bool projections = TakenIn(RequestForm::kProjections, tensor);
     EXPECT_TRUE(logits || projections) << tensor.name;
-    EXPECT_EQ(!logits, tensor.role == TensorRole::kProjection) << tensor.name;
+    EXPECT_EQ(!logits, projections_only.count(std::string(tensor.name)) > 0)
+        << tensor.name;
+    // The key side is the projections form's alone.
+    EXPECT_TRUE(tensor.role != TensorRole::kKeySide || !logits) << tensor.name;
     const bool logits_only = tensor.name == "attention_logits" ||
                              tensor.name == "attention_weights" ||
                              tensor.name == "indexer_scores";
@@ -203,6 +211,11 @@ TEST(RequestTensors, QuerySelectsTheProjectionsForm) {
   EXPECT_EQ(FormOf(request), RequestForm::kLogits);
   request.mutable_query();
   EXPECT_EQ(FormOf(request), RequestForm::kProjections);
+  v1::StreamHeader header;
+  header.mutable_indexer_scores();
+  EXPECT_EQ(FormOf(header), RequestForm::kLogits);
+  header.mutable_query();
+  EXPECT_EQ(FormOf(header), RequestForm::kProjections);
 }
 
 // Each entry a form takes has its own member of that form's inputs: a

@@ -382,23 +382,90 @@ def test_mixing_the_forms_names_the_field(client):
         attention_weights=np.ones((2, 8, 8), np.float32)), "indexer_scores")
 
 
-def test_the_projections_form_is_not_streamed(server):
-    p = projections(31)
+def stream_cases():
+    """(name, projections, options): dense causal over more rows than a
+    dense tile (128), sparse with the client's indices, the service's
+    top-k, a given lse, bf16 inputs under MEAN_VALID."""
+    rng = np.random.default_rng(41)
+    dense = projections(41, batch=2, rows=140, keys=140, heads=2,
+                        kv_heads=1, dim=8, index_heads=3, index_dim=4)
+    sparse = projections(42, rows=40, keys=48, heads=2, kv_heads=2, dim=4)
+    indices = np.stack([np.stack([rng.permutation(48)[:8]
+                                  for _ in range(40)]) for _ in range(2)])
+    indices = indices.astype(np.int32)
+    indices[1, 5, 3:] = -1
+    with_lse = projections(43, batch=1, rows=140, keys=100, heads=4,
+                           kv_heads=2, dim=8)
+    a, _, _, _ = projection_scores(**with_lse, softmax_scale=0.25)
+    valid = validity(1, 140, 100, causal=True)
+    bf16 = {k: v.astype(ml_dtypes.bfloat16) for k, v in projections(
+        44, batch=1, rows=130, keys=130, heads=2, kv_heads=2, dim=8).items()}
+    return [
+        ("dense_causal", dense, dict(causal=True, softmax_scale=0.35,
+                                     want_row_kl=True)),
+        ("sparse_client_indices", sparse,
+         dict(topk_indices=indices, num_keys=48, reduction="sum",
+              scaling_factor=0.5, grad_scale=2.0, want_row_kl=True)),
+        ("server_topk", projections(45, batch=1, rows=50, keys=50),
+         dict(causal=True, topk=5)),
+        ("lse", with_lse, dict(causal=True, softmax_scale=0.25,
+                               lse=lse_of(a, valid))),
+        ("bf16_mean_valid", bf16, dict(causal=True, flavor="maxtext",
+                                       reduction="mean_valid",
+                                       grad_dtype="bfloat16")),
+    ]
+
+
+@pytest.mark.parametrize("case", stream_cases(), ids=lambda c: c[0])
+def test_the_projections_form_streams_with_the_unary_bits(server, case):
+    """Streamed in blocks that end inside the server's tiles, the answer is
+    the unary one bit for bit (which matches the reference above)."""
+    _, p, options = case
     with server.client() as c:
-        invalid(lambda: c.compute_loss_from_projections(**p, stream=True),
-                "stream")
-    # Past the client's message limit: a clear error before sending, not a
-    # stream that would leave the projections out.
-    nbytes = sum(v.nbytes for v in p.values())
-    with server.client(max_message_bytes=nbytes - 1,
-                       stream_threshold_bytes=0) as c:
-        with pytest.raises(klserve.KlserveError) as info:
-            c.compute_loss_from_projections(**p)
-    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "not carry" in info.value.details
-    # Under it, a stream threshold below the request does not matter.
-    with server.client(stream_threshold_bytes=0) as c:
-        assert not c.compute_loss_from_projections(**p).streamed
+        unary = c.compute_loss_from_projections(**p, **options, stream=False)
+    assert not unary.streamed
+    # About 1, 7 and 129 rows of query side a block.
+    row_bytes = sum(v[0, 0].nbytes for k, v in p.items()
+                    if k in ("query", "index_query", "index_weights"))
+    for rows in (1, 7, 129):
+        with server.client(block_bytes=rows * row_bytes) as c:
+            streamed = c.compute_loss_from_projections(**p, **options,
+                                                       stream=True)
+        assert streamed.streamed
+        for field in ("loss", "unscaled_loss", "denominator",
+                      "rows_counted", "rows_fully_masked", "diagnostics"):
+            assert getattr(streamed, field) == getattr(unary, field), field
+        for field in GRADS + ("topk_indices", "row_kl"):
+            want, got = getattr(unary, field), getattr(streamed, field)
+            if want is None:
+                assert got is None, field
+                continue
+            assert got.dtype == want.dtype and got.shape == want.shape, field
+            assert got.tobytes() == want.tobytes(), (field, rows)
+
+
+def test_a_projections_problem_past_the_message_limit_streams(small_server):
+    """Past the server's 256 KiB message limit, compute_loss streams it on
+    its own, and the answer is the reference's."""
+    p = projections(46, batch=1, rows=1024, keys=64, heads=4, kv_heads=1,
+                    dim=16)
+    assert sum(v.nbytes for v in p.values()) > 262144
+    options = dict(causal=True, softmax_scale=0.25)
+    with small_server.client(stream_threshold_bytes=200000,
+                             block_bytes=65536) as c:
+        result = c.compute_loss_from_projections(**p, **options)
+    assert result.streamed
+    assert_matches(result, projections_reference(**p, **options))
+
+
+def test_the_stream_refuses_mean_valid_that_needs_every_row(server):
+    p = projections(47, keys=10)
+    indices = np.zeros((2, 8, 2), np.int32)
+    indices[..., 1] = 1
+    with server.client() as c:
+        invalid(lambda: c.compute_loss_from_projections(
+            **p, topk_indices=indices, num_keys=10, reduction="mean_valid",
+            stream=True), "reduction")
 
 
 def bad_key_heads(p):

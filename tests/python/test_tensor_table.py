@@ -35,16 +35,16 @@ def test_every_request_tensor_is_in_the_table():
 def test_stream_header_carries_each_tensor_as_its_role_says():
     assert fields_of(pb2.StreamHeader,
                      type_name="klserve.v1.TensorSpec") == table(Role.PER_ROW)
-    assert fields_of(pb2.StreamHeader,
-                     type_name="klserve.v1.Tensor") == table(Role.SMALL)
+    assert fields_of(pb2.StreamHeader, type_name="klserve.v1.Tensor") == (
+        table(Role.SMALL) | table(Role.KEY_SIDE))
 
 
-def test_unary_tensors_are_nowhere_in_the_stream():
-    unary = table(Role.UNARY)
-    assert set(PROJECTIONS) | {"lse"} == unary
-    for message in (pb2.StreamHeader, pb2.RowBlock):
-        assert not unary & {f.name for f in message.DESCRIPTOR.fields}, (
-            message)
+def test_the_key_side_is_whole_in_the_header_and_the_query_side_in_blocks():
+    assert table(Role.KEY_SIDE) == {"key", "index_key"}
+    query_side = set(PROJECTIONS) - table(Role.KEY_SIDE) | {"lse"}
+    assert query_side <= table(Role.PER_ROW)
+    block = {f.name for f in pb2.RowBlock.DESCRIPTOR.fields}
+    assert query_side <= block and not table(Role.KEY_SIDE) & block
 
 
 def test_the_indexer_gradients_are_response_tensors():

@@ -23,10 +23,10 @@ from klserve._errors import KlserveError, explain_unavailable, invalid_argument
 from klserve._signature import (PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
                                 ComputeLossOptions, loss_signature,
                                 projections_parameters, split_arguments)
-from klserve._stream import (RequestSlicer, ResponseAssembler,
-                             needs_counting_pass)
-from klserve._tensor_table import (INDEXER_GRADS, PROJECTIONS, SCORES,
-                                   TENSORS, Form, Role)
+from klserve._stream import (ProjectionsAssembler, RequestSlicer,
+                             ResponseAssembler, needs_counting_pass)
+from klserve._tensor_table import (INDEXER_GRADS, PROJECTIONS, QUERY, SCORES,
+                                   TENSORS, Form)
 from klserve._tensors import from_tensor, grad_wire_name, to_tensor
 
 try:
@@ -346,16 +346,12 @@ class Client:
         call = ComputeLossOptions(**option_arguments)
         if indexer_scores is not None:
             arrays[SCORES] = indexer_scores
-        projections = _check_form(arrays, call)
+        _check_form(arrays, call)
         tensors = {t.name: t.convert(t.name, arrays[t.name])
                    for t in TENSORS if t.name in arrays}
         options = self._options(call)
         tags = self._tags(call)
         total_bytes = sum(arr.nbytes for _, arr in tensors.values())
-        if projections:
-            self._check_unary_only(tensors, total_bytes, call.stream)
-            return self._compute_unary(tensors, options, tags,
-                                       call.request_id)
         stream = call.stream
         if stream is None:
             stream = total_bytes > self.stream_threshold_bytes
@@ -386,34 +382,14 @@ class Client:
         T != S, MaxText and Megatron clients send q_offset = 0 (their
         causal mask aligns the first query with the first key).
 
-        The request goes in one message: ComputeLossStream does not carry
-        this form yet, so a problem past max_message_bytes raises
-        KlserveError RESOURCE_EXHAUSTED before anything is sent.
+        As in the logits form, a request past stream_threshold_bytes (or
+        with stream=True) goes through ComputeLossStream: the key side whole
+        in its header, the query side in row blocks, with the same answer
+        bit for bit.
         """
         arguments.update(zip(PROJECTIONS, (query, key, index_query,
                                            index_key, index_weights)))
         return self.compute_loss(**arguments)
-
-    def _check_unary_only(self, tensors, total_bytes, stream):
-        """A request with tensors the stream has no field for goes as one
-        message, or not at all."""
-        unary = [t.name for t in TENSORS
-                 if t.role is Role.UNARY and t.name in tensors]
-        if stream:
-            raise invalid_argument(
-                "stream: %s cannot be streamed (ComputeLossStream does not "
-                "carry the projections form yet), got stream=True" %
-                ", ".join(unary))
-        if total_bytes > self.max_message_bytes:
-            raise KlserveError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                "%s: the projections form goes in one message "
-                "(ComputeLossStream does not carry it yet), and this "
-                "request's tensors are %d bytes, past the client's "
-                "max_message_bytes %d; send fewer rows per request (or "
-                "raise max_message_bytes and the server's "
-                "--max_message_bytes)" % (", ".join(unary), total_bytes,
-                                          self.max_message_bytes))
 
     @staticmethod
     def _options(call: ComputeLossOptions) -> Any:
@@ -483,9 +459,13 @@ class Client:
             for block in slicer.blocks(pb2, block_rows, counting_pass):
                 yield pb2.ComputeLossStreamRequest(block=block)
 
+        projections = QUERY in tensors
+
         def attempt(timeout, state):
-            assembler = ResponseAssembler(tensors[SCORES][1].shape,
-                                          counting_pass)
+            assembler = (
+                ProjectionsAssembler(slicer.batch, slicer.rows_per_batch)
+                if projections else
+                ResponseAssembler(tensors[SCORES][1].shape, counting_pass))
             result = None
             # grpc consumes the request iterator on its own thread, so
             # blocks go out while this thread reads the gradients.
@@ -517,8 +497,19 @@ class Client:
                     grpc.StatusCode.INTERNAL,
                     "ComputeLossStream: server broke the protocol: no result "
                     "before the end")
-            grad, row_kl = assembler.finish()
-            return _result(result, grad, row_kl, streamed=True)
+            if not projections:
+                grad, row_kl = assembler.finish()
+                return _result(result, grad, row_kl, streamed=True)
+            outputs = assembler.finish()
+            loss = _result(result, None, outputs.pop("row_kl", None),
+                           streamed=True)
+            for field, arr in outputs.items():
+                arr.flags.writeable = False  # as the unary call returns them
+                setattr(loss, field, arr)
+            if result.HasField("d_index_key") and result.d_index_key.dtype:
+                loss.d_index_key = from_tensor(result.d_index_key,
+                                               "d_index_key", writable=False)
+            return loss
 
         return self._with_retries(attempt)
 

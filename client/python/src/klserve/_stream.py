@@ -3,11 +3,18 @@
 and the GradBlocks put back together into the response the unary call would
 have returned. No gRPC here.
 
-Rows are r = b * T + t over the indexer scores' [B, T, X]; a block may cross
-batch boundaries. In a RowBlock a per-row tensor's rows are laid out as its
-table entry says (klserve._tensor_table): per-head logits [H, num_rows, X]
-(every head's rows of the block, one head after another), the other
-per-row tensors [num_rows, X].
+Rows are r = b * T + t over the indexer scores' [B, T, X] (the projections
+form: the query's [B, T, H, D]); a block may cross batch boundaries. In a
+RowBlock a per-row tensor's rows are laid out as its table entry says
+(klserve._tensor_table): per-head logits [H, num_rows, X] (every head's rows
+of the block, one head after another) and lse [H, num_rows], the other
+per-row tensors [num_rows, X...].
+
+The projections form sends its key side (key, index_key) whole in the
+header; each RowBlock is answered by a GradBlock of the rows it completed
+(the server computes whole tiles of rows, holding a block's last rows back
+until the next block completes their tile), which may begin in an earlier
+block or cover no rows; the result carries d_index_key.
 
 A REDUCTION_MEAN_VALID problem without row_valid is sent twice (protocol:
 RowBlock.counting in klserve.proto): its N is known only once every row has
@@ -22,7 +29,7 @@ import grpc
 import numpy as np
 
 from klserve._errors import KlserveError, invalid_argument
-from klserve._tensor_table import SCORES, TENSORS, Role
+from klserve._tensor_table import QUERY, SCORES, TENSORS, Role
 from klserve._tensors import FP64, WIRE_DTYPES, to_spec, to_tensor
 
 # The request's tensors as the client sends them: field -> (wire dtype name,
@@ -31,9 +38,11 @@ Tensors = Dict[str, Tuple[str, np.ndarray]]
 
 
 def needs_counting_pass(pb2: Any, options: Any, tensors: Tensors) -> bool:
-    """Whether the stream sends its rows twice, counting first."""
+    """Whether the stream sends its rows twice, counting first (never in the
+    projections form, whose N the server counts without the rows, or
+    refuses to stream)."""
     return (options.reduction == pb2.REDUCTION_MEAN_VALID and
-            "row_valid" not in tensors)
+            "row_valid" not in tensors and QUERY not in tensors)
 
 
 def _shape(shape):
@@ -49,27 +58,22 @@ class RequestSlicer:
 
     def __init__(self, tensors: Tensors) -> None:
         self._tensors = tensors
-        unary = [t.name for t in TENSORS
-                 if t.role is Role.UNARY and t.name in tensors]
-        if unary:
-            # The StreamHeader has no field for them: leaving them out would
-            # send another problem.
+        # The tensor that fixes B and T: the scores, or the query.
+        source = QUERY if QUERY in tensors else SCORES
+        entry = next(t for t in TENSORS if t.name == source)
+        if source not in tensors:
+            raise invalid_argument(source + ": must be given")
+        first = tensors[source][1]
+        if first.ndim != len(entry.layout):
             raise invalid_argument(
-                "%s: not carried by ComputeLossStream (the projections form "
-                "is not streamed yet), got a stream request with it" %
-                unary[0])
-        if SCORES not in tensors:
-            raise invalid_argument(SCORES + ": must be given")
-        scores = tensors[SCORES][1]
-        if scores.ndim != 3:
+                "%s: must be given with shape %s, got %s" %
+                (source, entry.shape_text, _shape(first.shape)))
+        if min(first.shape) < 1:
             raise invalid_argument(
-                "indexer_scores: must be given with shape [B, T, S or K], "
-                "got " + _shape(scores.shape))
-        if min(scores.shape) < 1:
-            raise invalid_argument(
-                "indexer_scores: dimensions must be >= 1, got " +
-                _shape(scores.shape))
-        self.batch, self.rows_per_batch, self.row_width = scores.shape
+                "%s: dimensions must be >= 1, got %s" %
+                (source, _shape(first.shape)))
+        self.batch, self.rows_per_batch = first.shape[:2]
+        self.row_width = first.shape[-1]
         # (field, array viewed as [B, dims between B and T, T, dims after
         # T], each group of dims flattened into one)
         self._parts = []
@@ -85,7 +89,7 @@ class RequestSlicer:
                     "%s: shape must be %s with B = %d and T = %d (from "
                     "%s), got %s" % (
                         entry.name, entry.shape_text, self.batch,
-                        self.rows_per_batch, SCORES, _shape(arr.shape)))
+                        self.rows_per_batch, source, _shape(arr.shape)))
             view = arr.reshape(self.batch, math.prod(arr.shape[1:t_axis]),
                                self.rows_per_batch,
                                math.prod(arr.shape[t_axis + 1:]))
@@ -251,3 +255,77 @@ class ResponseAssembler:
         if self._has_row_kl:
             row_kl = self._row_kl.reshape(self._batch, self._rows_per_batch)
         return grad, row_kl
+
+
+class ProjectionsAssembler:
+    """Rebuilds the projections form's per-row outputs from GradBlocks:
+    d_index_query [B, T, H_I, D_I], d_index_weights [B, T, H_I], the
+    service's topk_indices [B, T, K] and row_kl [B, T], each where the
+    blocks carry it. A block may cover no rows (and then carries nothing)."""
+
+    FIELDS = ("d_index_query", "d_index_weights", "topk_indices", "row_kl")
+
+    def __init__(self, batch: int, rows_per_batch: int) -> None:
+        self._batch, self._rows_per_batch = batch, rows_per_batch
+        self._total = batch * rows_per_batch
+        self.rows_done = 0
+        # field -> (wire dtype name, [total, ...] array), from the first
+        # block with rows; None until then.
+        self._outputs: Optional[Dict[str, Tuple[str, np.ndarray]]] = None
+
+    def add(self, block: Any) -> None:
+        n = block.num_rows
+        if (block.row_begin != self.rows_done or n < 0 or
+                n > self._total - self.rows_done):
+            raise _protocol_error(
+                "grad block rows [%d, +%d) do not continue at row %d of %d" %
+                (block.row_begin, n, self.rows_done, self._total))
+        if block.grad.data:
+            raise _protocol_error(
+                "grad block at row %d carries grad in the projections form" %
+                self.rows_done)
+        here = {f for f in self.FIELDS if getattr(block, f).data}
+        if n == 0:
+            if here:
+                raise _protocol_error(
+                    "grad block of no rows at row %d carries %s" %
+                    (self.rows_done, sorted(here)[0]))
+            return
+        if self._outputs is None:
+            self._outputs = {}
+            for field in sorted(here, key=self.FIELDS.index):
+                tensor = getattr(block, field)
+                dtype = WIRE_DTYPES.get(tensor.dtype)
+                if dtype is None:
+                    raise _protocol_error("%s dtype %r" %
+                                          (field, tensor.dtype))
+                self._outputs[field] = (tensor.dtype, np.empty(
+                    (self._total,) + tuple(tensor.shape[1:]), dtype))
+        if here != set(self._outputs):
+            raise _protocol_error(
+                "grad block at row %d carries %s unlike the first block" %
+                (self.rows_done, sorted(here ^ set(self._outputs))[0]))
+        rows = slice(self.rows_done, self.rows_done + n)
+        for field, (name, out) in self._outputs.items():
+            tensor = getattr(block, field)
+            expected = n * out[0].nbytes
+            if (tensor.dtype != name or
+                    tuple(tensor.shape) != (n,) + out.shape[1:] or
+                    len(tensor.data) != expected):
+                raise _protocol_error(
+                    "grad block at row %d: %s must be %d bytes of %s in %d "
+                    "rows, got %d bytes of %s" % (
+                        self.rows_done, field, expected, name, n,
+                        len(tensor.data), tensor.dtype))
+            out[rows] = np.frombuffer(tensor.data, out.dtype).reshape(
+                (n,) + out.shape[1:])
+        self.rows_done += n
+
+    def finish(self) -> Dict[str, np.ndarray]:
+        """The assembled outputs, [B, T, ...] each, by field name."""
+        if self.rows_done != self._total:
+            raise _protocol_error("result arrived after %d of %d rows" %
+                                  (self.rows_done, self._total))
+        return {field: out.reshape((self._batch, self._rows_per_batch) +
+                                   out.shape[1:])
+                for field, (_, out) in (self._outputs or {}).items()}

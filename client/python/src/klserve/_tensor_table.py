@@ -21,9 +21,10 @@ class Role(enum.Enum):
     # Sent whole in the StreamHeader (a Tensor): small next to the per-row
     # ones, and needed by every row.
     SMALL = "small"
-    # Sent in a ComputeLossRequest only: the stream has no field for it yet
-    # (the projections form), so a request with one is never streamed.
-    UNARY = "unary"
+    # The projections form's key side: every query row reads all of it, so
+    # it too is sent whole in the StreamHeader, where the server holds it
+    # for the stream's life (--max_stream_key_bytes).
+    KEY_SIDE = "key side"
 
 
 class Form(enum.Flag):
@@ -70,21 +71,24 @@ TENSORS = (
     RequestTensor("row_valid", Role.SMALL, bool_input, ("B", "T")),
     RequestTensor("key_start", Role.SMALL, int32_input, ("B", "T")),
     RequestTensor("key_end", Role.SMALL, int32_input, ("B", "T")),
-    RequestTensor("query", Role.UNARY, float_input, ("B", "T", "H", "D"),
+    RequestTensor("query", Role.PER_ROW, float_input, ("B", "T", "H", "D"),
                   Form.PROJECTIONS),
-    RequestTensor("key", Role.UNARY, float_input, ("B", "S", "H_kv", "D"),
+    RequestTensor("key", Role.KEY_SIDE, float_input, ("B", "S", "H_kv", "D"),
                   Form.PROJECTIONS),
-    RequestTensor("lse", Role.UNARY, fp32_input, ("B", "H", "T"),
+    RequestTensor("lse", Role.PER_ROW, fp32_input, ("B", "H", "T"),
                   Form.PROJECTIONS),
-    RequestTensor("index_query", Role.UNARY, float_input,
+    RequestTensor("index_query", Role.PER_ROW, float_input,
                   ("B", "T", "H_I", "D_I"), Form.PROJECTIONS),
-    RequestTensor("index_key", Role.UNARY, float_input, ("B", "S", "D_I"),
+    RequestTensor("index_key", Role.KEY_SIDE, float_input, ("B", "S", "D_I"),
                   Form.PROJECTIONS),
-    RequestTensor("index_weights", Role.UNARY, float_input,
+    RequestTensor("index_weights", Role.PER_ROW, float_input,
                   ("B", "T", "H_I"), Form.PROJECTIONS),
 )
 
 SCORES = TENSORS[0].name
+# What fixes B and T in the projections form, as the scores do in the logits
+# form.
+QUERY = "query"
 
 # The projections form's tensors that every request of it carries, in the
 # order of compute_loss_from_projections' positional arguments.
