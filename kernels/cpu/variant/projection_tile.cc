@@ -312,10 +312,12 @@ DenseScratch& ThisThreadsScratch() {
   return *dense_scratch;
 }
 
-class DenseTile {
+// What a dense and a sparse tile both start from: the problem, the tile,
+// its rows' inputs as floats, their validity.
+class TileBase {
  public:
-  DenseTile(const ProjectionsProblem& p, const ProjectionsRowData& data,
-            const ProjectionTile& tile, const ProjectionTileOutputs& out)
+  TileBase(const ProjectionsProblem& p, const ProjectionsRowData& data,
+           const ProjectionTile& tile, const ProjectionTileOutputs& out)
       : p_(p),
         lp_(p.logits),
         data_(data),
@@ -324,6 +326,21 @@ class DenseTile {
         n_(tile.t_end - tile.t_begin),
         r0_(tile.b * p.T + tile.t_begin),
         in_(p, data, r0_, n_) {}
+
+ protected:
+  const ProjectionsProblem& p_;
+  const IndexerKlProblem& lp_;
+  const ProjectionsRowData& data_;
+  const ProjectionTile& tile_;
+  const ProjectionTileOutputs& out_;
+  const int64_t n_, r0_;
+  TileInputs in_;
+  TileValidity tv_;
+};
+
+class DenseTile : private TileBase {
+ public:
+  using TileBase::TileBase;
 
   absl::Status Compute(int64_t& failed_row) {
     RowScratch& scratch = RowScratch::ForThisThread(lp_);
@@ -605,14 +622,6 @@ class DenseTile {
     StoreQueryGrads(p_, tile_, out_, dq.data(), dw.data());
   }
 
-  const ProjectionsProblem& p_;
-  const IndexerKlProblem& lp_;
-  const ProjectionsRowData& data_;
-  const ProjectionTile& tile_;
-  const ProjectionTileOutputs& out_;
-  const int64_t n_, r0_;
-  TileInputs in_;
-  TileValidity tv_;
   int64_t lo_ = 0, hi_ = 0;
   int64_t L_ = 0;  // slots per row of w_, I_ and g_
   DenseScratch& big_ = ThisThreadsScratch();
@@ -691,18 +700,9 @@ absl::Status SelectTopk(const ProjectionsProblem& p,
   return absl::OkStatus();
 }
 
-class SparseTile {
+class SparseTile : private TileBase {
  public:
-  SparseTile(const ProjectionsProblem& p, const ProjectionsRowData& data,
-             const ProjectionTile& tile, const ProjectionTileOutputs& out)
-      : p_(p),
-        lp_(p.logits),
-        data_(data),
-        tile_(tile),
-        out_(out),
-        n_(tile.t_end - tile.t_begin),
-        r0_(tile.b * p.T + tile.t_begin),
-        in_(p, data, r0_, n_) {}
+  using TileBase::TileBase;
 
   absl::Status Compute(int64_t& failed_row) {
     RowData data;
@@ -889,14 +889,6 @@ class SparseTile {
     StoreQueryGrads(p_, tile_, out_, dq.data(), dw.data());
   }
 
-  const ProjectionsProblem& p_;
-  const IndexerKlProblem& lp_;
-  const ProjectionsRowData& data_;
-  const ProjectionTile& tile_;
-  const ProjectionTileOutputs& out_;
-  const int64_t n_, r0_;
-  TileInputs in_;
-  TileValidity tv_;
   std::vector<int32_t> keys_;     // [n, K]: each row's valid slots' keys
   std::vector<int64_t> counts_;   // valid slots per row
   std::vector<float> w_, I_, g_;  // [n, K]
