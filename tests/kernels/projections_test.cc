@@ -458,6 +458,24 @@ TEST(ProjectionsTest, MasksRowValidAndFullyMaskedRows) {
   ExpectMatchesReference(p);
 }
 
+TEST(ProjectionsTest, TilesWithoutAnyValidKeyGiveZeros) {
+  // Causal with q_offset = -200: rows t < 200 see no key, so the first
+  // tile has none at all; the second tile's rows see some.
+  RefProjections p = RandomProblem(24, 1, 260, 70, 2, 1, 4, 2, 4);
+  p.options.causal = true;
+  p.options.q_offset = -200;
+  for (RefReduction reduction :
+       {RefReduction::kMean, RefReduction::kMeanValid}) {
+    p.options.reduction = reduction;
+    ExpectMatchesReference(p);
+    Extras topk;
+    topk.topk = 3;
+    ExpectMatchesReference(p, topk);
+  }
+  p.options.q_offset = -1000;  // no key anywhere: N = 0 under MEAN_VALID
+  ExpectMatchesReference(p);
+}
+
 TEST(ProjectionsTest, GivenLseMatchesTheReference) {
   RefProjections p = RandomProblem(10, 2, 5, 6, 3, 3, 4, 2, 4);
   p.options.causal = true;

@@ -356,12 +356,14 @@ class DenseTile : private TileBase {
     IndexerKlProblem rows = lp_;
     rows.row_length = L_ = std::max<int64_t>(hi_, 1);
     // w accumulates; the scores are written on [lo_, hi_) and must be finite
-    // (0) before; the row code writes every slot of g.
+    // (0) elsewhere; the row code writes every slot of g.
     w_ = big_.w.Get(n_ * L_);
     I_ = big_.I.Get(n_ * L_);
     std::fill(w_, w_ + n_ * L_, 0.0f);
-    for (int64_t i = 0; i < n_; ++i)
+    for (int64_t i = 0; i < n_; ++i) {
       std::fill(I_ + i * L_, I_ + i * L_ + lo_, 0.0f);
+      std::fill(I_ + i * L_ + hi_, I_ + (i + 1) * L_, 0.0f);  // hi_ = 0
+    }
     if (absl::Status s = TargetAndScores(failed_row); !s.ok()) return s;
     if (tile_.want_grad) g_ = big_.g.Get(n_ * L_);
     if (absl::Status s = TileRowLosses(rows, tile_, tv_, w_, I_, g_,
