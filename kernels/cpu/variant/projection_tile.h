@@ -27,6 +27,19 @@ absl::Status CountRowsWithKeys(const ProjectionsProblem& problem,
                                const ProjectionsRowData& data, RowRange rows,
                                int64_t& count, int64_t& failed_row);
 
+// The two stages' tiles (dense_projection_tile.cc,
+// sparse_projection_tile.cc), which ComputeProjectionTile picks between.
+absl::Status ComputeDenseProjectionTile(const ProjectionsProblem& problem,
+                                        const ProjectionsRowData& data,
+                                        const ProjectionTile& tile,
+                                        const ProjectionTileOutputs& outputs,
+                                        int64_t& failed_row);
+absl::Status ComputeSparseProjectionTile(const ProjectionsProblem& problem,
+                                         const ProjectionsRowData& data,
+                                         const ProjectionTile& tile,
+                                         const ProjectionTileOutputs& outputs,
+                                         int64_t& failed_row);
+
 // Frees what this thread's tiles kept for reuse: for when the thread has
 // computed its last tile of a request.
 void ReleaseProjectionScratch();
