@@ -97,6 +97,10 @@ class ServerInfo:
     max_concurrent_requests: int
     input_dtypes: Tuple[str, ...]
     grad_dtypes: Tuple[str, ...]
+    # Streams open at once, and what one stream of the projections form may
+    # hold for its key side (--max_stream_key_bytes).
+    max_open_streams: int
+    max_stream_key_bytes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,7 +312,9 @@ class Client:
             max_tensor_bytes=r.max_tensor_bytes,
             max_concurrent_requests=r.max_concurrent_requests,
             input_dtypes=tuple(r.input_dtypes),
-            grad_dtypes=tuple(r.grad_dtypes))
+            grad_dtypes=tuple(r.grad_dtypes),
+            max_open_streams=r.max_open_streams,
+            max_stream_key_bytes=r.max_stream_key_bytes)
 
     def finish_step(self, run: str, step: int) -> StepResult:
         """Publishes the run's step now; KlserveError NOT_FOUND when the
