@@ -23,6 +23,7 @@
 # SANITIZE=0 leaves the sanitize stage out of `test` (a quick local run);
 # FUZZ_SECONDS (default 60) bounds the fuzzer. CONTAINER=0 leaves the
 # container stage out of `test` (it needs root or sudo for podman).
+# MIN_FREE_GIB (default 11) is the free disk a first `test` asks for.
 #
 # BUILD_DIR overrides the build directory; CONTAINER_DIR (build-container)
 # holds the container stage's files.
@@ -116,8 +117,13 @@ python_deps() {
   if [[ ! -f "$stamp" || "$(cat "$stamp")" != "${PYTHON_PACKAGES[*]}" ]]; then
     log "making $VENV with: ${PYTHON_PACKAGES[*]}"
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check \
+    # torch's CUDA wheels make this about 6 GiB: no cache of the wheels
+    # beside it, and pip's scratch on the build's disk, not a small /tmp.
+    mkdir -p "$BUILD_DIR/pip-scratch"
+    TMPDIR="$BUILD_DIR/pip-scratch" PIP_NO_CACHE_DIR=1 \
+      "$VENV/bin/pip" install -q --disable-pip-version-check \
       "${PYTHON_PACKAGES[@]}"
+    rm -rf "$BUILD_DIR/pip-scratch"
     echo "${PYTHON_PACKAGES[*]}" > "$stamp"
   fi
   # The client from this checkout, every time (about a second, offline):
@@ -155,7 +161,23 @@ build_service() {
   cmake --build "$BUILD_DIR" --target klserve klctl
 }
 
+# What a full `test` leaves on the build's disk at its peak, measured: the
+# venv (about 6 GiB, torch's CUDA wheels most of it), the three builds and
+# the container stage's images. Too little free space fails here at once,
+# with this message, rather than an hour in with ENOSPC.
+check_free_disk() {
+  local need_gib="${MIN_FREE_GIB:-11}" free_kib
+  mkdir -p "$BUILD_DIR"
+  free_kib="$(df -Pk "$BUILD_DIR" | awk 'NR == 2 { print $4 }')"
+  if (( free_kib < need_gib * 1024 * 1024 )); then
+    log "test needs about $need_gib GiB free on $BUILD_DIR's disk and" \
+        "there are $((free_kib / 1024 / 1024)) GiB (MIN_FREE_GIB overrides)"
+    return 1
+  fi
+}
+
 run_tests() {
+  [[ -f "$VENV/.klserve-packages" ]] || check_free_disk
   deps
   python_deps
   build
@@ -207,13 +229,22 @@ EOF_CONF
     "${sudo[@]}" rm -rf "$CONTAINER_DIR/rootfs"
   fi
   log "container: building $CPU_IMAGE"
+  local previous
+  previous="$("${podman[@]}" image inspect --format '{{.Id}}' "$CPU_IMAGE" \
+    2>/dev/null || true)"
   # --format docker keeps the HEALTHCHECK (the OCI format has none);
-  # --network host: the build's apt needs no container network set up.
-  "${podman[@]}" build --format docker --network host \
+  # --network host: the build's apt needs no container network set up;
+  # --layers=false keeps no build stage behind (a gigabyte each run).
+  "${podman[@]}" build --format docker --network host --layers=false \
     -f "$ROOT/deploy/docker/Dockerfile" \
     --build-arg BUILD_IMAGE="$BASE_IMAGE" \
     --build-arg RUNTIME_IMAGE="$BASE_IMAGE" \
     --build-arg KLSERVE_CUDA=OFF -t "$CPU_IMAGE" "$ROOT"
+  # The image this tag named before is dangling now: not kept.
+  if [[ -n "$previous" && "$previous" != "$("${podman[@]}" image inspect \
+        --format '{{.Id}}' "$CPU_IMAGE")" ]]; then
+    "${podman[@]}" rmi "$previous" >/dev/null 2>&1 || true
+  fi
   log "container: image built in $((SECONDS - start)) s"
   "$ROOT/deploy/docker/check-image.sh" "$CPU_IMAGE" "$BUILD_DIR/client/klctl" \
     "${podman[@]}"
