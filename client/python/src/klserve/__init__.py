@@ -21,12 +21,15 @@ contract is proto/klserve/v1/klserve.proto (its generated stubs are
 """
 
 from klserve._errors import KlserveError
-from klserve._client import (Client, LossResult, ServerInfo, StepResult,
-                             default_client, set_default_client)
+from klserve._client import (Client, LossResult, RegionList, RegionStatus,
+                             ServerInfo, StepResult, default_client,
+                             set_default_client)
 from klserve._signature import ComputeLossOptions
+from klserve.shared_memory import SharedMemoryRegion
 
 __version__ = "0.1.0"
 
 __all__ = ["Client", "ComputeLossOptions", "KlserveError", "LossResult",
-           "ServerInfo", "StepResult", "default_client", "set_default_client",
+           "RegionList", "RegionStatus", "ServerInfo", "SharedMemoryRegion",
+           "StepResult", "default_client", "set_default_client",
            "__version__"]

@@ -4,6 +4,7 @@ klserve::Client (client/client.h)."""
 
 import dataclasses
 import inspect
+import logging
 import random
 import threading
 import time
@@ -20,6 +21,8 @@ import numpy.typing as npt
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from klserve._errors import KlserveError, explain_unavailable, invalid_argument
+from klserve._shm_layouts import (Layout, LayoutPool, is_local_target,
+                                  output_specs, plan)
 from klserve._signature import (PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
                                 ComputeLossOptions, loss_signature,
                                 projections_parameters, split_arguments)
@@ -27,7 +30,9 @@ from klserve._stream import (ProjectionsAssembler, RequestSlicer,
                              ResponseAssembler, needs_counting_pass)
 from klserve._tensor_table import (INDEXER_GRADS, PROJECTIONS, QUERY, SCORES,
                                    TENSORS, Form)
-from klserve._tensors import from_tensor, grad_wire_name, to_tensor
+from klserve._tensors import (WIRE_DTYPES, from_tensor, grad_wire_name,
+                              to_tensor)
+from klserve.shared_memory import SharedMemoryRegion
 
 try:
     from klserve.v1 import klserve_pb2 as pb2
@@ -83,6 +88,12 @@ class LossResult:
     d_index_key: Optional[np.ndarray] = None
     d_index_weights: Optional[np.ndarray] = None
     topk_indices: Optional[np.ndarray] = None
+    # Whether the call went through shared memory (Client(shared_memory=
+    # True)). Its output arrays (grad, row_kl, d_index_*, topk_indices)
+    # are then writable views of the client's region for this call shape,
+    # which the next call of the same shapes overwrites, unless the client
+    # has copy_outputs=True.
+    shared_memory: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +112,29 @@ class ServerInfo:
     # hold for its key side (--max_stream_key_bytes).
     max_open_streams: int
     max_stream_key_bytes: int
+    # Whether it serves shared-memory regions (--shared_memory), to callers
+    # on its host.
+    shared_memory: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionStatus:
+    """A registered region (ListRegions)."""
+    name: str
+    key: str               # the object, /dev/shm/<key>
+    offset: int
+    byte_size: int
+    users: int             # calls using it now
+    lease_left_seconds: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionList:
+    """ListRegions' answer: the regions, by name, and the server's limits
+    on all of them together (--max_regions, --max_region_bytes)."""
+    regions: Tuple[RegionStatus, ...]
+    max_regions: int
+    max_region_bytes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +212,31 @@ class Client:
     TLS; `tls_server_name` is the name the server's certificate must carry
     when the target's host is not it. `auth_token` is sent as
     `authorization: Bearer <token>` on every call.
+
+    Shared memory (`shared_memory=True`, docs/shared-memory.md): for a
+    target on this host (`unix:` sockets, localhost, 127.0.0.0/8, [::1])
+    whose server runs with --shared_memory, unary compute_loss calls place
+    their tensors in POSIX shared-memory regions of this client, registered
+    with the server, instead of the message: the inputs are copied into the
+    region (one copy each; none for arrays already in a region registered
+    with this client, see klserve.SharedMemoryRegion) and the server writes
+    the outputs there. A call shape (the tensors' dtypes and shapes and the
+    outputs asked for) keeps its region for the next call of that shape, up
+    to `shared_memory_layouts` shapes, least recently used closed first. No
+    size threshold applies then: a call streams only with stream=True.
+
+    The outputs (grad, row_kl, d_index_query, d_index_key,
+    d_index_weights, topk_indices) are then NumPy views of the region, with
+    no copy: they are valid until the next call of the same shapes, which
+    writes over them (LossResult.shared_memory says so). Keep one past that
+    with .copy(), or make the client with `copy_outputs=True`. A remote
+    target, a server without --shared_memory or one that refuses to
+    register (UNIMPLEMENTED, PERMISSION_DENIED, RESOURCE_EXHAUSTED, or
+    /dev/shm full) turns it off for this client, with one warning on the
+    "klserve" logger; calls then carry their bytes inline. A region whose
+    lease ran out while the job was idle (NOT_FOUND) is registered again
+    and the call retried, once. close() unregisters and removes the
+    regions.
     """
 
     def __init__(self, target: str = "localhost:50051", *,
@@ -191,7 +250,10 @@ class Client:
                  tls_cert_file: Optional[str] = None,
                  tls_key_file: Optional[str] = None,
                  tls_server_name: Optional[str] = None,
-                 auth_token: Optional[str] = None) -> None:
+                 auth_token: Optional[str] = None,
+                 shared_memory: bool = False,
+                 shared_memory_layouts: int = 8,
+                 copy_outputs: bool = False) -> None:
         if not target:
             raise ValueError("target: must not be empty")
         if not (deadline > 0 and np.isfinite(deadline)):
@@ -209,6 +271,8 @@ class Client:
             raise ValueError("stream_threshold_bytes: must be >= 0")
         if block_bytes < 1:
             raise ValueError("block_bytes: must be >= 1")
+        if shared_memory_layouts < 1:
+            raise ValueError("shared_memory_layouts: must be >= 1")
         self.target = target
         self.deadline = float(deadline)
         self.max_message_bytes = int(max_message_bytes)
@@ -244,10 +308,31 @@ class Client:
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._random = random.Random()
         self._random_lock = threading.Lock()
+        # Shared memory: None until the first call decides (the target, the
+        # server's answer), then True or False for the client's life.
+        self.shared_memory = bool(shared_memory)
+        self.copy_outputs = bool(copy_outputs)
+        self._shm_on: Optional[bool] = None if shared_memory else False
+        self._shm_lock = threading.Lock()
+        self._layouts = LayoutPool(int(shared_memory_layouts),
+                                   self._close_layout)
+        # The caller's regions registered through this client, by name:
+        # arrays in them travel by reference.
+        self._user_regions: Dict[str, SharedMemoryRegion] = {}
 
     # -- lifetime ----------------------------------------------------------
 
     def close(self) -> None:
+        """Closes the client's regions (unregistered, unlinked), ends the
+        registrations of the caller's regions made through it, and closes
+        the channel."""
+        self._layouts.close_all()
+        with self._shm_lock:
+            regions = list(self._user_regions.values())
+        for region in regions:
+            name = region.name
+            region._registration = None  # pylint: disable=protected-access
+            self._drop_region(region, name)
         self._channel.close()
 
     def __enter__(self) -> "Client":
@@ -314,7 +399,8 @@ class Client:
             input_dtypes=tuple(r.input_dtypes),
             grad_dtypes=tuple(r.grad_dtypes),
             max_open_streams=r.max_open_streams,
-            max_stream_key_bytes=r.max_stream_key_bytes)
+            max_stream_key_bytes=r.max_stream_key_bytes,
+            shared_memory=r.shared_memory)
 
     def finish_step(self, run: str, step: int) -> StepResult:
         """Publishes the run's step now; KlserveError NOT_FOUND when the
@@ -325,6 +411,101 @@ class Client:
         return StepResult(indexer_loss=r.indexer_loss,
                           indexer_loss_unscaled=r.indexer_loss_unscaled,
                           requests=r.requests)
+
+    # -- shared-memory regions ---------------------------------------------
+
+    def register_region(self, name: str, key: str, offset: int,
+                        byte_size: int) -> int:
+        """RegisterRegion: bytes [offset, offset + byte_size) of the POSIX
+        shared-memory object /dev/shm/<key>, named `name` in requests;
+        returns the lease in seconds. The same name, key, offset and size
+        again renews it; the name with other values is ALREADY_EXISTS. The
+        caller must be on the server's host (PERMISSION_DENIED otherwise)
+        and the server run with --shared_memory (UNIMPLEMENTED otherwise).
+        SharedMemoryRegion.register is the usual way in."""
+        request = pb2.RegisterRegionRequest(name=name, key=key,
+                                            offset=int(offset),
+                                            byte_size=int(byte_size))
+        r = self._with_retries(lambda timeout, _: self._stub.RegisterRegion(
+            request, timeout=timeout, metadata=self._metadata))
+        return int(r.lease_seconds)
+
+    def unregister_region(self, name: str) -> None:
+        """UnregisterRegion: NOT_FOUND for an unknown name,
+        FAILED_PRECONDITION while calls use it."""
+        request = pb2.UnregisterRegionRequest(name=name)
+        self._with_retries(lambda timeout, _: self._stub.UnregisterRegion(
+            request, timeout=timeout, metadata=self._metadata))
+
+    def list_regions(self) -> RegionList:
+        """ListRegions: every region the server holds, any client's."""
+        r = self._with_retries(lambda timeout, _: self._stub.ListRegions(
+            pb2.ListRegionsRequest(), timeout=timeout,
+            metadata=self._metadata))
+        return RegionList(
+            regions=tuple(RegionStatus(
+                name=x.name, key=x.key, offset=x.offset,
+                byte_size=x.byte_size, users=x.users,
+                lease_left_seconds=x.lease_left_seconds) for x in r.regions),
+            max_regions=r.max_regions, max_region_bytes=r.max_region_bytes)
+
+    def _adopt_region(self, region: SharedMemoryRegion) -> None:
+        """A caller's region registered through this client: its arrays go
+        by reference from now on."""
+        with self._shm_lock:
+            self._user_regions[region.name] = region
+
+    def _forget_region(self, region: SharedMemoryRegion) -> None:
+        with self._shm_lock:
+            if self._user_regions.get(region.name) is region:
+                del self._user_regions[region.name]
+
+    def _drop_region(self, region: SharedMemoryRegion, name: str) -> None:
+        """Forgets a region and unregisters it, best effort: on close, a
+        server that is gone (or a call still using it) leaves it to the
+        lease, and a closing client does not wait out its deadline."""
+        with self._shm_lock:
+            if self._user_regions.get(name) is region:
+                del self._user_regions[name]
+        try:
+            self._stub.UnregisterRegion(
+                pb2.UnregisterRegionRequest(name=name), timeout=2.0,
+                metadata=self._metadata)
+        except grpc.RpcError:
+            pass
+
+    def _close_layout(self, layout: Layout) -> None:
+        self._drop_region(layout.region, layout.name)
+        layout.region.close()
+
+    def _shared_memory_usable(self) -> bool:
+        """Whether calls go through shared memory; decided on the first
+        call (the target, then GetServerInfo) and kept."""
+        if self._shm_on is not None:
+            return self._shm_on
+        if not is_local_target(self.target):
+            self._shared_memory_off("the target %r is not on this host" %
+                                    self.target)
+        elif not self.server_info().shared_memory:
+            self._shared_memory_off("the server does not serve regions "
+                                    "(start it with --shared_memory)")
+        else:
+            with self._shm_lock:
+                if self._shm_on is None:
+                    self._shm_on = True
+        return bool(self._shm_on)
+
+    def _shared_memory_off(self, why: str) -> None:
+        """Turns shared memory off for this client, with the one log line
+        that says so."""
+        with self._shm_lock:
+            if self._shm_on is False:
+                return
+            self._shm_on = False
+        logging.getLogger("klserve").warning(
+            "klserve.Client(%r): shared memory off, tensors travel inline: "
+            "%s", self.target, why)
+        self._layouts.drop_idle()
 
     # -- the loss ----------------------------------------------------------
 
@@ -359,6 +540,12 @@ class Client:
         tags = self._tags(call)
         total_bytes = sum(arr.nbytes for _, arr in tensors.values())
         stream = call.stream
+        if not stream and self._shm_on is not False:
+            if self._shared_memory_usable():
+                result = self._compute_shared(tensors, options, tags,
+                                              call.request_id)
+                if result is not None:
+                    return result
         if stream is None:
             stream = total_bytes > self.stream_threshold_bytes
         if stream:
@@ -454,6 +641,149 @@ class Client:
                                                    field, writable=False))
         return result
 
+    def _compute_shared(self, tensors, options, tags, request_id):
+        """The unary call with its tensors in shared memory; None when it
+        must go inline instead (shapes too malformed to lay out, which the
+        server then names, or shared memory just turned off)."""
+        outputs = output_specs(tensors, options)
+        if outputs is None:
+            return None
+        # Arrays in a region the caller registered go by reference.
+        with self._shm_lock:
+            user_regions = list(self._user_regions.values())
+        placed = {}
+        for field, (_, arr) in tensors.items():
+            for region in user_regions:
+                offset = region.offset_of(arr)
+                name = region.name
+                if offset is not None and name is not None:
+                    placed[field] = (region, name, offset)
+                    break
+        inputs = {field: (arr.dtype, arr.shape)
+                  for field, (_, arr) in tensors.items() if field not in placed}
+        output_slots = {field: (dtype, shape)
+                        for field, (_, dtype, shape) in outputs.items()}
+        key = (tuple(inputs.items()), tuple(output_slots.items()))
+        layout = self._layouts.take(key)
+        if layout is None:
+            layout = self._new_layout(inputs, output_slots)
+            if layout is None:
+                return None
+            self._layouts.add(key, layout)
+        try:
+            request = pb2.ComputeLossRequest(request_id=request_id,
+                                             options=options)
+            if tags is not None:
+                request.tags.CopyFrom(tags)
+            for field, (name, arr) in tensors.items():
+                tensor = getattr(request, field)
+                tensor.dtype = name
+                tensor.shape.extend(arr.shape)
+                if field in placed:
+                    _, region_name, offset = placed[field]
+                else:
+                    offset, dtype, shape = layout.inputs[field]
+                    np.copyto(layout.region.array(offset, shape, dtype), arr,
+                              casting="no")
+                    region_name = layout.name
+                tensor.region.region = region_name
+                tensor.region.offset = offset
+                tensor.region.byte_size = arr.nbytes
+            for field, (offset, dtype, shape) in layout.outputs.items():
+                target = getattr(request.outputs, field)
+                target.region = layout.name
+                target.offset = offset
+                target.byte_size = (int(np.prod(shape, dtype=np.int64)) *
+                                    dtype.itemsize)
+
+            def call():
+                return self._with_retries(
+                    lambda timeout, _: self._stub.ComputeLoss(
+                        request, timeout=timeout, metadata=self._metadata))
+
+            try:
+                response = call()
+            except KlserveError as e:
+                # A region whose lease ran out while the job was idle: the
+                # server forgot it, the file is still here. Once.
+                if e.code != grpc.StatusCode.NOT_FOUND:
+                    raise
+                self.register_region(layout.name, layout.region.key, 0,
+                                     layout.region.byte_size)
+                for region, region_name, _ in placed.values():
+                    self.register_region(region_name, region.key, 0,
+                                         region.byte_size)
+                response = call()
+            return self._shared_result(response, layout)
+        finally:
+            self._layouts.give_back(layout)
+
+    def _new_layout(self, inputs, outputs) -> Optional[Layout]:
+        """A registered region for a call shape; None (and shared memory
+        off) when it cannot be made or the server refuses it."""
+        size, input_slots, output_slots = plan(inputs, outputs)
+        try:
+            region = SharedMemoryRegion(size)
+        except OSError as e:
+            self._shared_memory_off("cannot make a region of %d bytes in "
+                                    "/dev/shm: %s" % (size, e))
+            return None
+        refusals = (grpc.StatusCode.UNIMPLEMENTED,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED)
+        for attempt in (1, 2):
+            try:
+                self.register_region(region.key, region.key, 0, size)
+                return Layout(region, input_slots, output_slots)
+            except KlserveError as e:
+                # Past the server's limits, the regions of other shapes
+                # this client keeps idle may be what is in the way.
+                if (e.code == grpc.StatusCode.RESOURCE_EXHAUSTED and
+                        attempt == 1 and self._layouts.drop_idle()):
+                    continue
+                region.close()
+                if e.code in refusals:
+                    self._shared_memory_off("RegisterRegion: %s" % e)
+                    return None
+                raise
+        return None  # not reached: the second attempt returns or raises
+
+    def _shared_result(self, response, layout: Layout) -> LossResult:
+        result = _result(response, None, None, streamed=False)
+        result.shared_memory = True
+        for field in _OUTPUTS:
+            if not response.HasField(field):
+                continue
+            tensor = getattr(response, field)
+            if not tensor.dtype:
+                continue
+            if tensor.HasField("region"):
+                arr = self._region_output(tensor, field, layout)
+            else:
+                arr = from_tensor(tensor, field,
+                                  writable=field in ("grad", "row_kl"))
+            setattr(result, field, arr)
+        return result
+
+    def _region_output(self, tensor, field: str, layout: Layout
+                       ) -> np.ndarray:
+        """An output the server wrote into the layout's region: a view of
+        it (a copy with copy_outputs)."""
+        if field not in layout.outputs:
+            raise _broke_protocol("%s: in a region, which the request did "
+                                  "not give it" % field)
+        offset, dtype, shape = layout.outputs[field]
+        where = tensor.region
+        if (where.region != layout.name or where.offset != offset or
+                WIRE_DTYPES.get(tensor.dtype) != dtype or
+                tuple(tensor.shape) != shape):
+            raise _broke_protocol(
+                "%s: %s %s in region %r at %d, asked for %s at %d of %r" % (
+                    field, tensor.dtype, list(tensor.shape), where.region,
+                    where.offset, list(shape), offset, layout.name))
+        view = layout.region.array(offset, shape, dtype)
+        return view.copy() if self.copy_outputs else view
+
     def _compute_streaming(self, tensors, options, tags, request_id):
         slicer = RequestSlicer(tensors)
         block_rows = slicer.block_rows_for(self.block_bytes)
@@ -518,6 +848,15 @@ class Client:
             return loss
 
         return self._with_retries(attempt)
+
+
+# The response's tensors, all of which OutputRegions can direct.
+_OUTPUTS = ("grad", "row_kl") + INDEXER_GRADS + ("topk_indices",)
+
+
+def _broke_protocol(what: str) -> KlserveError:
+    return KlserveError(grpc.StatusCode.INTERNAL,
+                        "server broke the protocol: " + what)
 
 
 _LOGITS_ONLY = tuple(t.name for t in TENSORS if t.forms == Form.LOGITS)
@@ -605,5 +944,6 @@ def set_default_client(client: Client) -> None:
         _default_client = client
 
 
-__all__ = ["Client", "LossResult", "ServerInfo", "StepResult",
-           "default_client", "set_default_client"]
+__all__ = ["Client", "LossResult", "RegionList", "RegionStatus",
+           "ServerInfo", "StepResult", "default_client",
+           "set_default_client"]

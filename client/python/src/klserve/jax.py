@@ -19,6 +19,12 @@ indexer_scores is differentiable: every other input (the target above all)
 gets a zero cotangent, as in the spec, where no gradient flows into p.
 A plain forward evaluation (no differentiation) asks for the loss alone.
 
+With a Client(shared_memory=True) the tensors travel through its
+shared-memory regions. The gradients it returns there are views of a
+region that its next call of the same shapes overwrites; jax.pure_callback
+copies the callback's results into JAX's own buffers as the callback
+returns, so the residuals JAX keeps are never those views.
+
 The projections form (docs/spec.md) is the same kind of function of what
 the job holds, the main attention's q and k and the indexer's own inputs:
 

@@ -12,6 +12,10 @@ they require one, and keeps it; backward multiplies it by the incoming
 gradient. Only indexer_scores is differentiable: the target and the masks
 get no gradient, as in the spec, where no gradient flows into p.
 
+With a Client(shared_memory=True) the tensors travel through its
+shared-memory regions; the gradients it returns there (views that its next
+call of the same shapes overwrites) are copied into the saved tensors.
+
 IndexerKlLossFromProjections (indexer_kl_loss_from_projections) is the
 projections form: from the main attention's query and key and the
 indexer's index_query, index_key and index_weights, the service returns the
@@ -53,11 +57,15 @@ def to_numpy(value: Any) -> np.ndarray:
 
 
 def from_numpy(array: np.ndarray, dtype: torch.dtype,
-               device: torch.device) -> torch.Tensor:
+               device: torch.device, copy: bool = False) -> torch.Tensor:
     """A NumPy array (ml_dtypes.bfloat16 included) as a tensor. A read-only
     array (the projections form's gradients, views of the answer's bytes)
     is shared, not copied: the tensor must then not be written to, which
-    holds for the gradients that backward only reads."""
+    holds for the gradients that backward only reads. `copy`: the tensor
+    must not share the array's memory, as for the views of a client's
+    shared-memory region, which its next call of the same shapes writes
+    over (a forward pass's gradient is kept until its backward, and other
+    forward passes may come in between)."""
     with warnings.catch_warnings():
         # torch warns that writing to a tensor over read-only memory is
         # undefined; nothing here writes to it.
@@ -68,7 +76,10 @@ def from_numpy(array: np.ndarray, dtype: torch.dtype,
                 torch.bfloat16)
         else:
             tensor = torch.from_numpy(array)
-    return tensor.to(device=device, dtype=dtype)
+    converted = tensor.to(device=device, dtype=dtype)
+    if copy and converted.data_ptr() == tensor.data_ptr():
+        converted = converted.clone()
+    return converted
 
 
 class IndexerKlLoss(torch.autograd.Function):
@@ -105,7 +116,8 @@ class IndexerKlLoss(torch.autograd.Function):
                       else torch.float32)
         if want_grad:
             ctx.save_for_backward(from_numpy(
-                result.grad, indexer_scores.dtype, indexer_scores.device))
+                result.grad, indexer_scores.dtype, indexer_scores.device,
+                copy=result.shared_memory))
         ctx.result = result  # loss, N, diagnostics for the curious
         return torch.tensor(result.loss, dtype=loss_dtype,
                             device=indexer_scores.device)
@@ -179,7 +191,8 @@ class IndexerKlLossFromProjections(torch.autograd.Function):
             **options)
         if want_grad:
             ctx.save_for_backward(*(
-                from_numpy(getattr(result, field), x.dtype, x.device)
+                from_numpy(getattr(result, field), x.dtype, x.device,
+                           copy=result.shared_memory)
                 for field, x in zip(INDEXER_GRADS, indexer)))
         ctx.result = result  # loss, N, topk_indices for the curious
         loss_dtype = (torch.float64 if all(x.dtype == torch.float64
