@@ -660,7 +660,8 @@ class Client:
                     placed[field] = (region, name, offset)
                     break
         inputs = {field: (arr.dtype, arr.shape)
-                  for field, (_, arr) in tensors.items() if field not in placed}
+                  for field, (_, arr) in tensors.items()
+                  if field not in placed}
         output_slots = {field: (dtype, shape)
                         for field, (_, dtype, shape) in outputs.items()}
         key = (tuple(inputs.items()), tuple(output_slots.items()))
@@ -708,11 +709,18 @@ class Client:
                 # server forgot it, the file is still here. Once.
                 if e.code != grpc.StatusCode.NOT_FOUND:
                     raise
-                self.register_region(layout.name, layout.region.key, 0,
-                                     layout.region.byte_size)
-                for region, region_name, _ in placed.values():
-                    self.register_region(region_name, region.key, 0,
-                                         region.byte_size)
+                try:
+                    self.register_region(layout.name, layout.region.key, 0,
+                                         layout.region.byte_size)
+                    for region, region_name, _ in placed.values():
+                        self.register_region(region_name, region.key, 0,
+                                             region.byte_size)
+                except KlserveError as refusal:
+                    # A server restarted without regions, say.
+                    if refusal.code not in _REFUSALS:
+                        raise
+                    self._shared_memory_off("RegisterRegion: %s" % refusal)
+                    return None
                 response = call()
             return self._shared_result(response, layout)
         finally:
@@ -728,9 +736,6 @@ class Client:
             self._shared_memory_off("cannot make a region of %d bytes in "
                                     "/dev/shm: %s" % (size, e))
             return None
-        refusals = (grpc.StatusCode.UNIMPLEMENTED,
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED)
         for attempt in (1, 2):
             try:
                 self.register_region(region.key, region.key, 0, size)
@@ -742,7 +747,7 @@ class Client:
                         attempt == 1 and self._layouts.drop_idle()):
                     continue
                 region.close()
-                if e.code in refusals:
+                if e.code in _REFUSALS:
                     self._shared_memory_off("RegisterRegion: %s" % e)
                     return None
                 raise
@@ -850,6 +855,10 @@ class Client:
         return self._with_retries(attempt)
 
 
+# What RegisterRegion answers a caller that cannot have regions: a server
+# without --shared_memory, a caller not on its host, no room left.
+_REFUSALS = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED,
+             grpc.StatusCode.RESOURCE_EXHAUSTED)
 # The response's tensors, all of which OutputRegions can direct.
 _OUTPUTS = ("grad", "row_kl") + INDEXER_GRADS + ("topk_indices",)
 

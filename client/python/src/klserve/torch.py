@@ -82,6 +82,11 @@ def from_numpy(array: np.ndarray, dtype: torch.dtype,
     return converted
 
 
+def _region_views(result: Any, client: Client) -> bool:
+    """Whether the result's outputs are views of the client's region."""
+    return bool(result.shared_memory) and not client.copy_outputs
+
+
 class IndexerKlLoss(torch.autograd.Function):
     """IndexerKlLoss.apply(indexer_scores, inputs, client, options) -> loss.
 
@@ -117,7 +122,7 @@ class IndexerKlLoss(torch.autograd.Function):
         if want_grad:
             ctx.save_for_backward(from_numpy(
                 result.grad, indexer_scores.dtype, indexer_scores.device,
-                copy=result.shared_memory))
+                copy=_region_views(result, client)))
         ctx.result = result  # loss, N, diagnostics for the curious
         return torch.tensor(result.loss, dtype=loss_dtype,
                             device=indexer_scores.device)
@@ -192,7 +197,7 @@ class IndexerKlLossFromProjections(torch.autograd.Function):
         if want_grad:
             ctx.save_for_backward(*(
                 from_numpy(getattr(result, field), x.dtype, x.device,
-                           copy=result.shared_memory)
+                           copy=_region_views(result, client))
                 for field, x in zip(INDEXER_GRADS, indexer)))
         ctx.result = result  # loss, N, topk_indices for the curious
         loss_dtype = (torch.float64 if all(x.dtype == torch.float64
