@@ -231,8 +231,9 @@ class Client:
     writes over them (LossResult.shared_memory says so). Keep one past that
     with .copy(), or make the client with `copy_outputs=True`. A remote
     target, a server without --shared_memory or one that refuses to
-    register (UNIMPLEMENTED, PERMISSION_DENIED, RESOURCE_EXHAUSTED, or
-    /dev/shm full) turns it off for this client, with one warning on the
+    register (UNIMPLEMENTED, PERMISSION_DENIED, RESOURCE_EXHAUSTED,
+    NOT_FOUND when it does not see this host's /dev/shm, or /dev/shm full)
+    turns it off for this client, with one warning on the
     "klserve" logger; calls then carry their bytes inline. A region whose
     lease ran out while the job was idle (NOT_FOUND) is registered again
     and the call retried, once. close() unregisters and removes the
@@ -856,9 +857,11 @@ class Client:
 
 
 # What RegisterRegion answers a caller that cannot have regions: a server
-# without --shared_memory, a caller not on its host, no room left.
+# without --shared_memory, a caller not on its host or another user (the
+# object is 0600), no room left, or a server that does not see this /dev/shm
+# (NOT_FOUND: a container without the shared mount).
 _REFUSALS = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED,
-             grpc.StatusCode.RESOURCE_EXHAUSTED)
+             grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
 # The response's tensors, all of which OutputRegions can direct.
 _OUTPUTS = ("grad", "row_kl") + INDEXER_GRADS + ("topk_indices",)
 
