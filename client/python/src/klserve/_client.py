@@ -529,6 +529,9 @@ class Client:
         The projections form (see compute_loss_from_projections): no
         scores, and query, key, index_query, index_key and index_weights
         instead of a target. Returns a LossResult; raises KlserveError.
+        Through shared memory (Client(shared_memory=True)), its output
+        arrays are views of the client's region, valid until the next call
+        of the same shapes (LossResult.shared_memory).
         """
         arrays, option_arguments = split_arguments("compute_loss", arguments)
         call = ComputeLossOptions(**option_arguments)
