@@ -8,6 +8,7 @@ import logging
 import mmap
 import os
 import tempfile
+import threading
 import time
 
 import ml_dtypes
@@ -282,6 +283,28 @@ def test_copy_outputs_returns_arrays_of_their_own(shm_server):
                                                             second.grad)
         assert_matches_reference(first, indexer_kl_reference(**p))
         assert_matches_reference(second, indexer_kl_reference(**q))
+
+
+def test_concurrent_calls_of_one_shape_get_regions_of_their_own(
+        shm_server):
+    problems = [weights_problem(30 + i) for i in range(6)]
+    results = [None] * len(problems)
+    with shm_server.client(shared_memory=True, copy_outputs=True) as client:
+        def work(i):
+            for _ in range(3):
+                results[i] = client.compute_loss(**problems[i])
+
+        threads = [threading.Thread(target=work, args=(i,))
+                   for i in range(len(problems))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # No call read or wrote another's inputs or outputs.
+        for result, p in zip(results, problems):
+            assert result.shared_memory
+            assert_matches_reference(result, indexer_kl_reference(**p))
+        assert 1 <= len(client._layouts.regions()) <= len(problems)
 
 
 def test_least_recently_used_shape_is_closed_past_capacity(shm_server):
