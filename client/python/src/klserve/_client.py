@@ -942,13 +942,18 @@ _default_lock = threading.Lock()
 
 def default_client() -> Client:
     """The Client that klserve.jax and klserve.torch use when given none:
-    target $KLSERVE_TARGET, else localhost:50051; made on first use."""
+    target $KLSERVE_TARGET, else localhost:50051, with shared memory when
+    $KLSERVE_SHARED_MEMORY is 1 (or true, yes, on); made on first use."""
     global _default_client
     with _default_lock:
         if _default_client is None:
             import os
+            shared_memory = os.environ.get(
+                "KLSERVE_SHARED_MEMORY", "").strip().lower() in (
+                    "1", "true", "yes", "on")
             _default_client = Client(
-                os.environ.get("KLSERVE_TARGET", "localhost:50051"))
+                os.environ.get("KLSERVE_TARGET", "localhost:50051"),
+                shared_memory=shared_memory)
         return _default_client
 
 
