@@ -492,3 +492,19 @@ def test_torch_backward_through_a_shared_memory_client(shm_client):
         ref = indexer_kl_reference(**p, causal=True)
         np.testing.assert_allclose(s.grad.numpy(), ref["grad"], rtol=2e-5,
                                    atol=2e-6 * abs(ref["grad"]).max())
+
+
+def test_default_client_takes_shared_memory_from_the_environment(
+        shm_server, monkeypatch):
+    import klserve._client
+    monkeypatch.setattr(klserve._client, "_default_client", None)
+    monkeypatch.setenv("KLSERVE_TARGET", shm_server.target)
+    monkeypatch.setenv("KLSERVE_SHARED_MEMORY", "1")
+    client = klserve.default_client()
+    try:
+        p = weights_problem(40)
+        result = client.compute_loss(**p)
+        assert result.shared_memory
+        assert_matches_reference(result, indexer_kl_reference(**p))
+    finally:
+        client.close()
