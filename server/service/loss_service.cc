@@ -200,8 +200,9 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
 
 // The whole unary computation, on an executor thread: `bytes` in, `out`
 // encoded; `rows_computed` gets the rows computed.
-absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
-                          grpc::ByteBuffer& out, int64_t& rows_computed) {
+absl::Status ComputeUnary(const ServiceContext& ctx, bool local_caller,
+                          grpc::ByteBuffer& bytes, grpc::ByteBuffer& out,
+                          int64_t& rows_computed) {
   v1::ComputeLossRequest request;
   RETURN_IF_ERROR(ParseMessage(bytes, "ComputeLoss request", request));
   // The parsed request is all that is read from here on: its bytes go now
@@ -216,7 +217,7 @@ absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
   double scaling_factor = 1;
   // Held until the response is encoded: no region this call reads or
   // writes is unmapped before.
-  CallRegions regions(ctx.regions);
+  CallRegions regions(ctx.regions, local_caller);
   if (FormOf(request) == RequestForm::kProjections) {
     ASSIGN_OR_RETURN(const ProjectionsOptions options,
                      ProjectionsOptionsFrom(request.options()));
@@ -304,7 +305,8 @@ grpc::ServerUnaryReactor* LossService::ComputeLoss(
     if (context->IsCancelled()) {
       status = absl::CancelledError("cancelled before computing");
     } else {
-      status = ComputeUnary(ctx, *request_bytes, *response, rows);
+      status = ComputeUnary(ctx, IsLocalPeer(context->peer()), *request_bytes,
+                            *response, rows);
     }
     ctx.requests->Leave();
     FinishUnary(ctx, reactor, "ComputeLoss", start, status, bytes_in,

@@ -655,9 +655,19 @@ TEST_F(SharedMemoryTest, OnlyLocalCallersMayRegister) {
   server_ = *std::move(started);
   client_ = MakeClient(server_->target());
   stub_ = MakeStub(absl::StrCat(address, ":", port));
-  ShmObject object(4096);
+  ShmObject object(1 << 20);
   ExpectCode(Register("r", object.key(), 0, 4096), grpc::PERMISSION_DENIED,
              "RegisterRegion:");
+  // Nor may it name a region a local job registered.
+  stub_ = MakeStub(server_->target());
+  ASSERT_TRUE(Register("r", object.key(), 0, 1 << 20).ok());
+  v1::ComputeLossRequest request = MakeRequest(SparseSpec());
+  RegionLayout layout(object, "r");
+  MoveAllIn(request, layout);
+  std::unique_ptr<Client> remote = MakeClient(absl::StrCat(address, ":", port));
+  ExpectCode(remote->ComputeLossUnary(request).status(),
+             absl::StatusCode::kPermissionDenied, "attention_logits.region:");
+  EXPECT_TRUE(client().ComputeLossUnary(request).ok());
 }
 
 }  // namespace
