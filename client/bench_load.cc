@@ -319,24 +319,31 @@ struct OutputField {
   bool gradient;  // counted in a call's bytes, as the inline bench does
 };
 
-constexpr OutputField kOutputFields[] = {
-    {"grad", &v1::OutputRegions::mutable_grad, &v1::OutputRegions::has_grad,
-     &v1::ComputeLossResponse::grad, true},
-    {"row_kl", &v1::OutputRegions::mutable_row_kl,
-     &v1::OutputRegions::has_row_kl, &v1::ComputeLossResponse::row_kl, false},
-    {"d_index_query", &v1::OutputRegions::mutable_d_index_query,
-     &v1::OutputRegions::has_d_index_query,
-     &v1::ComputeLossResponse::d_index_query, true},
-    {"d_index_key", &v1::OutputRegions::mutable_d_index_key,
-     &v1::OutputRegions::has_d_index_key, &v1::ComputeLossResponse::d_index_key,
-     true},
-    {"d_index_weights", &v1::OutputRegions::mutable_d_index_weights,
-     &v1::OutputRegions::has_d_index_weights,
-     &v1::ComputeLossResponse::d_index_weights, true},
-    {"topk_indices", &v1::OutputRegions::mutable_topk_indices,
-     &v1::OutputRegions::has_topk_indices,
-     &v1::ComputeLossResponse::topk_indices, false},
-};
+constexpr OutputField kGrad = {"grad", &v1::OutputRegions::mutable_grad,
+                               &v1::OutputRegions::has_grad,
+                               &v1::ComputeLossResponse::grad, true};
+constexpr OutputField kRowKl = {"row_kl", &v1::OutputRegions::mutable_row_kl,
+                                &v1::OutputRegions::has_row_kl,
+                                &v1::ComputeLossResponse::row_kl, false};
+constexpr OutputField kDIndexQuery = {
+    "d_index_query", &v1::OutputRegions::mutable_d_index_query,
+    &v1::OutputRegions::has_d_index_query,
+    &v1::ComputeLossResponse::d_index_query, true};
+constexpr OutputField kDIndexKey = {
+    "d_index_key", &v1::OutputRegions::mutable_d_index_key,
+    &v1::OutputRegions::has_d_index_key, &v1::ComputeLossResponse::d_index_key,
+    true};
+constexpr OutputField kDIndexWeights = {
+    "d_index_weights", &v1::OutputRegions::mutable_d_index_weights,
+    &v1::OutputRegions::has_d_index_weights,
+    &v1::ComputeLossResponse::d_index_weights, true};
+constexpr OutputField kTopkIndices = {
+    "topk_indices", &v1::OutputRegions::mutable_topk_indices,
+    &v1::OutputRegions::has_topk_indices,
+    &v1::ComputeLossResponse::topk_indices, false};
+constexpr const OutputField* kOutputFields[] = {&kGrad,          &kRowKl,
+                                                &kDIndexQuery,   &kDIndexKey,
+                                                &kDIndexWeights, &kTopkIndices};
 
 // An output `request` asks for: the field, its dtype and shape.
 struct WantedOutput {
@@ -344,13 +351,6 @@ struct WantedOutput {
   std::string dtype;
   std::vector<int64_t> shape;
 };
-
-const OutputField& Field(absl::string_view name) {
-  for (const OutputField& field : kOutputFields) {
-    if (field.name == name) return field;
-  }
-  std::abort();  // only called with the names above
-}
 
 std::vector<int64_t> ShapeOf(const v1::Tensor& tensor) {
   return {tensor.shape().begin(), tensor.shape().end()};
@@ -377,22 +377,20 @@ absl::StatusOr<std::vector<WantedOutput>> WantedOutputs(
   std::vector<WantedOutput> wanted;
   if (!options.skip_grad()) {
     if (projections) {
-      wanted.push_back({&Field("d_index_query"), grad_dtype,
-                        ShapeOf(request.index_query())});
       wanted.push_back(
-          {&Field("d_index_key"), grad_dtype, ShapeOf(request.index_key())});
-      wanted.push_back({&Field("d_index_weights"), grad_dtype,
-                        ShapeOf(request.index_weights())});
+          {&kDIndexQuery, grad_dtype, ShapeOf(request.index_query())});
+      wanted.push_back({&kDIndexKey, grad_dtype, ShapeOf(request.index_key())});
+      wanted.push_back(
+          {&kDIndexWeights, grad_dtype, ShapeOf(request.index_weights())});
     } else {
-      wanted.push_back(
-          {&Field("grad"), grad_dtype, ShapeOf(request.indexer_scores())});
+      wanted.push_back({&kGrad, grad_dtype, ShapeOf(request.indexer_scores())});
     }
   }
   if (options.want_row_kl()) {
-    wanted.push_back({&Field("row_kl"), "FP64", {B, T}});
+    wanted.push_back({&kRowKl, "FP64", {B, T}});
   }
   if (projections && options.topk() > 0) {
-    wanted.push_back({&Field("topk_indices"), "INT32", {B, T, options.topk()}});
+    wanted.push_back({&kTopkIndices, "INT32", {B, T, options.topk()}});
   }
   return wanted;
 }
@@ -485,13 +483,13 @@ LoadResult RunRegionLossLoad(const RegionProblem& problem,
                        problem.requests[worker];
                    ASSIGN_OR_RETURN(const v1::ComputeLossResponse response,
                                     client.ComputeLossUnary(request));
-                   for (const OutputField& field : kOutputFields) {
-                     if (!(request.outputs().*field.has_slice)()) continue;
-                     const v1::Tensor& tensor = (response.*field.tensor)();
+                   for (const OutputField* field : kOutputFields) {
+                     if (!(request.outputs().*field->has_slice)()) continue;
+                     const v1::Tensor& tensor = (response.*field->tensor)();
                      if (!tensor.has_region() || !tensor.data().empty()) {
                        return absl::InternalError(absl::StrCat(
                            "server broke the protocol: ComputeLoss returned ",
-                           field.name, " inline, not in its region slice"));
+                           field->name, " inline, not in its region slice"));
                      }
                    }
                    return problem.bytes_per_call;
