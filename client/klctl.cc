@@ -286,6 +286,7 @@ absl::Status Info() {
               absl::StrJoin(info.input_dtypes(), ",").c_str());
   std::printf("grad_dtypes: %s\n",
               absl::StrJoin(info.grad_dtypes(), ",").c_str());
+  std::printf("shared_memory: %s\n", info.shared_memory() ? "true" : "false");
   return absl::OkStatus();
 }
 

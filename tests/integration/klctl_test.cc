@@ -298,6 +298,7 @@ TEST_F(KlctlTest, InfoPrintsTheBackend) {
   EXPECT_FALSE(kv["version"].empty()) << run.out;
   EXPECT_EQ(kv["max_concurrent_requests"], "8") << run.out;
   EXPECT_EQ(kv["max_stream_key_bytes"], "1073741824") << run.out;
+  EXPECT_EQ(kv["shared_memory"], "false") << run.out;
 }
 
 TEST_F(KlctlTest, DensePerHeadBf16LossAndGradientMatchTheLibrary) {
@@ -561,6 +562,10 @@ class KlctlShmBenchTest : public ::testing::Test {
 
 TEST_F(KlctlShmBenchTest, ShmNextToInlineAndTheKernel) {
   ASSERT_NO_FATAL_FAILURE(Start({"--shared_memory"}));
+  const CommandResult info = RunCommand(
+      {KLCTL_BIN, "info", "--target=unix:" + socket_, "--max_attempts=1"});
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_EQ(KeyValues(info.out)["shared_memory"], "true") << info.out;
   const CommandResult run = Bench({"--transport=both", "--kernel", "--count=3",
                                    "--shape=1,64,256", "--duration=20s"});
   ASSERT_EQ(run.exit_code, 0) << "stdout:\n"
