@@ -11,6 +11,7 @@
 #include "kernels/projections_loss.h"
 #include "kernels/projections_problem.h"
 #include "kernels/status_macros.h"
+#include "server/codec/call_regions.h"
 #include "server/codec/tensor_codec.h"
 
 namespace klserve {
@@ -33,7 +34,9 @@ T* Sized(std::vector<T>& buffer, int64_t count) {
 absl::StatusOr<int64_t> ComputeLogits(Backend& backend,
                                       const v1::ComputeLossRequest& request,
                                       Outputs& out) {
-  ASSIGN_OR_RETURN(const IndexerKlInputs inputs, server::InputsFrom(request));
+  server::CallRegions no_regions(nullptr);  // the bench's tensors are inline
+  ASSIGN_OR_RETURN(const IndexerKlInputs inputs,
+                   server::InputsFrom(request, no_regions));
   ASSIGN_OR_RETURN(const IndexerKlOptions options,
                    server::OptionsFrom(request.options()));
   ASSIGN_OR_RETURN(const IndexerKlProblem problem,
@@ -56,8 +59,9 @@ absl::StatusOr<int64_t> ComputeLogits(Backend& backend,
 
 absl::StatusOr<int64_t> ComputeProjections(
     Backend& backend, const v1::ComputeLossRequest& request, Outputs& out) {
+  server::CallRegions no_regions(nullptr);
   ASSIGN_OR_RETURN(const ProjectionsInputs inputs,
-                   server::ProjectionsInputsFrom(request));
+                   server::ProjectionsInputsFrom(request, no_regions));
   ASSIGN_OR_RETURN(const ProjectionsOptions options,
                    server::ProjectionsOptionsFrom(request.options()));
   ASSIGN_OR_RETURN(const ProjectionsProblem problem,

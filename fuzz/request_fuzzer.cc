@@ -42,7 +42,8 @@ void FuzzProjections(klserve::Backend& backend,
   using namespace klserve;
   const auto options = server::ProjectionsOptionsFrom(request.options());
   if (!options.ok()) return;
-  const auto inputs = server::ProjectionsInputsFrom(request);
+  server::CallRegions no_regions(nullptr);  // the fuzzer maps none
+  const auto inputs = server::ProjectionsInputsFrom(request, no_regions);
   if (!inputs.ok()) return;
   const auto problem = ProjectionsProblem::Create(*inputs, *options);
   if (!problem.ok()) return;
@@ -106,7 +107,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   const auto options = server::OptionsFrom(request.options());
   if (!options.ok()) return 0;
-  const auto inputs = server::InputsFrom(request);
+  server::CallRegions no_regions(nullptr);
+  const auto inputs = server::InputsFrom(request, no_regions);
   if (!inputs.ok()) return 0;
   const auto problem = IndexerKlProblem::Create(*inputs, *options);
   if (!problem.ok()) return 0;

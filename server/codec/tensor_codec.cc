@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kernels/status_macros.h"
 #include "proto/request_tensors.h"
 #include "server/codec/grpc_status.h"
@@ -28,23 +29,27 @@ absl::StatusOr<TensorView> SpecView(absl::string_view field,
 }
 
 // A view of `tensor`, or nullopt for a tensor the message lacks (null).
-absl::StatusOr<std::optional<TensorView>> MaybeViewOf(
-    absl::string_view field, const v1::Tensor* tensor) {
+absl::StatusOr<std::optional<TensorView>> MaybeViewOf(absl::string_view field,
+                                                      const v1::Tensor* tensor,
+                                                      CallRegions* regions) {
   if (tensor == nullptr) return std::nullopt;
-  return ViewOf(field, *tensor);
+  return ViewOf(field, *tensor, regions);
 }
 
 absl::StatusOr<std::optional<TensorView>> ViewIn(
-    const v1::ComputeLossRequest& request, const RequestTensor& tensor) {
-  return MaybeViewOf(tensor.name, FindTensor(request, tensor));
+    const v1::ComputeLossRequest& request, const RequestTensor& tensor,
+    CallRegions* regions) {
+  return MaybeViewOf(tensor.name, FindTensor(request, tensor), regions);
 }
 
 // In a StreamHeader: a per-row tensor's spec (dtype and shape only) or a
 // small or key-side tensor whole.
+// A stream carries its bytes: no regions.
 absl::StatusOr<std::optional<TensorView>> ViewIn(const v1::StreamHeader& header,
-                                                 const RequestTensor& tensor) {
+                                                 const RequestTensor& tensor,
+                                                 CallRegions* /*regions*/) {
   if (tensor.role != TensorRole::kPerRow) {
-    return MaybeViewOf(tensor.name, FindTensor(header, tensor));
+    return MaybeViewOf(tensor.name, FindTensor(header, tensor), nullptr);
   }
   const v1::TensorSpec* spec = FindSpec(header, tensor);
   if (spec == nullptr) return std::nullopt;
@@ -86,12 +91,14 @@ absl::Status CheckForm(const Message& message, RequestForm form) {
 // The inputs of `form` that `message` carries, each tensor viewed as ViewIn
 // gives it.
 template <typename Inputs, typename Message>
-absl::StatusOr<Inputs> InputsIn(const Message& message, RequestForm form) {
+absl::StatusOr<Inputs> InputsIn(const Message& message, RequestForm form,
+                                CallRegions* regions) {
   RETURN_IF_ERROR(CheckForm(message, form));
   Inputs in;
   for (const RequestTensor& tensor : kRequestTensors) {
     if (!TakenIn(form, tensor)) continue;
-    ASSIGN_OR_RETURN(std::optional<TensorView> view, ViewIn(message, tensor));
+    ASSIGN_OR_RETURN(std::optional<TensorView> view,
+                     ViewIn(message, tensor, regions));
     if (view.has_value()) {
       SetInput(tensor, *std::move(view), in);
     } else if (RequiredIn(form, tensor)) {
@@ -132,13 +139,35 @@ absl::StatusOr<DType> ParseDType(absl::string_view field,
 }
 
 absl::StatusOr<TensorView> ViewOf(absl::string_view field,
-                                  const v1::Tensor& tensor) {
+                                  const v1::Tensor& tensor,
+                                  CallRegions* regions) {
   TensorView view;
   ASSIGN_OR_RETURN(view.dtype,
                    ParseDType(absl::StrCat(field, ".dtype"), tensor.dtype()));
   view.shape.assign(tensor.shape().begin(), tensor.shape().end());
-  view.data = tensor.data().data();
-  view.byte_size = static_cast<int64_t>(tensor.data().size());
+  if (!tensor.has_region()) {
+    view.data = tensor.data().data();
+    view.byte_size = static_cast<int64_t>(tensor.data().size());
+    return view;
+  }
+  if (!tensor.data().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": both data and region are set; send one of them"));
+  }
+  if (regions == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".region: regions are for ComputeLoss; a stream carries its ",
+        "tensors' bytes"));
+  }
+  ASSIGN_OR_RETURN(const std::byte* data,
+                   regions->Input(absl::StrCat(field, ".region"),
+                                  tensor.region(), DTypeSize(view.dtype)));
+  view.byte_size = tensor.region().byte_size();
+  // Indices, bounds, segments and masks steer what the kernels index: a
+  // client changing them after they are checked could send a read out of
+  // bounds. They are small beside the float tensors, so they are copied.
+  const bool steers = view.dtype == DType::kInt32 || view.dtype == DType::kBool;
+  view.data = steers ? regions->Copy(data, view.byte_size) : data;
   return view;
 }
 
@@ -211,22 +240,24 @@ absl::StatusOr<ProjectionsOptions> ProjectionsOptionsFrom(
 }
 
 absl::StatusOr<IndexerKlInputs> InputsFrom(
-    const v1::ComputeLossRequest& request) {
-  return InputsIn<IndexerKlInputs>(request, RequestForm::kLogits);
+    const v1::ComputeLossRequest& request, CallRegions& regions) {
+  return InputsIn<IndexerKlInputs>(request, RequestForm::kLogits, &regions);
 }
 
 absl::StatusOr<ProjectionsInputs> ProjectionsInputsFrom(
-    const v1::ComputeLossRequest& request) {
-  return InputsIn<ProjectionsInputs>(request, RequestForm::kProjections);
+    const v1::ComputeLossRequest& request, CallRegions& regions) {
+  return InputsIn<ProjectionsInputs>(request, RequestForm::kProjections,
+                                     &regions);
 }
 
 absl::StatusOr<IndexerKlInputs> InputsFrom(const v1::StreamHeader& header) {
-  return InputsIn<IndexerKlInputs>(header, RequestForm::kLogits);
+  return InputsIn<IndexerKlInputs>(header, RequestForm::kLogits, nullptr);
 }
 
 absl::StatusOr<ProjectionsInputs> ProjectionsInputsFrom(
     const v1::StreamHeader& header) {
-  return InputsIn<ProjectionsInputs>(header, RequestForm::kProjections);
+  return InputsIn<ProjectionsInputs>(header, RequestForm::kProjections,
+                                     nullptr);
 }
 
 ProjectionsBlockBytes ProjectionsBlockBytesOf(const v1::RowBlock& block) {
@@ -315,6 +346,53 @@ std::byte* AllocateBytes(absl::string_view dtype_name, int64_t element_size,
 std::byte* AllocateTensor(DType dtype, std::initializer_list<int64_t> shape,
                           v1::Tensor* out) {
   return AllocateBytes(DTypeName(dtype), DTypeSize(dtype), shape, out);
+}
+
+namespace {
+
+absl::StatusOr<std::byte*> PlaceBytes(absl::string_view field,
+                                      absl::string_view dtype_name,
+                                      int64_t element_size,
+                                      std::initializer_list<int64_t> shape,
+                                      const v1::RegionSlice* slice,
+                                      CallRegions& regions, v1::Tensor* out) {
+  if (slice == nullptr) {
+    return AllocateBytes(dtype_name, element_size, shape, out);
+  }
+  int64_t bytes = element_size;
+  for (int64_t d : shape) bytes *= d;
+  const std::string name = absl::StrCat("outputs.", field);
+  if (slice->byte_size() != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ".byte_size: must be ", bytes, " (", field, " is ", dtype_name,
+        " ", absl::StrJoin(shape, "x"), "), got ", slice->byte_size()));
+  }
+  ASSIGN_OR_RETURN(std::byte * data,
+                   regions.Output(name, *slice, element_size));
+  out->set_dtype(std::string(dtype_name));
+  for (int64_t d : shape) out->add_shape(d);
+  *out->mutable_region() = *slice;
+  return data;
+}
+
+}  // namespace
+
+absl::StatusOr<std::byte*> PlaceTensor(absl::string_view field, DType dtype,
+                                       std::initializer_list<int64_t> shape,
+                                       const v1::RegionSlice* slice,
+                                       CallRegions& regions, v1::Tensor* out) {
+  return PlaceBytes(field, DTypeName(dtype), DTypeSize(dtype), shape, slice,
+                    regions, out);
+}
+
+absl::StatusOr<double*> PlaceFloat64Tensor(absl::string_view field,
+                                           std::initializer_list<int64_t> shape,
+                                           const v1::RegionSlice* slice,
+                                           CallRegions& regions,
+                                           v1::Tensor* out) {
+  ASSIGN_OR_RETURN(std::byte * data, PlaceBytes(field, "FP64", sizeof(double),
+                                                shape, slice, regions, out));
+  return reinterpret_cast<double*>(data);
 }
 
 double* AllocateFloat64Tensor(std::initializer_list<int64_t> shape,

@@ -2,9 +2,10 @@
 #define KLSERVE_SERVER_CODEC_TENSOR_CODEC_H_
 
 // Translation between the wire messages and the kernels' types. Views point
-// into the messages' bytes, never copies: the server keeps each request
-// message alive until the computation that reads it has finished (for a
-// stream, until the block's gradient has been produced).
+// into the messages' bytes (or the shared-memory regions they name), never
+// copies: the server keeps each request message alive until the
+// computation that reads it has finished (for a stream, until the block's
+// gradient has been produced).
 
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include "kernels/projections_problem.h"
 #include "kernels/row_block.h"
 #include "klserve/v1/klserve.pb.h"
+#include "server/codec/call_regions.h"
 
 namespace klserve::server {
 
@@ -26,8 +28,12 @@ absl::StatusOr<DType> ParseDType(absl::string_view field,
                                  absl::string_view name);
 
 // A view of tensor.data(); `tensor` must outlive every use of the view.
+// With `regions`, a tensor may instead name a slice of a shared-memory
+// region (Tensor.region), viewed in place, or copied into `regions` for
+// INT32 and BOOL tensors; without, such a tensor is INVALID_ARGUMENT.
 absl::StatusOr<TensorView> ViewOf(absl::string_view field,
-                                  const v1::Tensor& tensor);
+                                  const v1::Tensor& tensor,
+                                  CallRegions* regions = nullptr);
 
 // The options of a logits-form request: INVALID_ARGUMENT naming an option
 // of the projections form (index_weight_scale, use_relu, topk) set.
@@ -41,14 +47,14 @@ absl::StatusOr<ProjectionsOptions> ProjectionsOptionsFrom(
 // request's bytes. INVALID_ARGUMENT naming the first tensor of the
 // projections form the request carries.
 absl::StatusOr<IndexerKlInputs> InputsFrom(
-    const v1::ComputeLossRequest& request);
+    const v1::ComputeLossRequest& request, CallRegions& regions);
 
 // The inputs of a whole problem in the projections form (FormOf), viewing
 // the request's bytes. INVALID_ARGUMENT naming the first tensor of the
 // logits forms the request carries (attention_logits, attention_weights,
 // indexer_scores).
 absl::StatusOr<ProjectionsInputs> ProjectionsInputsFrom(
-    const v1::ComputeLossRequest& request);
+    const v1::ComputeLossRequest& request, CallRegions& regions);
 
 // The inputs of a streamed problem: per-row tensors give dtype and shape
 // only (their bytes come in blocks); the small tensors view the header's
@@ -81,6 +87,20 @@ std::byte* AllocateTensor(DType dtype, std::initializer_list<int64_t> shape,
 // The same for an FP64 tensor (row_kl; FP64 is an output-only dtype).
 double* AllocateFloat64Tensor(std::initializer_list<int64_t> shape,
                               v1::Tensor* out);
+
+// The output `field` (a field of OutputRegions): as AllocateTensor without
+// `slice`; with it, into the region slice it names, exactly the output's
+// bytes (INVALID_ARGUMENT naming outputs.<field> otherwise), and `out` gets
+// dtype, shape and the slice instead of data.
+absl::StatusOr<std::byte*> PlaceTensor(absl::string_view field, DType dtype,
+                                       std::initializer_list<int64_t> shape,
+                                       const v1::RegionSlice* slice,
+                                       CallRegions& regions, v1::Tensor* out);
+absl::StatusOr<double*> PlaceFloat64Tensor(absl::string_view field,
+                                           std::initializer_list<int64_t> shape,
+                                           const v1::RegionSlice* slice,
+                                           CallRegions& regions,
+                                           v1::Tensor* out);
 
 }  // namespace klserve::server
 

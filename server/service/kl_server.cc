@@ -23,6 +23,7 @@
 #include "server/service/listen_addresses.h"
 #include "server/service/method_names.h"
 #include "server/service/version.h"
+#include "server/shm/fault_guard.h"
 
 namespace klserve::server {
 namespace {
@@ -130,6 +131,13 @@ absl::Status ValidateOptions(const ServerOptions& options) {
       at_least("max_layers_per_run", options.max_layers_per_run, 1));
   RETURN_IF_ERROR(
       at_least("max_tensorboard_runs", options.max_tensorboard_runs, 1));
+  if (options.max_regions < 1 || options.max_regions > kMaxGuardedMappings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_regions: must be in [1, ", kMaxGuardedMappings,
+                     "], got ", options.max_regions));
+  }
+  RETURN_IF_ERROR(at_least("max_region_bytes", options.max_region_bytes, 1));
+  RETURN_IF_ERROR(positive("region_lease", options.region_lease));
   RETURN_IF_ERROR(positive("stream_idle_timeout", options.stream_idle_timeout));
   RETURN_IF_ERROR(positive("max_stream_duration", options.max_stream_duration));
   RETURN_IF_ERROR(positive("max_connection_age", options.max_connection_age));
@@ -194,10 +202,16 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   s->executor_ =
       std::make_unique<ComputeExecutor>(options.max_concurrent_requests);
   s->watchdog_ = std::make_unique<StreamWatchdog>(WatchdogPeriod(options));
+  if (options.shared_memory) {
+    s->regions_ = std::make_unique<RegionRegistry>(
+        RegionLimits{.max_regions = options.max_regions,
+                     .max_bytes = options.max_region_bytes,
+                     .lease = options.region_lease});
+  }
   s->service_ = std::make_unique<LossService>(
       ServiceContext{s->backends_.get(), s->executor_.get(), s->requests_.get(),
                      s->streams_.get(), s->watchdog_.get(), s->metrics_.get(),
-                     s->reporter_.get(), &s->options_});
+                     s->reporter_.get(), &s->options_, s->regions_.get()});
 
   grpc::EnableDefaultHealthCheckService(true);
   // With a token set, reflection needs it like every method but health.

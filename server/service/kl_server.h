@@ -64,6 +64,7 @@ class KlServer {
   std::unique_ptr<Admission> streams_;
   std::unique_ptr<ComputeExecutor> executor_;
   std::unique_ptr<StreamWatchdog> watchdog_;
+  std::unique_ptr<RegionRegistry> regions_;  // null unless shared_memory
   std::unique_ptr<LossService> service_;
   OpenCalls open_calls_;  // fed by the server's interceptor
   // Removed after the server has stopped (destroyed after server_).

@@ -80,6 +80,15 @@ ABSL_FLAG(int64_t, max_tensor_bytes, Defaults().max_tensor_bytes,
 ABSL_FLAG(int64_t, max_stream_key_bytes, Defaults().max_stream_key_bytes,
           "what one projections-form stream may hold for its key side: key "
           "and index_key bytes plus 8 * B * S * D_I for the d_index_key sum");
+ABSL_FLAG(bool, shared_memory, Defaults().shared_memory,
+          "serve shared-memory regions (RegisterRegion) to callers on this "
+          "host (a Unix socket or loopback); docs/shared-memory.md");
+ABSL_FLAG(int, max_regions, Defaults().max_regions,
+          "shared-memory regions registered at once");
+ABSL_FLAG(int64_t, max_region_bytes, Defaults().max_region_bytes,
+          "bytes of all registered shared-memory regions together");
+ABSL_FLAG(absl::Duration, region_lease, Defaults().region_lease,
+          "a region no call names for this long is unregistered and unmapped");
 ABSL_FLAG(absl::Duration, drain_timeout, Defaults().drain_timeout,
           "on SIGTERM/SIGINT, how long requests in flight may take to finish");
 ABSL_FLAG(std::string, metrics_listen, Defaults().metrics_listen,
@@ -174,6 +183,10 @@ int main(int argc, char** argv) {
   options.enable_echo = absl::GetFlag(FLAGS_enable_echo);
   options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
   options.max_stream_key_bytes = absl::GetFlag(FLAGS_max_stream_key_bytes);
+  options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  options.max_regions = absl::GetFlag(FLAGS_max_regions);
+  options.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes);
+  options.region_lease = absl::GetFlag(FLAGS_region_lease);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);

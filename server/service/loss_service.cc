@@ -1,10 +1,14 @@
 #include "server/service/loss_service.h"
 
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
 #include "kernels/loss.h"
 #include "kernels/projections_loss.h"
 #include "kernels/projections_problem.h"
 #include "kernels/status_macros.h"
 #include "proto/request_tensors.h"
+#include "server/codec/call_regions.h"
 #include "server/codec/grpc_status.h"
 #include "server/codec/tensor_codec.h"
 #include "server/codec/wire_messages.h"
@@ -12,6 +16,7 @@
 #include "server/service/limits.h"
 #include "server/service/loss_stream_reactor.h"
 #include "server/service/loss_tags_from.h"
+#include "server/service/region_rpcs.h"
 #include "server/service/version.h"
 
 namespace klserve::server {
@@ -45,12 +50,47 @@ absl::Status CheckResponseFits(const char* largest, absl::string_view remedy,
   return CheckMessageBytes(largest, bytes, remedy, options);
 }
 
+// The slice of request.outputs for one output (has_x(), x()), or null for
+// an output that goes in the response.
+const v1::RegionSlice* OutputSlice(bool has, const v1::RegionSlice& slice) {
+  return has ? &slice : nullptr;
+}
+
+// INVALID_ARGUMENT naming the first slice of request.outputs for an output
+// the request does not produce: a slice the client would wait on in vain.
+absl::Status CheckOutputsProduced(const v1::ComputeLossRequest& request,
+                                  const v1::ComputeLossResponse& response) {
+  const v1::OutputRegions& outputs = request.outputs();
+  const struct {
+    const char* name;
+    bool asked;
+    bool produced;
+  } kOutputs[] = {
+      {"grad", outputs.has_grad(), response.has_grad()},
+      {"row_kl", outputs.has_row_kl(), response.has_row_kl()},
+      {"d_index_query", outputs.has_d_index_query(),
+       response.has_d_index_query()},
+      {"d_index_key", outputs.has_d_index_key(), response.has_d_index_key()},
+      {"d_index_weights", outputs.has_d_index_weights(),
+       response.has_d_index_weights()},
+      {"topk_indices", outputs.has_topk_indices(), response.has_topk_indices()},
+  };
+  for (const auto& output : kOutputs) {
+    if (output.asked && !output.produced) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("outputs.", output.name, ": this request produces no ",
+                       output.name, " (see its options and form)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // A logits-form request's computation into `response`.
 absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
     const ServiceContext& ctx, const v1::ComputeLossRequest& request,
-    const IndexerKlOptions& options, v1::ComputeLossResponse& response,
-    int64_t& rows_computed) {
-  ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(request));
+    const IndexerKlOptions& options, CallRegions& regions,
+    v1::ComputeLossResponse& response, int64_t& rows_computed) {
+  ASSIGN_OR_RETURN(const IndexerKlInputs inputs, InputsFrom(request, regions));
   RETURN_IF_ERROR(CheckInputBytes(inputs, *ctx.options));
   ASSIGN_OR_RETURN(const IndexerKlProblem problem,
                    IndexerKlProblem::Create(inputs, options));
@@ -59,17 +99,25 @@ absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
                                    /*one_message=*/true, *ctx.options));
   LossOutputs outputs;
   if (options.want_grad) {
-    outputs.grad = AllocateTensor(options.grad_dtype,
-                                  {problem.B, problem.T, problem.row_length},
-                                  response.mutable_grad());
+    ASSIGN_OR_RETURN(outputs.grad,
+                     PlaceTensor("grad", options.grad_dtype,
+                                 {problem.B, problem.T, problem.row_length},
+                                 OutputSlice(request.outputs().has_grad(),
+                                             request.outputs().grad()),
+                                 regions, response.mutable_grad()));
     outputs.grad_byte_size =
-        static_cast<int64_t>(response.grad().data().size());
+        problem.num_rows() * problem.row_length * DTypeSize(options.grad_dtype);
   }
   if (options.want_row_kl) {
-    outputs.row_kl = AllocateFloat64Tensor({problem.B, problem.T},
-                                           response.mutable_row_kl());
+    ASSIGN_OR_RETURN(
+        outputs.row_kl,
+        PlaceFloat64Tensor("row_kl", {problem.B, problem.T},
+                           OutputSlice(request.outputs().has_row_kl(),
+                                       request.outputs().row_kl()),
+                           regions, response.mutable_row_kl()));
     outputs.row_kl_size = problem.num_rows();
   }
+  RETURN_IF_ERROR(CheckOutputsProduced(request, response));
   RETURN_IF_ERROR(CheckResponseFits(LargestOutput(options),
                                     "send the problem with ComputeLossStream",
                                     response, *ctx.options));
@@ -84,10 +132,10 @@ absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
 // three gradients in place of grad, and the service's top-k selection.
 absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
     const ServiceContext& ctx, const v1::ComputeLossRequest& request,
-    const ProjectionsOptions& options, v1::ComputeLossResponse& response,
-    int64_t& rows_computed) {
+    const ProjectionsOptions& options, CallRegions& regions,
+    v1::ComputeLossResponse& response, int64_t& rows_computed) {
   ASSIGN_OR_RETURN(const ProjectionsInputs inputs,
-                   ProjectionsInputsFrom(request));
+                   ProjectionsInputsFrom(request, regions));
   RETURN_IF_ERROR(CheckInputBytes(inputs, *ctx.options));
   ASSIGN_OR_RETURN(const ProjectionsProblem problem,
                    ProjectionsProblem::Create(inputs, options));
@@ -95,26 +143,49 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
   const IndexerKlOptions& o = problem.logits.options;
   ProjectionsOutputs outputs;
   if (o.want_grad) {
-    outputs.d_index_query = AllocateTensor(
-        o.grad_dtype, {problem.B, problem.T, problem.H_I, problem.D_I},
-        response.mutable_d_index_query());
-    outputs.d_index_key =
-        AllocateTensor(o.grad_dtype, {problem.B, problem.S, problem.D_I},
-                       response.mutable_d_index_key());
-    outputs.d_index_weights =
-        AllocateTensor(o.grad_dtype, {problem.B, problem.T, problem.H_I},
-                       response.mutable_d_index_weights());
+    ASSIGN_OR_RETURN(
+        outputs.d_index_query,
+        PlaceTensor("d_index_query", o.grad_dtype,
+                    {problem.B, problem.T, problem.H_I, problem.D_I},
+                    OutputSlice(request.outputs().has_d_index_query(),
+                                request.outputs().d_index_query()),
+                    regions, response.mutable_d_index_query()));
+    ASSIGN_OR_RETURN(
+        outputs.d_index_key,
+        PlaceTensor("d_index_key", o.grad_dtype,
+                    {problem.B, problem.S, problem.D_I},
+                    OutputSlice(request.outputs().has_d_index_key(),
+                                request.outputs().d_index_key()),
+                    regions, response.mutable_d_index_key()));
+    ASSIGN_OR_RETURN(
+        outputs.d_index_weights,
+        PlaceTensor("d_index_weights", o.grad_dtype,
+                    {problem.B, problem.T, problem.H_I},
+                    OutputSlice(request.outputs().has_d_index_weights(),
+                                request.outputs().d_index_weights()),
+                    regions, response.mutable_d_index_weights()));
   }
   if (problem.server_topk) {
-    // std::string's buffer is aligned for int32.
-    outputs.topk_indices = reinterpret_cast<int32_t*>(
-        AllocateTensor(DType::kInt32, {problem.B, problem.T, problem.K},
-                       response.mutable_topk_indices()));
+    // std::string's buffer, and a region's slice by its rule, are aligned
+    // for int32.
+    ASSIGN_OR_RETURN(
+        std::byte * indices,
+        PlaceTensor("topk_indices", DType::kInt32,
+                    {problem.B, problem.T, problem.K},
+                    OutputSlice(request.outputs().has_topk_indices(),
+                                request.outputs().topk_indices()),
+                    regions, response.mutable_topk_indices()));
+    outputs.topk_indices = reinterpret_cast<int32_t*>(indices);
   }
   if (o.want_row_kl) {
-    outputs.row_kl = AllocateFloat64Tensor({problem.B, problem.T},
-                                           response.mutable_row_kl());
+    ASSIGN_OR_RETURN(
+        outputs.row_kl,
+        PlaceFloat64Tensor("row_kl", {problem.B, problem.T},
+                           OutputSlice(request.outputs().has_row_kl(),
+                                       request.outputs().row_kl()),
+                           regions, response.mutable_row_kl()));
   }
+  RETURN_IF_ERROR(CheckOutputsProduced(request, response));
   RETURN_IF_ERROR(CheckResponseFits(LargestOutput(problem),
                                     "send the problem with ComputeLossStream",
                                     response, *ctx.options));
@@ -143,18 +214,36 @@ absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
   int64_t rows = 0;
   absl::StatusOr<IndexerKlResult> result;
   double scaling_factor = 1;
+  // Held until the response is encoded: no region this call reads or
+  // writes is unmapped before.
+  CallRegions regions(ctx.regions);
   if (FormOf(request) == RequestForm::kProjections) {
     ASSIGN_OR_RETURN(const ProjectionsOptions options,
                      ProjectionsOptionsFrom(request.options()));
     scaling_factor = options.loss.scaling_factor;
-    result = ComputeProjectionsForm(ctx, request, options, response, rows);
+    result =
+        ComputeProjectionsForm(ctx, request, options, regions, response, rows);
   } else {
     ASSIGN_OR_RETURN(const IndexerKlOptions options,
                      OptionsFrom(request.options()));
     scaling_factor = options.scaling_factor;
-    result = ComputeLogitsForm(ctx, request, options, response, rows);
+    result = ComputeLogitsForm(ctx, request, options, regions, response, rows);
+  }
+  if (!regions.empty()) {
+    // A region damaged under the call explains whatever else went wrong
+    // (zeros read in place of its bytes fail checks of their own).
+    RETURN_IF_ERROR(regions.CheckIntact());
   }
   if (!result.ok()) return result.status();
+  if (!regions.empty()) {
+    // Checked inputs give a finite loss; bytes rewritten by the client
+    // while the server read them may not (docs/shared-memory.md).
+    if (!std::isfinite(result->loss)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region '", regions.first_name(), "': the loss came out ",
+          result->loss, ": an input changed while the server read it"));
+    }
+  }
   ResultTo(*result, response.mutable_result());
   RETURN_IF_ERROR(EncodeMessage(response, out));
   rows_computed = rows;
@@ -248,6 +337,7 @@ grpc::ServerUnaryReactor* LossService::GetServerInfo(
     info.set_max_concurrent_requests(options.max_concurrent_requests);
     info.set_max_open_streams(options.max_open_streams);
     info.set_max_stream_key_bytes(options.max_stream_key_bytes);
+    info.set_shared_memory(context_.regions != nullptr);
     for (const char* dtype : {"FP32", "BF16", "FP16"}) {
       info.add_input_dtypes(dtype);
       info.add_grad_dtypes(dtype);
@@ -281,6 +371,50 @@ grpc::ServerUnaryReactor* LossService::FinishStep(
               static_cast<int64_t>(request->Length()),
               static_cast<int64_t>(response->Length()), 0);
   return reactor;
+}
+
+namespace {
+
+// A region RPC, answered on gRPC's thread: each is a table update (or one
+// mmap), never a computation.
+using RegionRpc = absl::Status (*)(const ServiceContext&, absl::string_view,
+                                   const grpc::ByteBuffer&, grpc::ByteBuffer&);
+grpc::ServerUnaryReactor* AnswerRegionRpc(const ServiceContext& ctx,
+                                          absl::string_view method,
+                                          RegionRpc rpc,
+                                          grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) {
+  const absl::Time start = absl::Now();
+  const absl::Status status = rpc(ctx, context->peer(), *request, *response);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  FinishUnary(ctx, reactor, method, start, status,
+              static_cast<int64_t>(request->Length()),
+              static_cast<int64_t>(response->Length()), 0);
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* LossService::RegisterRegion(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return AnswerRegionRpc(context_, "RegisterRegion", &server::RegisterRegion,
+                         context, request, response);
+}
+
+grpc::ServerUnaryReactor* LossService::UnregisterRegion(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return AnswerRegionRpc(context_, "UnregisterRegion",
+                         &server::UnregisterRegion, context, request, response);
+}
+
+grpc::ServerUnaryReactor* LossService::ListRegions(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return AnswerRegionRpc(context_, "ListRegions", &server::ListRegions, context,
+                         request, response);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* LossService::Echo(

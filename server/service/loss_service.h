@@ -15,7 +15,10 @@ using RawIndexerKlService = v1::IndexerKl::WithRawCallbackMethod_ComputeLoss<
         v1::IndexerKl::WithRawCallbackMethod_GetServerInfo<
             v1::IndexerKl::WithRawCallbackMethod_FinishStep<
                 v1::IndexerKl::WithRawCallbackMethod_Echo<
-                    v1::IndexerKl::Service>>>>>;
+                    v1::IndexerKl::WithRawCallbackMethod_RegisterRegion<
+                        v1::IndexerKl::WithRawCallbackMethod_UnregisterRegion<
+                            v1::IndexerKl::WithRawCallbackMethod_ListRegions<
+                                v1::IndexerKl::Service>>>>>>>>;
 
 // The IndexerKl service. Handlers only admit the request and hand it on:
 // computation runs on the ComputeExecutor, and the streaming RPCs are driven
@@ -42,6 +45,16 @@ class LossService final : public RawIndexerKlService {
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Echo(
       grpc::CallbackServerContext* context) override;
+
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
 
  private:
   ServiceContext context_;

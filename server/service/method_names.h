@@ -10,7 +10,8 @@ namespace klserve::server {
 // cannot add series by calling made-up methods.
 inline constexpr absl::string_view kIndexerKlPrefix = "/klserve.v1.IndexerKl/";
 inline constexpr absl::string_view kIndexerKlMethods[] = {
-    "ComputeLoss", "ComputeLossStream", "GetServerInfo", "FinishStep", "Echo"};
+    "ComputeLoss", "ComputeLossStream", "GetServerInfo",    "FinishStep",
+    "Echo",        "RegisterRegion",    "UnregisterRegion", "ListRegions"};
 
 // True for one of kIndexerKlMethods.
 constexpr bool IsIndexerKlMethod(absl::string_view method) {

@@ -70,6 +70,20 @@ struct ServerOptions {
   // bytes). Past it the stream is RESOURCE_EXHAUSTED naming key. Every open
   // stream may hold this much at once (--max_open_streams).
   int64_t max_stream_key_bytes = int64_t{1} << 30;
+  // Shared-memory regions (docs/shared-memory.md): RegisterRegion serves
+  // callers on this host (a Unix socket or loopback) only when on. Off by
+  // default: a region names any object in /dev/shm that the server's user
+  // may open read-write, and the server writes outputs into it.
+  bool shared_memory = false;
+  // Regions registered at once, and their byte sizes summed (each maps that
+  // much of a client's object into the server's address space; the memory
+  // is the client's). Past either, RegisterRegion is RESOURCE_EXHAUSTED.
+  int max_regions = 64;
+  int64_t max_region_bytes = int64_t{16} << 30;
+  // A region no call has named (and nobody re-registered) for this long is
+  // unregistered, and unmapped: the bound on what a client that went away
+  // leaves mapped.
+  absl::Duration region_lease = absl::Minutes(10);
   // How long SIGTERM waits for requests in flight before cancelling them.
   absl::Duration drain_timeout = absl::Seconds(30);
   // Prometheus /metrics address (9464: clear of Prometheus's 9090 and the

@@ -8,6 +8,7 @@
 #include "server/service/compute_executor.h"
 #include "server/service/server_options.h"
 #include "server/service/stream_watchdog.h"
+#include "server/shm/region_registry.h"
 
 namespace klserve::server {
 
@@ -21,6 +22,7 @@ struct ServiceContext {
   Metrics* metrics;
   LossReporter* reporter;
   const ServerOptions* options;
+  RegionRegistry* regions;  // null unless --shared_memory
 };
 
 }  // namespace klserve::server

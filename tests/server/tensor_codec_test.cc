@@ -12,6 +12,12 @@
 namespace klserve::server {
 namespace {
 
+// The regions of a call on a server that serves none.
+CallRegions& NoRegions() {
+  static CallRegions* regions = new CallRegions(nullptr);
+  return *regions;
+}
+
 v1::Tensor MakeTensor(const std::string& dtype, std::vector<int64_t> shape,
                       size_t bytes) {
   v1::Tensor t;
@@ -44,7 +50,7 @@ TEST(TensorCodec, UnaryInputsViewEveryTensorInPlace) {
   *request.mutable_attention_weights() = MakeTensor("FP32", {1, 2, 4}, 32);
   *request.mutable_indexer_scores() = MakeTensor("FP32", {1, 2, 4}, 32);
   *request.mutable_row_valid() = MakeTensor("BOOL", {1, 2}, 2);
-  absl::StatusOr<IndexerKlInputs> in = InputsFrom(request);
+  absl::StatusOr<IndexerKlInputs> in = InputsFrom(request, NoRegions());
   ASSERT_TRUE(in.ok()) << in.status();
   EXPECT_EQ(in->attention_weights->data,
             request.attention_weights().data().data());
@@ -57,7 +63,7 @@ TEST(TensorCodec, UnaryInputsViewEveryTensorInPlace) {
 TEST(TensorCodec, MissingScoresAreNamed) {
   v1::ComputeLossRequest request;
   *request.mutable_attention_weights() = MakeTensor("FP32", {1, 1, 1}, 4);
-  absl::StatusOr<IndexerKlInputs> in = InputsFrom(request);
+  absl::StatusOr<IndexerKlInputs> in = InputsFrom(request, NoRegions());
   ASSERT_EQ(in.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(in.status().message().rfind("indexer_scores:", 0), 0u);
 }
@@ -136,7 +142,8 @@ v1::ComputeLossRequest ProjectionsRequest() {
 
 TEST(TensorCodec, ProjectionsViewsPointIntoTheMessageBytes) {
   const v1::ComputeLossRequest request = ProjectionsRequest();
-  absl::StatusOr<ProjectionsInputs> in = ProjectionsInputsFrom(request);
+  absl::StatusOr<ProjectionsInputs> in =
+      ProjectionsInputsFrom(request, NoRegions());
   ASSERT_TRUE(in.ok()) << in.status();
   EXPECT_EQ(in->query.data, request.query().data().data());
   EXPECT_EQ(in->key.data, request.key().data().data());
@@ -154,7 +161,7 @@ TEST(TensorCodec, KeyBoundsAreViewedInTheLogitsForm) {
   *request.mutable_indexer_scores() = MakeTensor("FP32", {1, 2, 3}, 24);
   *request.mutable_key_start() = MakeTensor("INT32", {1, 2}, 8);
   *request.mutable_key_end() = MakeTensor("INT32", {1, 2}, 8);
-  absl::StatusOr<IndexerKlInputs> in = InputsFrom(request);
+  absl::StatusOr<IndexerKlInputs> in = InputsFrom(request, NoRegions());
   ASSERT_TRUE(in.ok()) << in.status();
   ASSERT_TRUE(in->key_end.has_value());
   EXPECT_EQ(in->key_end->data, request.key_end().data().data());
@@ -169,19 +176,20 @@ TEST(TensorCodec, MixingTheFormsNamesTheField) {
   v1::ComputeLossRequest with_logits = ProjectionsRequest();
   *with_logits.mutable_attention_logits() =
       MakeTensor("FP32", {1, 1, 2, 3}, 24);
-  ExpectInvalidNaming(ProjectionsInputsFrom(with_logits).status(),
+  ExpectInvalidNaming(ProjectionsInputsFrom(with_logits, NoRegions()).status(),
                       "attention_logits");
 
   v1::ComputeLossRequest logits;
   *logits.mutable_indexer_scores() = MakeTensor("FP32", {1, 2, 3}, 24);
   *logits.mutable_lse() = MakeTensor("FP32", {1, 1, 2}, 8);
-  ExpectInvalidNaming(InputsFrom(logits).status(), "lse");
+  ExpectInvalidNaming(InputsFrom(logits, NoRegions()).status(), "lse");
 }
 
 TEST(TensorCodec, ProjectionsFormRequiresItsTensors) {
   v1::ComputeLossRequest request = ProjectionsRequest();
   request.clear_index_key();
-  ExpectInvalidNaming(ProjectionsInputsFrom(request).status(), "index_key");
+  ExpectInvalidNaming(ProjectionsInputsFrom(request, NoRegions()).status(),
+                      "index_key");
 }
 
 TEST(TensorCodec, ProjectionsOptionsOnlyInTheProjectionsForm) {

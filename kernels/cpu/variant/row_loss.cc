@@ -23,7 +23,11 @@ double TopkRecall(const IndexerKlProblem& p, const RowValidity& v,
   auto* ranked = scratch.ranked();
   int64_t n = 0;
   for (int64_t s = 0; s < v.limit; ++s) {
-    if (IsValid(v, s)) ranked[n++] = {I[s], static_cast<int32_t>(s)};
+    // The scores were checked finite, but a shared-memory region may have
+    // changed since (docs/shared-memory.md): a NaN here would break the
+    // strict order nth_element relies on to stay within the array.
+    const float score = I[s] == I[s] ? I[s] : -HUGE_VALF;
+    if (IsValid(v, s)) ranked[n++] = {score, static_cast<int32_t>(s)};
   }
   const int64_t k = std::min(p.options.recall_k, n);
   const auto higher = [](const std::pair<float, int32_t>& a,

@@ -1,0 +1,65 @@
+#ifndef KLSERVE_SERVER_SHM_MAPPED_REGION_H_
+#define KLSERVE_SERVER_SHM_MAPPED_REGION_H_
+
+// One registered region's bytes, mapped read-write into the server: a slice
+// of a POSIX shared-memory object that a client on this host created.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace klserve::server {
+
+class MappedRegion {
+ public:
+  // Maps [offset, offset + byte_size) of the object /dev/shm/<key> (key a
+  // plain name, region_names.h). The object must be a regular file, not a
+  // symlink, of at least offset + byte_size bytes, that the server may
+  // read and write. NOT_FOUND when there is none, PERMISSION_DENIED when
+  // the server may not open it, INVALID_ARGUMENT for the rest; each names
+  // `field`.
+  static absl::StatusOr<std::unique_ptr<MappedRegion>> Map(
+      absl::string_view field, absl::string_view key, int64_t offset,
+      int64_t byte_size);
+
+  MappedRegion(const MappedRegion&) = delete;
+  MappedRegion& operator=(const MappedRegion&) = delete;
+  ~MappedRegion();
+
+  std::byte* data() const { return data_; }
+  int64_t byte_size() const { return byte_size_; }
+
+  // FAILED_PRECONDITION naming the region when its object no longer holds
+  // all of it: it shrank, now or while a call read it (fault_guard.h). A
+  // damaged region stays damaged.
+  absl::Status CheckIntact(absl::string_view name) const;
+
+ private:
+  MappedRegion(int fd, void* mapping, size_t mapping_size, std::byte* data,
+               int64_t end, int64_t byte_size)
+      : fd_(fd),
+        mapping_(mapping),
+        mapping_size_(mapping_size),
+        data_(data),
+        end_(end),
+        byte_size_(byte_size) {}
+
+  int fd_;         // kept open to see the object's size when a call starts
+  void* mapping_;  // from the page below the offset
+  size_t mapping_size_;
+  std::byte* data_;
+  int64_t end_;  // offset + byte_size
+  int64_t byte_size_;
+  int guard_slot_ = -1;
+  std::atomic<bool> damaged_{false};
+};
+
+}  // namespace klserve::server
+
+#endif  // KLSERVE_SERVER_SHM_MAPPED_REGION_H_

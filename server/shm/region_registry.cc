@@ -1,0 +1,186 @@
+#include "server/shm/region_registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
+#include "server/shm/region_names.h"
+
+namespace klserve::server {
+
+struct RegionUse::Entry {
+  std::string name;
+  std::string key;
+  int64_t offset = 0;
+  std::unique_ptr<MappedRegion> mapping;
+  // Guarded by the registry's mutex.
+  int users = 0;
+  absl::Time last_used;
+};
+
+RegionUse::RegionUse(RegionUse&& other) noexcept
+    : registry_(other.registry_), entry_(std::move(other.entry_)) {}
+
+RegionUse::~RegionUse() {
+  if (entry_ != nullptr) registry_->Release(*entry_);
+}
+
+std::byte* RegionUse::data() const { return entry_->mapping->data(); }
+int64_t RegionUse::byte_size() const { return entry_->mapping->byte_size(); }
+const std::string& RegionUse::name() const { return entry_->name; }
+absl::Status RegionUse::CheckIntact() const {
+  return entry_->mapping->CheckIntact(entry_->name);
+}
+
+RegionRegistry::RegionRegistry(const RegionLimits& limits) : limits_(limits) {
+  // Checks a few times per lease, at most once a second: a lease ends at
+  // most a quarter late.
+  const absl::Duration period =
+      std::clamp(limits_.lease / 4, absl::Milliseconds(50), absl::Seconds(1));
+  reaper_ = std::thread([this, period] {
+    absl::MutexLock lock(&mu_);
+    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
+      mu_.Unlock();
+      DropExpired(absl::Now());
+      mu_.Lock();
+    }
+  });
+}
+
+RegionRegistry::~RegionRegistry() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  reaper_.join();
+}
+
+absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
+                                                        absl::string_view key,
+                                                        int64_t offset,
+                                                        int64_t byte_size) {
+  RETURN_IF_ERROR(CheckPlainName("name", name, kMaxRegionNameBytes));
+  RETURN_IF_ERROR(CheckPlainName("key", key, kMaxRegionKeyBytes));
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = regions_.find(name); it != regions_.end()) {
+      Entry& held = *it->second;
+      if (held.key != key || held.offset != offset ||
+          held.mapping->byte_size() != byte_size) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("name: region '", name, "' is registered with key '",
+                         held.key, "', offset ", held.offset, ", byte_size ",
+                         held.mapping->byte_size(), "; unregister it first"));
+      }
+      held.last_used = absl::Now();
+      return limits_.lease;
+    }
+    if (static_cast<int>(regions_.size()) >= limits_.max_regions) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "name: ", regions_.size(), " regions are registered, the most ",
+          "the server holds (--max_regions)"));
+    }
+    if (byte_size > limits_.max_bytes - mapped_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "byte_size: ", byte_size, " more bytes would pass the ",
+          limits_.max_bytes, " bytes all regions may map (--max_region_bytes; ",
+          mapped_bytes_, " mapped)"));
+    }
+    // Counted before mapping, so that two registrations racing cannot both
+    // pass the limit; given back if the mapping fails.
+    mapped_bytes_ += byte_size;
+  }
+  absl::StatusOr<std::unique_ptr<MappedRegion>> mapping =
+      MappedRegion::Map("key", key, offset, byte_size);
+  absl::MutexLock lock(&mu_);
+  if (!mapping.ok()) {
+    mapped_bytes_ -= byte_size;
+    return mapping.status();
+  }
+  auto entry = std::make_shared<Entry>();
+  entry->name = std::string(name);
+  entry->key = std::string(key);
+  entry->offset = offset;
+  entry->mapping = *std::move(mapping);
+  entry->last_used = absl::Now();
+  const auto [it, inserted] = regions_.try_emplace(name, entry);
+  if (!inserted || static_cast<int>(regions_.size()) > limits_.max_regions) {
+    // Another registration of the name, or past the count, while mapping.
+    if (inserted) regions_.erase(it);
+    mapped_bytes_ -= byte_size;
+    return absl::AbortedError(absl::StrCat(
+        "name: region '", name,
+        "' was registered by another call at the same time; try again"));
+  }
+  return limits_.lease;
+}
+
+absl::Status RegionRegistry::Unregister(absl::string_view name) {
+  absl::MutexLock lock(&mu_);
+  const auto it = regions_.find(name);
+  if (it == regions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("name: no region named '", name, "' is registered"));
+  }
+  if (it->second->users > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "name: region '", name, "' is in use by ", it->second->users,
+        " call(s); unregister it once they finish"));
+  }
+  mapped_bytes_ -= it->second->mapping->byte_size();
+  regions_.erase(it);
+  return absl::OkStatus();
+}
+
+std::vector<RegionStatusInfo> RegionRegistry::List() const {
+  const absl::Time now = absl::Now();
+  std::vector<RegionStatusInfo> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, entry] : regions_) {
+    out.push_back(
+        {.name = name,
+         .key = entry->key,
+         .offset = entry->offset,
+         .byte_size = entry->mapping->byte_size(),
+         .users = entry->users,
+         .lease_left = std::max(absl::ZeroDuration(),
+                                entry->last_used + limits_.lease - now)});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  return out;
+}
+
+absl::StatusOr<RegionUse> RegionRegistry::Use(absl::string_view field,
+                                              absl::string_view name) {
+  absl::MutexLock lock(&mu_);
+  const auto it = regions_.find(name);
+  if (it == regions_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        field, ": no region named '", name.substr(0, kMaxRegionNameBytes),
+        "' is registered (it may have expired: register it again)"));
+  }
+  ++it->second->users;
+  it->second->last_used = absl::Now();
+  return RegionUse(this, it->second);
+}
+
+void RegionRegistry::Release(Entry& entry) {
+  absl::MutexLock lock(&mu_);
+  --entry.users;
+  // A long call must not leave its region expiring the moment it ends.
+  entry.last_used = absl::Now();
+}
+
+void RegionRegistry::DropExpired(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  absl::erase_if(regions_, [&](const auto& named) {
+    const Entry& entry = *named.second;
+    if (entry.users > 0 || entry.last_used + limits_.lease > now) return false;
+    mapped_bytes_ -= entry.mapping->byte_size();
+    return true;
+  });
+}
+
+}  // namespace klserve::server
