@@ -210,8 +210,8 @@ Commands:
           --concurrency, --duration, --count, --mode=loss|echo|both;
           --form=projections with --kv_heads, --head_dim, --index_heads,
           --index_dim); --transport=inline|shm|both for the loss calls,
-          --kernel to time the problem in process too (a table of p50
-          latencies, kernel / shm / inline, ends the output)
+          --kernel to time the problem in process too (a line of p50
+          latencies, kernel / shm / inline, and their ratios end the output)
   finish-step  publishes a run's step now (--run, --step); prints its
           indexer_loss
 
@@ -713,8 +713,8 @@ absl::Status Bench() {
   }
   if (p50s.size() > 1) {
     // Each later one over the first measured (the kernel's own time when
-    // --kernel).
-    std::printf("latency_p50_ms:");
+    // --kernel). Not "latency_p50_ms:", which each mode's block has.
+    std::printf("p50_ms:");
     for (const auto& [name, ms] : p50s) {
       std::printf(" %s=%.3f", name.c_str(), ms);
     }

@@ -573,8 +573,7 @@ TEST_F(KlctlShmBenchTest, ShmNextToInlineAndTheKernel) {
                               << run.err;
   for (const char* expected :
        {"kernel_threads: 2", "mode: kernel", "mode: loss_shm", "mode: loss\n",
-        "latency_p50_ms: kernel=", "shm_over_kernel: ",
-        "inline_over_kernel: "}) {
+        "p50_ms: kernel=", "shm_over_kernel: ", "inline_over_kernel: "}) {
     EXPECT_TRUE(absl::StrContains(run.out, expected))
         << expected << " missing in\n"
         << run.out;
