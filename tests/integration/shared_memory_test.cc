@@ -277,9 +277,16 @@ TEST_F(SharedMemoryTest, RegionRpcsRenewConflictListAndUnregister) {
   EXPECT_GT(list.regions(0).lease_left_seconds(), 590);
   EXPECT_EQ(list.max_regions(), 64);
   EXPECT_EQ(list.max_region_bytes(), int64_t{16} << 30);
+  // What Grafana sees.
+  EXPECT_TRUE(absl::StrContains(ScrapeMetrics(server().metrics_port()),
+                                "\nklserve_shared_memory_regions 2\n"));
+  EXPECT_TRUE(absl::StrContains(ScrapeMetrics(server().metrics_port()),
+                                "\nklserve_shared_memory_region_bytes 1010\n"));
   EXPECT_TRUE(Unregister("a").ok());
   ExpectCode(Unregister("a"), grpc::NOT_FOUND, "name:");
   EXPECT_EQ(List().regions_size(), 1);
+  EXPECT_TRUE(absl::StrContains(ScrapeMetrics(server().metrics_port()),
+                                "\nklserve_shared_memory_regions 1\n"));
   absl::StatusOr<v1::GetServerInfoResponse> info = client().GetServerInfo();
   ASSERT_TRUE(info.ok());
   EXPECT_TRUE(info->shared_memory());
