@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <thread>
 #include <utility>
@@ -70,12 +72,12 @@ bool IsSlotRefusal(const absl::Status& status) {
          absl::StrContains(status.message(), "retry later");
 }
 
-// Runs `call` (one request on a Client; returns the bytes it moved) from
-// `limits.concurrency` workers, each on its own connected Client.
+// Runs `call(client, worker)` (one request on a Client; returns the bytes
+// it moved) from `limits.concurrency` workers, each on its own connected
+// Client.
 template <typename Call>
 LoadResult RunLoad(const ClientOptions& client_options,
                    const LoadLimits& limits, Call call) {
-  LoadResult result;
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < limits.concurrency; ++i) {
     absl::StatusOr<std::unique_ptr<Client>> client =
@@ -85,12 +87,22 @@ LoadResult RunLoad(const ClientOptions& client_options,
     absl::Status status = client.status();
     if (status.ok()) status = (*client)->GetServerInfo().status();
     if (!status.ok()) {
+      LoadResult result;
       result.first_error = status;
       return result;
     }
     clients.push_back(*std::move(client));
   }
+  return RunWorkers(limits,
+                    [&](int worker) { return call(*clients[worker], worker); });
+}
 
+}  // namespace
+
+LoadResult RunWorkers(
+    const LoadLimits& limits,
+    absl::FunctionRef<absl::StatusOr<int64_t>(int worker)> call) {
+  LoadResult result;
   std::atomic<int64_t> started{0};
   std::atomic<int64_t> refusals{0};
   std::atomic<bool> stop{false};
@@ -98,22 +110,22 @@ LoadResult RunLoad(const ClientOptions& client_options,
   const absl::Time start = absl::Now();
   const absl::Time end = start + limits.duration;
   std::vector<std::thread> workers;
-  for (auto& client : clients) {
-    workers.emplace_back([&, client = client.get()] {
+  for (int worker = 0; worker < limits.concurrency; ++worker) {
+    workers.emplace_back([&, worker] {
       std::vector<double> latencies;
       int64_t bytes = 0;
       absl::Status error;
       while (!stop.load(std::memory_order_relaxed) && absl::Now() < end) {
         if (limits.count > 0 && started.fetch_add(1) >= limits.count) break;
         const absl::Time begin = absl::Now();
-        absl::StatusOr<int64_t> moved = call(*client);
+        absl::StatusOr<int64_t> moved = call(worker);
         // More workers than the server's slots: a refusal is the server's
         // answer to load, not a failure of the benchmark; the request is
         // sent again (its latency includes the wait).
         while (IsSlotRefusal(moved.status()) && absl::Now() < end) {
           refusals.fetch_add(1);
           absl::SleepFor(absl::Milliseconds(1));
-          moved = call(*client);
+          moved = call(worker);
         }
         if (IsSlotRefusal(moved.status())) break;  // out of time
         if (!moved.ok()) {
@@ -138,8 +150,6 @@ LoadResult RunLoad(const ClientOptions& client_options,
   result.requests = result.latencies_ms.size();
   return result;
 }
-
-}  // namespace
 
 absl::StatusOr<v1::ComputeLossRequest> MakeSyntheticRequest(
     const SyntheticProblem& problem) {
@@ -297,6 +307,195 @@ absl::StatusOr<std::vector<EchoMessageSize>> EchoPlanFor(
   return plan;
 }
 
+namespace {
+
+// An output of ComputeLoss that can go to a region: its slice in
+// OutputRegions and its tensor in the response.
+struct OutputField {
+  const char* name;
+  v1::RegionSlice* (v1::OutputRegions::*mutable_slice)();
+  bool (v1::OutputRegions::*has_slice)() const;
+  const v1::Tensor& (v1::ComputeLossResponse::*tensor)() const;
+  bool gradient;  // counted in a call's bytes, as the inline bench does
+};
+
+constexpr OutputField kGrad = {"grad", &v1::OutputRegions::mutable_grad,
+                               &v1::OutputRegions::has_grad,
+                               &v1::ComputeLossResponse::grad, true};
+constexpr OutputField kRowKl = {"row_kl", &v1::OutputRegions::mutable_row_kl,
+                                &v1::OutputRegions::has_row_kl,
+                                &v1::ComputeLossResponse::row_kl, false};
+constexpr OutputField kDIndexQuery = {
+    "d_index_query", &v1::OutputRegions::mutable_d_index_query,
+    &v1::OutputRegions::has_d_index_query,
+    &v1::ComputeLossResponse::d_index_query, true};
+constexpr OutputField kDIndexKey = {
+    "d_index_key", &v1::OutputRegions::mutable_d_index_key,
+    &v1::OutputRegions::has_d_index_key, &v1::ComputeLossResponse::d_index_key,
+    true};
+constexpr OutputField kDIndexWeights = {
+    "d_index_weights", &v1::OutputRegions::mutable_d_index_weights,
+    &v1::OutputRegions::has_d_index_weights,
+    &v1::ComputeLossResponse::d_index_weights, true};
+constexpr OutputField kTopkIndices = {
+    "topk_indices", &v1::OutputRegions::mutable_topk_indices,
+    &v1::OutputRegions::has_topk_indices,
+    &v1::ComputeLossResponse::topk_indices, false};
+constexpr const OutputField* kOutputFields[] = {&kGrad,          &kRowKl,
+                                                &kDIndexQuery,   &kDIndexKey,
+                                                &kDIndexWeights, &kTopkIndices};
+
+// An output `request` asks for: the field, its dtype and shape.
+struct WantedOutput {
+  const OutputField* field;
+  std::string dtype;
+  std::vector<int64_t> shape;
+};
+
+std::vector<int64_t> ShapeOf(const v1::Tensor& tensor) {
+  return {tensor.shape().begin(), tensor.shape().end()};
+}
+
+// The outputs a ComputeLoss of `request` produces, as the proto documents
+// them.
+absl::StatusOr<std::vector<WantedOutput>> WantedOutputs(
+    const v1::ComputeLossRequest& request) {
+  const v1::LossOptions& options = request.options();
+  const std::string grad_dtype =
+      options.grad_dtype().empty() ? "FP32" : options.grad_dtype();
+  const bool projections = request.has_query();
+  // [B, T, ...]: the scores in the logits forms, the indexer's queries in
+  // the projections form.
+  const v1::Tensor& rows =
+      projections ? request.index_query() : request.indexer_scores();
+  if (rows.shape_size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(projections ? "index_query" : "indexer_scores",
+                     ": needs at least two dimensions [B, T, ...]"));
+  }
+  const int64_t B = rows.shape(0), T = rows.shape(1);
+  std::vector<WantedOutput> wanted;
+  if (!options.skip_grad()) {
+    if (projections) {
+      wanted.push_back(
+          {&kDIndexQuery, grad_dtype, ShapeOf(request.index_query())});
+      wanted.push_back({&kDIndexKey, grad_dtype, ShapeOf(request.index_key())});
+      wanted.push_back(
+          {&kDIndexWeights, grad_dtype, ShapeOf(request.index_weights())});
+    } else {
+      wanted.push_back({&kGrad, grad_dtype, ShapeOf(request.indexer_scores())});
+    }
+  }
+  if (options.want_row_kl()) {
+    wanted.push_back({&kRowKl, "FP64", {B, T}});
+  }
+  if (projections && options.topk() > 0) {
+    wanted.push_back({&kTopkIndices, "INT32", {B, T, options.topk()}});
+  }
+  return wanted;
+}
+
+// Offsets 64 bytes apart: a multiple of every element size, and no two
+// slices share a cache line.
+int64_t Align(int64_t offset) { return (offset + 63) / 64 * 64; }
+
+}  // namespace
+
+absl::StatusOr<RegionProblem> PlaceInRegion(
+    const v1::ComputeLossRequest& request, int workers) {
+  if (workers < 1) {
+    return absl::InvalidArgumentError("PlaceInRegion: workers must be >= 1");
+  }
+  RETURN_IF_ERROR(CheckNoRegions(request));
+  ASSIGN_OR_RETURN(const std::vector<WantedOutput> wanted,
+                   WantedOutputs(request));
+  // The layout first: the inputs, then each worker's outputs.
+  int64_t size = 0;
+  std::vector<int64_t> input_offsets;
+  for (const RequestTensor& tensor : kRequestTensors) {
+    const v1::Tensor* t = FindTensor(request, tensor);
+    if (t == nullptr) continue;
+    RETURN_IF_ERROR(CheckTensorBytes(tensor.name, *t));
+    size = Align(size);
+    input_offsets.push_back(size);
+    size += static_cast<int64_t>(t->data().size());
+  }
+  int64_t gradient_bytes = 0;
+  std::vector<std::vector<int64_t>> output_offsets(workers);
+  for (int w = 0; w < workers; ++w) {
+    for (const WantedOutput& output : wanted) {
+      ASSIGN_OR_RETURN(const int64_t bytes,
+                       ExpectedTensorBytes(output.dtype, output.shape));
+      size = Align(size);
+      output_offsets[w].push_back(size);
+      size += bytes;
+      if (w == 0 && output.field->gradient) gradient_bytes += bytes;
+    }
+  }
+
+  ASSIGN_OR_RETURN(SharedMemoryRegion region,
+                   SharedMemoryRegion::Create(std::max<int64_t>(size, 1)));
+  std::string name = region.key();
+  RegionProblem problem{
+      .region = std::move(region),
+      .name = std::move(name),
+      .requests = {},
+      .bytes_per_call = RequestTensorBytes(request) + gradient_bytes};
+
+  v1::ComputeLossRequest placed = request;
+  size_t input = 0;
+  for (const RequestTensor& tensor : kRequestTensors) {
+    v1::Tensor* t = FindTensor(request, tensor) == nullptr
+                        ? nullptr
+                        : MutableTensor(placed, tensor);
+    if (t == nullptr) continue;
+    const int64_t offset = input_offsets[input++];
+    std::memcpy(problem.region.data() + offset, t->data().data(),
+                t->data().size());
+    ASSIGN_OR_RETURN(
+        *t, RegionTensor(t->dtype(), ShapeOf(*t), problem.name, offset));
+  }
+  for (int w = 0; w < workers; ++w) {
+    v1::ComputeLossRequest& mine = problem.requests.emplace_back(placed);
+    for (size_t i = 0; i < wanted.size(); ++i) {
+      ASSIGN_OR_RETURN(
+          *(mine.mutable_outputs()->*wanted[i].field->mutable_slice)(),
+          RegionSliceFor(wanted[i].dtype, wanted[i].shape, problem.name,
+                         output_offsets[w][i]));
+    }
+  }
+  return problem;
+}
+
+LoadResult RunRegionLossLoad(const RegionProblem& problem,
+                             const ClientOptions& client_options,
+                             const LoadLimits& limits) {
+  if (static_cast<int>(problem.requests.size()) < limits.concurrency) {
+    LoadResult result;
+    result.first_error = absl::InvalidArgumentError(absl::StrCat(
+        "RunRegionLossLoad: the region holds outputs for ",
+        problem.requests.size(), " workers, not ", limits.concurrency));
+    return result;
+  }
+  return RunLoad(client_options, limits,
+                 [&](Client& client, int worker) -> absl::StatusOr<int64_t> {
+                   const v1::ComputeLossRequest& request =
+                       problem.requests[worker];
+                   ASSIGN_OR_RETURN(const v1::ComputeLossResponse response,
+                                    client.ComputeLossUnary(request));
+                   for (const OutputField* field : kOutputFields) {
+                     if (!(request.outputs().*field->has_slice)()) continue;
+                     const v1::Tensor& tensor = (response.*field->tensor)();
+                     if (!tensor.has_region() || !tensor.data().empty()) {
+                       return absl::InternalError(absl::StrCat(
+                           "server broke the protocol: ComputeLoss returned ",
+                           field->name, " inline, not in its region slice"));
+                     }
+                   }
+                   return problem.bytes_per_call;
+                 });
+}
+
 double LoadResult::RequestsPerSecond() const {
   const double seconds = absl::ToDoubleSeconds(elapsed);
   return seconds > 0 ? requests / seconds : 0.0;
@@ -320,7 +519,8 @@ LoadResult RunLossLoad(const v1::ComputeLossRequest& request, StreamMode mode,
                        const LoadLimits& limits) {
   const int64_t request_bytes = RequestTensorBytes(request);
   return RunLoad(
-      client_options, limits, [&](Client& client) -> absl::StatusOr<int64_t> {
+      client_options, limits,
+      [&](Client& client, int) -> absl::StatusOr<int64_t> {
         absl::StatusOr<v1::ComputeLossResponse> response;
         switch (mode) {
           case StreamMode::kAuto:
@@ -347,11 +547,12 @@ LoadResult RunLossLoad(const v1::ComputeLossRequest& request, StreamMode mode,
 LoadResult RunEchoLoad(const std::vector<EchoMessageSize>& plan,
                        const ClientOptions& client_options,
                        const LoadLimits& limits) {
-  return RunLoad(
-      client_options, limits, [&](Client& client) -> absl::StatusOr<int64_t> {
-        ASSIGN_OR_RETURN(const EchoStats stats, client.EchoStream(plan));
-        return stats.bytes_sent + stats.bytes_received;
-      });
+  return RunLoad(client_options, limits,
+                 [&](Client& client, int) -> absl::StatusOr<int64_t> {
+                   ASSIGN_OR_RETURN(const EchoStats stats,
+                                    client.EchoStream(plan));
+                   return stats.bytes_sent + stats.bytes_received;
+                 });
 }
 
 }  // namespace klserve

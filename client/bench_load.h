@@ -1,17 +1,20 @@
 #ifndef KLSERVE_CLIENT_BENCH_LOAD_H_
 #define KLSERVE_CLIENT_BENCH_LOAD_H_
 
-// klctl bench: bounded synthetic load on a klserve server, for the loss and
-// for the Echo transport baseline moving the same bytes.
+// klctl bench: bounded synthetic load on a klserve server, for the loss (its
+// tensors inline or in a shared-memory region) and for the Echo transport
+// baseline moving the same bytes.
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/shared_memory_region.h"
 #include "klserve/v1/klserve.pb.h"
 
 namespace klserve {
@@ -101,6 +104,43 @@ struct LoadResult {
   double GigabytesPerSecond() const;                  // 1e9 bytes
   double LatencyPercentileMs(double fraction) const;  // nearest rank
 };
+
+// Runs `call(worker)` (one request of worker 0 .. limits.concurrency - 1;
+// returns the bytes it moved) from `limits.concurrency` threads until
+// `limits` stop it or a call fails; a slot refusal is retried. The other
+// Run*Load functions are this with a call each.
+LoadResult RunWorkers(
+    const LoadLimits& limits,
+    absl::FunctionRef<absl::StatusOr<int64_t>(int worker)> call);
+
+// A problem placed in one shared-memory region: its tensors' bytes copied in
+// once, and, for each worker, its own slices for the outputs the problem
+// asks for (the gradient or the projections form's three, row_kl, the
+// service's top-k), so that concurrent calls never write the same bytes.
+// Slices start at multiples of 64 bytes.
+struct RegionProblem {
+  SharedMemoryRegion region;
+  // The region's name on the server: its key, unique to this process.
+  std::string name;
+  // requests[w]: the problem with every tensor a slice of the region and
+  // `outputs` set to worker w's slices.
+  std::vector<v1::ComputeLossRequest> requests;
+  // What one call moves through the region, counted as the inline call's
+  // bytes are: the input tensors and the gradients.
+  int64_t bytes_per_call = 0;
+};
+
+// Places `request` (every tensor inline) for `workers` workers.
+absl::StatusOr<RegionProblem> PlaceInRegion(
+    const v1::ComputeLossRequest& request, int workers);
+
+// Runs the unary ComputeLoss of `problem.requests[w]` from worker w, as
+// RunLossLoad does; `problem` must be registered under problem.name. A
+// response returning a requested output inline rather than in its slice is
+// an error.
+LoadResult RunRegionLossLoad(const RegionProblem& problem,
+                             const ClientOptions& client_options,
+                             const LoadLimits& limits);
 
 // Runs ComputeLoss of `request` (by `mode`) from `limits.concurrency`
 // threads until `limits` stop it or a call fails. Counts request tensor

@@ -249,7 +249,10 @@ absl::StatusOr<v1::FinishStepResponse> Client::FinishStep(
 
 absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLoss(
     const v1::ComputeLossRequest& request) {
-  if (RequestTensorBytes(request) <= options_.stream_threshold_bytes) {
+  // A request naming a region carries few bytes inline, and the stream
+  // cannot carry it at all.
+  if (UsesRegions(request) ||
+      RequestTensorBytes(request) <= options_.stream_threshold_bytes) {
     return ComputeLossUnary(request);
   }
   return ComputeLossStreaming(request);
@@ -261,8 +264,37 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossUnary(
                    &v1::IndexerKl::Stub::ComputeLoss, request);
 }
 
+absl::StatusOr<absl::Duration> Client::RegisterRegion(const std::string& name,
+                                                      const std::string& key,
+                                                      int64_t offset,
+                                                      int64_t byte_size) {
+  v1::RegisterRegionRequest request;
+  request.set_name(name);
+  request.set_key(key);
+  request.set_offset(offset);
+  request.set_byte_size(byte_size);
+  ASSIGN_OR_RETURN(const v1::RegisterRegionResponse response,
+                   UnaryCall(options_, *stubs_->channel, *stubs_->kl,
+                             &v1::IndexerKl::Stub::RegisterRegion, request));
+  return absl::Seconds(response.lease_seconds());
+}
+
+absl::Status Client::UnregisterRegion(const std::string& name) {
+  v1::UnregisterRegionRequest request;
+  request.set_name(name);
+  return UnaryCall(options_, *stubs_->channel, *stubs_->kl,
+                   &v1::IndexerKl::Stub::UnregisterRegion, request)
+      .status();
+}
+
+absl::StatusOr<v1::ListRegionsResponse> Client::ListRegions() {
+  return UnaryCall(options_, *stubs_->channel, *stubs_->kl,
+                   &v1::IndexerKl::Stub::ListRegions, v1::ListRegionsRequest());
+}
+
 absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
     const v1::ComputeLossRequest& request, int64_t block_rows) {
+  RETURN_IF_ERROR(CheckNoRegions(request));
   ASSIGN_OR_RETURN(const RequestSlicer slicer, RequestSlicer::Create(request));
   const int64_t num_rows = slicer.num_rows();
   if (block_rows <= 0) block_rows = slicer.BlockRowsFor(options_.block_bytes);
@@ -404,6 +436,38 @@ absl::StatusOr<EchoStats> Client::EchoStream(int64_t num_messages,
   std::vector<EchoMessageSize> messages(
       num_messages, EchoMessageSize{payload_bytes, reply_bytes});
   return EchoStream(messages);
+}
+
+absl::StatusOr<v1::RegionSlice> RegionSliceFor(absl::string_view dtype,
+                                               absl::Span<const int64_t> shape,
+                                               absl::string_view region,
+                                               int64_t offset) {
+  if (offset < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region slice: offset must be >= 0, got ", offset));
+  }
+  absl::StatusOr<int64_t> bytes = ExpectedTensorBytes(dtype, shape);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region slice: ", bytes.status().message()));
+  }
+  v1::RegionSlice slice;
+  slice.set_region(std::string(region));
+  slice.set_offset(offset);
+  slice.set_byte_size(*bytes);
+  return slice;
+}
+
+absl::StatusOr<v1::Tensor> RegionTensor(absl::string_view dtype,
+                                        absl::Span<const int64_t> shape,
+                                        absl::string_view region,
+                                        int64_t offset) {
+  v1::Tensor tensor;
+  ASSIGN_OR_RETURN(*tensor.mutable_region(),
+                   RegionSliceFor(dtype, shape, region, offset));
+  tensor.set_dtype(std::string(dtype));
+  tensor.mutable_shape()->Assign(shape.begin(), shape.end());
+  return tensor;
 }
 
 }  // namespace klserve

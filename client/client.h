@@ -11,6 +11,15 @@
 //
 // gRPC headers stay out of this header (the stubs live behind a pointer),
 // so code that includes it compiles without grpcpp.
+//
+// Shared memory (a server on this host started with --shared_memory): a
+// caller creates a region (client/shared_memory_region.h), registers it
+// (RegisterRegion), and builds requests whose tensors name slices of it
+// (RegionTensor) and whose `outputs` say where the gradient and the other
+// outputs go (RegionSliceFor); the server then reads and writes those bytes
+// in place, and the response's tensors carry dtype, shape and `region`, no
+// data. Such a request is always sent unary. The region must stay mapped
+// until UnregisterRegion; docs/shared-memory.md has the server's rules.
 
 #include <cstdint>
 #include <memory>
@@ -18,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "klserve/v1/klserve.pb.h"
@@ -99,9 +109,10 @@ class Client {
                                                     int64_t step);
 
   // Computes one problem, as one unary message when its tensor bytes are at
-  // most options().stream_threshold_bytes, through ComputeLossStream
-  // otherwise. Either way the response is what the unary call returns, in
-  // either form (the projections form, `query` set: d_index_query,
+  // most options().stream_threshold_bytes or when it names a shared-memory
+  // region (a tensor's `region` or any of `outputs`), through
+  // ComputeLossStream otherwise. Either way the response is what the unary call
+  // returns, in either form (the projections form, `query` set: d_index_query,
   // d_index_key, d_index_weights and, with options.topk, the service's
   // topk_indices).
   absl::StatusOr<v1::ComputeLossResponse> ComputeLoss(
@@ -110,6 +121,22 @@ class Client {
   // The unary call (the request must fit the message limits).
   absl::StatusOr<v1::ComputeLossResponse> ComputeLossUnary(
       const v1::ComputeLossRequest& request);
+
+  // Registers bytes [offset, offset + byte_size) of the shared-memory object
+  // /dev/shm/<key> as region `name`; returns the lease (the region is
+  // dropped after that long unused; any call naming it, or registering it
+  // again with the same values, renews it). ALREADY_EXISTS when `name` is
+  // held with other values; PERMISSION_DENIED from a caller that is not on
+  // this host (a Unix socket or loopback); UNIMPLEMENTED from a server
+  // without --shared_memory.
+  absl::StatusOr<absl::Duration> RegisterRegion(const std::string& name,
+                                                const std::string& key,
+                                                int64_t offset,
+                                                int64_t byte_size);
+  // NOT_FOUND for an unknown name; FAILED_PRECONDITION while calls use it.
+  absl::Status UnregisterRegion(const std::string& name);
+  // The server's regions (by name) and its limits on them.
+  absl::StatusOr<v1::ListRegionsResponse> ListRegions();
 
   // The bidi stream: a StreamHeader, then RowBlocks of `block_rows` rows
   // (0: as many as fit options().block_bytes), every row twice for
@@ -122,6 +149,8 @@ class Client {
   // byte sizes (INVALID_ARGUMENT before anything is sent otherwise). The
   // projections form's key side travels whole in the header.
   // UNAVAILABLE is retried only while no response message has arrived.
+  // A request naming a shared-memory region is INVALID_ARGUMENT naming the
+  // field: regions are for the unary call only.
   absl::StatusOr<v1::ComputeLossResponse> ComputeLossStreaming(
       const v1::ComputeLossRequest& request, int64_t block_rows = 0);
 
@@ -147,6 +176,26 @@ class Client {
   ClientOptions options_;
   std::unique_ptr<Stubs> stubs_;
 };
+
+// The slice of region `region` at `offset` that a tensor of `dtype` and
+// `shape` fills: byte_size is prod(shape) times the element size. For
+// ComputeLossRequest.outputs (e.g. the gradient: indexer_scores' shape in
+// the grad_dtype; row_kl: FP64 [B, T]). INVALID_ARGUMENT for an unknown
+// dtype, a negative dimension or offset, or a size that overflows. The
+// server checks the rest (the region's name and bounds, alignment: offset
+// a multiple of the element size).
+absl::StatusOr<v1::RegionSlice> RegionSliceFor(absl::string_view dtype,
+                                               absl::Span<const int64_t> shape,
+                                               absl::string_view region,
+                                               int64_t offset);
+
+// A request tensor of `dtype` and `shape` whose bytes lie in region
+// `region` at `offset` (dtype, shape and region set; no data). Errors as
+// RegionSliceFor.
+absl::StatusOr<v1::Tensor> RegionTensor(absl::string_view dtype,
+                                        absl::Span<const int64_t> shape,
+                                        absl::string_view region,
+                                        int64_t offset);
 
 }  // namespace klserve
 

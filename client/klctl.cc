@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
@@ -30,6 +31,7 @@
 #include "auth/token_file.h"
 #include "client/bench_load.h"
 #include "client/client.h"
+#include "client/kernel_load.h"
 #include "client/npy.h"
 #include "client/tensor_util.h"
 #include "google/protobuf/descriptor.h"
@@ -39,7 +41,9 @@
 #include "proto/request_tensors.h"
 
 // Connection.
-ABSL_FLAG(std::string, target, "localhost:50051", "Server address HOST:PORT");
+ABSL_FLAG(std::string, target, "localhost:50051",
+          "Server address: HOST:PORT, or unix:/absolute/path for a server's "
+          "Unix-domain socket");
 ABSL_FLAG(absl::Duration, deadline, absl::Seconds(120),
           "Time limit of each call, retries included");
 ABSL_FLAG(int, max_attempts, 5, "Attempts per call while UNAVAILABLE");
@@ -172,6 +176,17 @@ ABSL_FLAG(int64_t, index_heads, 8, "bench, --form=projections: H_I");
 ABSL_FLAG(int64_t, index_dim, 64, "bench, --form=projections: D_I");
 ABSL_FLAG(std::string, mode, "loss",
           "bench: loss, echo (the same bytes through Echo) or both");
+ABSL_FLAG(std::string, transport, "inline",
+          "bench: how the loss calls' tensors travel: inline (in the "
+          "messages), shm (in one shared-memory region registered once, "
+          "outputs written there too; unary calls, a server on this host "
+          "with --shared_memory) or both (shm, then inline)");
+ABSL_FLAG(bool, kernel, false,
+          "bench: first compute the same problem in this process through "
+          "the kernels, on --kernel_threads threads, and report each "
+          "transport's latency over that");
+ABSL_FLAG(int, kernel_threads, 0,
+          "bench --kernel: CPU threads; 0 is the server's (GetServerInfo)");
 
 namespace klserve {
 namespace {
@@ -194,11 +209,14 @@ Commands:
   bench   bounded synthetic load (--shape, --heads, --topk, --dtype,
           --concurrency, --duration, --count, --mode=loss|echo|both;
           --form=projections with --kv_heads, --head_dim, --index_heads,
-          --index_dim)
+          --index_dim); --transport=inline|shm|both for the loss calls,
+          --kernel to time the problem in process too (a line of p50
+          latencies, kernel / shm / inline, and their ratios end the output)
   finish-step  publishes a run's step now (--run, --step); prints its
           indexer_loss
 
-Common flags: --target=HOST:PORT --deadline=120s --stream=auto|always|never
+Common flags: --target=HOST:PORT|unix:/path --deadline=120s
+              --stream=auto|always|never
 Errors print the gRPC code and message to stderr and exit 1.
 )";
 
@@ -268,6 +286,7 @@ absl::Status Info() {
               absl::StrJoin(info.input_dtypes(), ",").c_str());
   std::printf("grad_dtypes: %s\n",
               absl::StrJoin(info.grad_dtypes(), ",").c_str());
+  std::printf("shared_memory: %s\n", info.shared_memory() ? "true" : "false");
   return absl::OkStatus();
 }
 
@@ -521,6 +540,19 @@ absl::Status Bench() {
     return absl::InvalidArgumentError(
         absl::StrCat("--mode: must be loss, echo or both, got \"", mode, "\""));
   }
+  const std::string transport =
+      absl::AsciiStrToLower(absl::GetFlag(FLAGS_transport));
+  if (transport != "inline" && transport != "shm" && transport != "both") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--transport: must be inline, shm or both, got \"", transport, "\""));
+  }
+  const bool shm_loss = transport != "inline";
+  const bool inline_loss = transport != "shm";
+  if (shm_loss && stream_mode == StreamMode::kAlways) {
+    return absl::InvalidArgumentError(
+        "--transport=shm, both: shared-memory regions are for unary calls; "
+        "not with --stream=always");
+  }
   LoadLimits limits;
   limits.concurrency = absl::GetFlag(FLAGS_concurrency);
   limits.duration = absl::GetFlag(FLAGS_duration);
@@ -594,7 +626,7 @@ absl::Status Bench() {
   }
 
   ClientOptions client_options;
-  RETURN_IF_ERROR(MakeClient(&client_options).status());
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, MakeClient(&client_options));
   ASSIGN_OR_RETURN(const int64_t grad_element_bytes, WireDTypeSize(grad_dtype));
   ASSIGN_OR_RETURN(
       const std::vector<EchoMessageSize> plan,
@@ -604,17 +636,70 @@ absl::Status Bench() {
   std::printf("request_bytes: %lld\ngrad_bytes: %lld\n",
               static_cast<long long>(RequestTensorBytes(request)),
               static_cast<long long>(grad_bytes));
-  std::printf(
-      "transport: %s (%zu message%s each way)\n",
-      UsesStream(request, stream_mode, client_options) ? "stream" : "unary",
-      plan.size(), plan.size() == 1 ? "" : "s");
+  if (inline_loss || mode != "loss") {
+    std::printf(
+        "transport: %s (%zu message%s each way)\n",
+        UsesStream(request, stream_mode, client_options) ? "stream" : "unary",
+        plan.size(), plan.size() == 1 ? "" : "s");
+  }
   std::fflush(stdout);
 
+  // p50 latencies for the closing table, in the order measured.
+  std::vector<std::pair<std::string, double>> p50s;
+  if (absl::GetFlag(FLAGS_kernel)) {
+    int threads = absl::GetFlag(FLAGS_kernel_threads);
+    if (threads < 0) {
+      return absl::InvalidArgumentError("--kernel_threads: must be >= 0");
+    }
+    if (threads == 0) {
+      ASSIGN_OR_RETURN(const v1::GetServerInfoResponse info,
+                       client->GetServerInfo());
+      threads = info.threads();
+    }
+    std::printf("kernel_threads: %d\n", threads);
+    const LoadResult kernel_load = RunKernelLoad(request, threads, limits);
+    PrintLoad("kernel", kernel_load);
+    RETURN_IF_ERROR(kernel_load.first_error);
+    p50s.emplace_back("kernel", kernel_load.LatencyPercentileMs(0.50));
+  }
+
   std::optional<LoadResult> loss_load, echo_load;
-  if (mode != "echo") {
+  if (shm_loss && mode != "echo") {
+    ASSIGN_OR_RETURN(const RegionProblem problem,
+                     PlaceInRegion(request, limits.concurrency));
+    std::printf(
+        "region: /dev/shm/%s, %lld bytes (the inputs once, the "
+        "outputs of %d worker%s)\n",
+        problem.region.key().c_str(),
+        static_cast<long long>(problem.region.byte_size()), limits.concurrency,
+        limits.concurrency == 1 ? "" : "s");
+    absl::Status registered =
+        client
+            ->RegisterRegion(problem.name, problem.region.key(), 0,
+                             problem.region.byte_size())
+            .status();
+    if (registered.code() == absl::StatusCode::kUnimplemented) {
+      return absl::UnimplementedError(absl::StrCat(
+          "--transport=shm: the server serves no shared-memory regions "
+          "(start it with --shared_memory): ",
+          registered.message()));
+    }
+    RETURN_IF_ERROR(registered);
+    const LoadResult shm_load =
+        RunRegionLossLoad(problem, client_options, limits);
+    // The calls have all returned, so the server holds the region for none
+    // of them; it goes before the region (and its pages) does.
+    const absl::Status unregistered = client->UnregisterRegion(problem.name);
+    PrintLoad("loss_shm", shm_load);
+    RETURN_IF_ERROR(shm_load.first_error);
+    RETURN_IF_ERROR(unregistered);
+    p50s.emplace_back("shm", shm_load.LatencyPercentileMs(0.50));
+  }
+  if (inline_loss && mode != "echo") {
     loss_load = RunLossLoad(request, stream_mode, client_options, limits);
     PrintLoad("loss", *loss_load);
     RETURN_IF_ERROR(loss_load->first_error);
+    p50s.emplace_back("inline", loss_load->LatencyPercentileMs(0.50));
   }
   if (mode != "loss") {
     echo_load = RunEchoLoad(plan, client_options, limits);
@@ -625,6 +710,20 @@ absl::Status Bench() {
       echo_load->GigabytesPerSecond() > 0) {
     std::printf("loss_over_echo: %.3f\n", loss_load->GigabytesPerSecond() /
                                               echo_load->GigabytesPerSecond());
+  }
+  if (p50s.size() > 1) {
+    // Each later one over the first measured (the kernel's own time when
+    // --kernel). Not "latency_p50_ms:", which each mode's block has.
+    std::printf("p50_ms:");
+    for (const auto& [name, ms] : p50s) {
+      std::printf(" %s=%.3f", name.c_str(), ms);
+    }
+    std::printf("\n");
+    for (size_t i = 1; i < p50s.size(); ++i) {
+      if (p50s[0].second <= 0) break;
+      std::printf("%s_over_%s: %.3f\n", p50s[i].first.c_str(),
+                  p50s[0].first.c_str(), p50s[i].second / p50s[0].second);
+    }
   }
   return absl::OkStatus();
 }

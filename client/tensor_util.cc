@@ -75,4 +75,26 @@ int64_t RequestTensorBytes(const v1::ComputeLossRequest& request) {
   return total;
 }
 
+bool UsesRegions(const v1::ComputeLossRequest& request) {
+  return !CheckNoRegions(request).ok();
+}
+
+absl::Status CheckNoRegions(const v1::ComputeLossRequest& request) {
+  for (const RequestTensor& tensor : kRequestTensors) {
+    const v1::Tensor* t = FindTensor(request, tensor);
+    if (t != nullptr && t->has_region()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(tensor.name,
+                       ".region: shared-memory regions are for the unary "
+                       "ComputeLoss only; the stream carries bytes inline"));
+    }
+  }
+  if (request.has_outputs()) {
+    return absl::InvalidArgumentError(
+        "outputs: shared-memory regions are for the unary ComputeLoss only; "
+        "the stream returns its outputs inline");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace klserve

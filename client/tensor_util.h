@@ -33,6 +33,15 @@ absl::Status CheckTensorBytes(absl::string_view field,
 // tensor bytes; the protobuf framing is not counted).
 int64_t RequestTensorBytes(const v1::ComputeLossRequest& request);
 
+// Whether `request` names a shared-memory region: a tensor's `region`, or
+// `outputs`.
+bool UsesRegions(const v1::ComputeLossRequest& request);
+
+// INVALID_ARGUMENT naming the first field of `request` that names a region
+// ("<tensor>.region: ..." or "outputs: ..."), for paths that carry bytes
+// inline only (the stream).
+absl::Status CheckNoRegions(const v1::ComputeLossRequest& request);
+
 }  // namespace klserve
 
 #endif  // KLSERVE_CLIENT_TENSOR_UTIL_H_

@@ -28,6 +28,11 @@ absl::StatusOr<std::byte*> CallRegions::Resolve(absl::string_view field,
         field, ": shared-memory regions are off on this server (start ",
         "klserve with --shared_memory); send the bytes inline"));
   }
+  if (!local_) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        field, ": only callers on this host (a Unix socket or loopback) may ",
+        "name shared-memory regions"));
+  }
   const RegionUse* region = nullptr;
   for (const RegionUse& held : held_) {
     if (held.name() == slice.region()) region = &held;

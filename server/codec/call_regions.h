@@ -23,8 +23,11 @@ namespace klserve::server {
 class CallRegions {
  public:
   // `registry` null: the server serves no regions, and every slice is
-  // refused.
-  explicit CallRegions(RegionRegistry* registry) : registry_(registry) {}
+  // refused; so is every slice of a caller that is not `local` (on this
+  // host), which cannot have made the region and must not read another
+  // job's.
+  explicit CallRegions(RegionRegistry* registry, bool local = true)
+      : registry_(registry), local_(local) {}
 
   // The bytes `slice` names, for a tensor of `element_size`-byte elements
   // that `field` ("indexer_scores.region", "outputs.grad") holds: within
@@ -60,6 +63,7 @@ class CallRegions {
                                      int64_t element_size, bool output);
 
   RegionRegistry* registry_;
+  bool local_;
   std::deque<RegionUse> held_;  // one per region named; never moved
   std::vector<Span> spans_;
   std::vector<std::unique_ptr<std::byte[]>> copies_;

@@ -348,59 +348,100 @@ std::byte* AllocateTensor(DType dtype, std::initializer_list<int64_t> shape,
   return AllocateBytes(DTypeName(dtype), DTypeSize(dtype), shape, out);
 }
 
-namespace {
-
-absl::StatusOr<std::byte*> PlaceBytes(absl::string_view field,
-                                      absl::string_view dtype_name,
-                                      int64_t element_size,
-                                      std::initializer_list<int64_t> shape,
-                                      const v1::RegionSlice* slice,
-                                      CallRegions& regions, v1::Tensor* out) {
-  if (slice == nullptr) {
-    return AllocateBytes(dtype_name, element_size, shape, out);
-  }
-  int64_t bytes = element_size;
-  for (int64_t d : shape) bytes *= d;
-  const std::string name = absl::StrCat("outputs.", field);
-  if (slice->byte_size() != bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ".byte_size: must be ", bytes, " (", field, " is ", dtype_name,
-        " ", absl::StrJoin(shape, "x"), "), got ", slice->byte_size()));
-  }
-  ASSIGN_OR_RETURN(std::byte * data,
-                   regions.Output(name, *slice, element_size));
-  out->set_dtype(std::string(dtype_name));
-  for (int64_t d : shape) out->add_shape(d);
-  *out->mutable_region() = *slice;
-  return data;
-}
-
-}  // namespace
-
-absl::StatusOr<std::byte*> PlaceTensor(absl::string_view field, DType dtype,
-                                       std::initializer_list<int64_t> shape,
-                                       const v1::RegionSlice* slice,
-                                       CallRegions& regions, v1::Tensor* out) {
-  return PlaceBytes(field, DTypeName(dtype), DTypeSize(dtype), shape, slice,
-                    regions, out);
-}
-
-absl::StatusOr<double*> PlaceFloat64Tensor(absl::string_view field,
-                                           std::initializer_list<int64_t> shape,
-                                           const v1::RegionSlice* slice,
-                                           CallRegions& regions,
-                                           v1::Tensor* out) {
-  ASSIGN_OR_RETURN(std::byte * data, PlaceBytes(field, "FP64", sizeof(double),
-                                                shape, slice, regions, out));
-  return reinterpret_cast<double*>(data);
-}
-
 double* AllocateFloat64Tensor(std::initializer_list<int64_t> shape,
                               v1::Tensor* out) {
   // std::string's buffer is aligned for double (heap: 16 bytes; in-object
   // storage: 8).
   return reinterpret_cast<double*>(
       AllocateBytes("FP64", sizeof(double), shape, out));
+}
+
+namespace {
+
+// Each Output's fields, in the request's OutputRegions and in the response.
+struct OutputFields {
+  absl::string_view name;
+  bool (v1::OutputRegions::*has_slice)() const;
+  const v1::RegionSlice& (v1::OutputRegions::*slice)() const;
+  bool (v1::ComputeLossResponse::*has_tensor)() const;
+  v1::Tensor* (v1::ComputeLossResponse::*mutable_tensor)();
+};
+
+#define KLSERVE_OUTPUT(field)                                           \
+  OutputFields {                                                        \
+#field, &v1::OutputRegions::has_##field, &v1::OutputRegions::field, \
+        &v1::ComputeLossResponse::has_##field,                          \
+        &v1::ComputeLossResponse::mutable_##field                       \
+  }
+// Indexed by Output.
+const OutputFields kOutputFields[] = {
+    KLSERVE_OUTPUT(grad),
+    KLSERVE_OUTPUT(row_kl),
+    KLSERVE_OUTPUT(d_index_query),
+    KLSERVE_OUTPUT(d_index_key),
+    KLSERVE_OUTPUT(d_index_weights),
+    KLSERVE_OUTPUT(topk_indices),
+};
+#undef KLSERVE_OUTPUT
+
+absl::StatusOr<std::byte*> PlaceBytes(
+    Output output, absl::string_view dtype_name, int64_t element_size,
+    std::initializer_list<int64_t> shape, const v1::ComputeLossRequest& request,
+    CallRegions& regions, v1::ComputeLossResponse& response) {
+  const OutputFields& fields = kOutputFields[static_cast<int>(output)];
+  v1::Tensor* out = (response.*fields.mutable_tensor)();
+  if (!(request.outputs().*fields.has_slice)()) {
+    return AllocateBytes(dtype_name, element_size, shape, out);
+  }
+  const v1::RegionSlice& slice = (request.outputs().*fields.slice)();
+  int64_t bytes = element_size;
+  for (int64_t d : shape) bytes *= d;
+  const std::string name = absl::StrCat("outputs.", fields.name);
+  if (slice.byte_size() != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ".byte_size: must be ", bytes, " (", fields.name,
+                     " is ", dtype_name, " ", absl::StrJoin(shape, "x"),
+                     "), got ", slice.byte_size()));
+  }
+  ASSIGN_OR_RETURN(std::byte * data, regions.Output(name, slice, element_size));
+  out->set_dtype(std::string(dtype_name));
+  for (int64_t d : shape) out->add_shape(d);
+  *out->mutable_region() = slice;
+  return data;
+}
+
+}  // namespace
+
+absl::StatusOr<std::byte*> PlaceOutput(Output output, DType dtype,
+                                       std::initializer_list<int64_t> shape,
+                                       const v1::ComputeLossRequest& request,
+                                       CallRegions& regions,
+                                       v1::ComputeLossResponse& response) {
+  return PlaceBytes(output, DTypeName(dtype), DTypeSize(dtype), shape, request,
+                    regions, response);
+}
+
+absl::StatusOr<double*> PlaceRowKl(std::initializer_list<int64_t> shape,
+                                   const v1::ComputeLossRequest& request,
+                                   CallRegions& regions,
+                                   v1::ComputeLossResponse& response) {
+  ASSIGN_OR_RETURN(std::byte * data,
+                   PlaceBytes(Output::kRowKl, "FP64", sizeof(double), shape,
+                              request, regions, response));
+  return reinterpret_cast<double*>(data);
+}
+
+absl::Status CheckOutputsProduced(const v1::ComputeLossRequest& request,
+                                  const v1::ComputeLossResponse& response) {
+  for (const OutputFields& fields : kOutputFields) {
+    if ((request.outputs().*fields.has_slice)() &&
+        !(response.*fields.has_tensor)()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("outputs.", fields.name, ": this request produces no ",
+                       fields.name, " (see its options and form)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace klserve::server

@@ -88,19 +88,37 @@ std::byte* AllocateTensor(DType dtype, std::initializer_list<int64_t> shape,
 double* AllocateFloat64Tensor(std::initializer_list<int64_t> shape,
                               v1::Tensor* out);
 
-// The output `field` (a field of OutputRegions): as AllocateTensor without
-// `slice`; with it, into the region slice it names, exactly the output's
-// bytes (INVALID_ARGUMENT naming outputs.<field> otherwise), and `out` gets
-// dtype, shape and the slice instead of data.
-absl::StatusOr<std::byte*> PlaceTensor(absl::string_view field, DType dtype,
+// The outputs of a ComputeLoss response that a request may direct into a
+// region (ComputeLossRequest.outputs, OutputRegions).
+enum class Output {
+  kGrad,
+  kRowKl,  // FP64
+  kDIndexQuery,
+  kDIndexKey,
+  kDIndexWeights,
+  kTopkIndices,
+};
+
+// Sets `output` of `response` to a tensor of `dtype` and `shape` and returns
+// where its bytes go: into the response, as AllocateTensor, or into the
+// region slice request.outputs gives it, which must be exactly the output's
+// bytes (INVALID_ARGUMENT naming outputs.<name> otherwise); the response's
+// tensor then carries the slice instead of data.
+absl::StatusOr<std::byte*> PlaceOutput(Output output, DType dtype,
                                        std::initializer_list<int64_t> shape,
-                                       const v1::RegionSlice* slice,
-                                       CallRegions& regions, v1::Tensor* out);
-absl::StatusOr<double*> PlaceFloat64Tensor(absl::string_view field,
-                                           std::initializer_list<int64_t> shape,
-                                           const v1::RegionSlice* slice,
-                                           CallRegions& regions,
-                                           v1::Tensor* out);
+                                       const v1::ComputeLossRequest& request,
+                                       CallRegions& regions,
+                                       v1::ComputeLossResponse& response);
+// The same for row_kl, FP64 [B, T].
+absl::StatusOr<double*> PlaceRowKl(std::initializer_list<int64_t> shape,
+                                   const v1::ComputeLossRequest& request,
+                                   CallRegions& regions,
+                                   v1::ComputeLossResponse& response);
+
+// INVALID_ARGUMENT naming the first slice of request.outputs for an output
+// `response` does not carry: a slice the client would wait on in vain.
+absl::Status CheckOutputsProduced(const v1::ComputeLossRequest& request,
+                                  const v1::ComputeLossResponse& response);
 
 }  // namespace klserve::server
 

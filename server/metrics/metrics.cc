@@ -68,6 +68,13 @@ Metrics::Metrics(const MetricsOptions& options)
       in_flight_(GaugeFamily(*registry_, "klserve_requests_in_flight",
                              "RPCs being served now.")
                      .Add({})),
+      shm_regions_(GaugeFamily(*registry_, "klserve_shared_memory_regions",
+                               "Shared-memory regions registered now.")
+                       .Add({})),
+      shm_region_bytes_(
+          GaugeFamily(*registry_, "klserve_shared_memory_region_bytes",
+                      "Bytes of the shared-memory regions registered now.")
+              .Add({})),
       tensorboard_errors_(
           CounterFamily(*registry_, "klserve_tensorboard_write_errors_total",
                         "Failed writes of TensorBoard event files.")
@@ -190,6 +197,11 @@ void Metrics::RecordRequest(absl::string_view method, absl::string_view code,
 
 void Metrics::InFlight(int delta) {
   in_flight_.Increment(static_cast<double>(delta));
+}
+
+void Metrics::SharedMemoryRegions(int regions, int64_t bytes) {
+  shm_regions_.Set(regions);
+  shm_region_bytes_.Set(static_cast<double>(bytes));
 }
 
 Metrics::RunSeries& Metrics::SeriesOf(const std::string& run) {

@@ -61,6 +61,8 @@ struct MetricsOptions {
 //   klserve_sent_bytes_total{method}             counter
 //   klserve_rows_computed_total                  counter
 //   klserve_requests_in_flight                   gauge
+//   klserve_shared_memory_regions                gauge, registered now
+//   klserve_shared_memory_region_bytes           gauge, their byte_size sum
 //   klserve_build_info{version,backend,device}   gauge, 1
 //   klserve_tensorboard_write_errors_total       counter
 //   klserve_tensorboard_skipped_steps_total      counter
@@ -117,6 +119,9 @@ class Metrics {
 
   // +1 when a request starts, -1 when it ends.
   void InFlight(int delta);
+
+  // The shared-memory regions registered now, and their bytes.
+  void SharedMemoryRegions(int regions, int64_t bytes);
 
   // Sets the run's series from a finished step (see the class comment).
   void PublishStep(const FinishedStep& step);
@@ -175,6 +180,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& sent_bytes_;
   prometheus::Counter& rows_computed_;
   prometheus::Gauge& in_flight_;
+  prometheus::Gauge& shm_regions_;
+  prometheus::Gauge& shm_region_bytes_;
   prometheus::Counter& tensorboard_errors_;
   prometheus::Counter& tensorboard_skipped_steps_;
   prometheus::Counter& runs_removed_;

@@ -206,7 +206,10 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
     s->regions_ = std::make_unique<RegionRegistry>(
         RegionLimits{.max_regions = options.max_regions,
                      .max_bytes = options.max_region_bytes,
-                     .lease = options.region_lease});
+                     .lease = options.region_lease},
+        [metrics = s->metrics_.get()](int regions, int64_t bytes) {
+          metrics->SharedMemoryRegions(regions, bytes);
+        });
   }
   s->service_ = std::make_unique<LossService>(
       ServiceContext{s->backends_.get(), s->executor_.get(), s->requests_.get(),

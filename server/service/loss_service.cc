@@ -50,41 +50,6 @@ absl::Status CheckResponseFits(const char* largest, absl::string_view remedy,
   return CheckMessageBytes(largest, bytes, remedy, options);
 }
 
-// The slice of request.outputs for one output (has_x(), x()), or null for
-// an output that goes in the response.
-const v1::RegionSlice* OutputSlice(bool has, const v1::RegionSlice& slice) {
-  return has ? &slice : nullptr;
-}
-
-// INVALID_ARGUMENT naming the first slice of request.outputs for an output
-// the request does not produce: a slice the client would wait on in vain.
-absl::Status CheckOutputsProduced(const v1::ComputeLossRequest& request,
-                                  const v1::ComputeLossResponse& response) {
-  const v1::OutputRegions& outputs = request.outputs();
-  const struct {
-    const char* name;
-    bool asked;
-    bool produced;
-  } kOutputs[] = {
-      {"grad", outputs.has_grad(), response.has_grad()},
-      {"row_kl", outputs.has_row_kl(), response.has_row_kl()},
-      {"d_index_query", outputs.has_d_index_query(),
-       response.has_d_index_query()},
-      {"d_index_key", outputs.has_d_index_key(), response.has_d_index_key()},
-      {"d_index_weights", outputs.has_d_index_weights(),
-       response.has_d_index_weights()},
-      {"topk_indices", outputs.has_topk_indices(), response.has_topk_indices()},
-  };
-  for (const auto& output : kOutputs) {
-    if (output.asked && !output.produced) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("outputs.", output.name, ": this request produces no ",
-                       output.name, " (see its options and form)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // A logits-form request's computation into `response`.
 absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
     const ServiceContext& ctx, const v1::ComputeLossRequest& request,
@@ -100,21 +65,15 @@ absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
   LossOutputs outputs;
   if (options.want_grad) {
     ASSIGN_OR_RETURN(outputs.grad,
-                     PlaceTensor("grad", options.grad_dtype,
+                     PlaceOutput(Output::kGrad, options.grad_dtype,
                                  {problem.B, problem.T, problem.row_length},
-                                 OutputSlice(request.outputs().has_grad(),
-                                             request.outputs().grad()),
-                                 regions, response.mutable_grad()));
+                                 request, regions, response));
     outputs.grad_byte_size =
         problem.num_rows() * problem.row_length * DTypeSize(options.grad_dtype);
   }
   if (options.want_row_kl) {
-    ASSIGN_OR_RETURN(
-        outputs.row_kl,
-        PlaceFloat64Tensor("row_kl", {problem.B, problem.T},
-                           OutputSlice(request.outputs().has_row_kl(),
-                                       request.outputs().row_kl()),
-                           regions, response.mutable_row_kl()));
+    ASSIGN_OR_RETURN(outputs.row_kl, PlaceRowKl({problem.B, problem.T}, request,
+                                                regions, response));
     outputs.row_kl_size = problem.num_rows();
   }
   RETURN_IF_ERROR(CheckOutputsProduced(request, response));
@@ -145,45 +104,30 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
   if (o.want_grad) {
     ASSIGN_OR_RETURN(
         outputs.d_index_query,
-        PlaceTensor("d_index_query", o.grad_dtype,
-                    {problem.B, problem.T, problem.H_I, problem.D_I},
-                    OutputSlice(request.outputs().has_d_index_query(),
-                                request.outputs().d_index_query()),
-                    regions, response.mutable_d_index_query()));
-    ASSIGN_OR_RETURN(
-        outputs.d_index_key,
-        PlaceTensor("d_index_key", o.grad_dtype,
-                    {problem.B, problem.S, problem.D_I},
-                    OutputSlice(request.outputs().has_d_index_key(),
-                                request.outputs().d_index_key()),
-                    regions, response.mutable_d_index_key()));
-    ASSIGN_OR_RETURN(
-        outputs.d_index_weights,
-        PlaceTensor("d_index_weights", o.grad_dtype,
-                    {problem.B, problem.T, problem.H_I},
-                    OutputSlice(request.outputs().has_d_index_weights(),
-                                request.outputs().d_index_weights()),
-                    regions, response.mutable_d_index_weights()));
+        PlaceOutput(Output::kDIndexQuery, o.grad_dtype,
+                    {problem.B, problem.T, problem.H_I, problem.D_I}, request,
+                    regions, response));
+    ASSIGN_OR_RETURN(outputs.d_index_key,
+                     PlaceOutput(Output::kDIndexKey, o.grad_dtype,
+                                 {problem.B, problem.S, problem.D_I}, request,
+                                 regions, response));
+    ASSIGN_OR_RETURN(outputs.d_index_weights,
+                     PlaceOutput(Output::kDIndexWeights, o.grad_dtype,
+                                 {problem.B, problem.T, problem.H_I}, request,
+                                 regions, response));
   }
   if (problem.server_topk) {
     // std::string's buffer, and a region's slice by its rule, are aligned
     // for int32.
-    ASSIGN_OR_RETURN(
-        std::byte * indices,
-        PlaceTensor("topk_indices", DType::kInt32,
-                    {problem.B, problem.T, problem.K},
-                    OutputSlice(request.outputs().has_topk_indices(),
-                                request.outputs().topk_indices()),
-                    regions, response.mutable_topk_indices()));
+    ASSIGN_OR_RETURN(std::byte * indices,
+                     PlaceOutput(Output::kTopkIndices, DType::kInt32,
+                                 {problem.B, problem.T, problem.K}, request,
+                                 regions, response));
     outputs.topk_indices = reinterpret_cast<int32_t*>(indices);
   }
   if (o.want_row_kl) {
-    ASSIGN_OR_RETURN(
-        outputs.row_kl,
-        PlaceFloat64Tensor("row_kl", {problem.B, problem.T},
-                           OutputSlice(request.outputs().has_row_kl(),
-                                       request.outputs().row_kl()),
-                           regions, response.mutable_row_kl()));
+    ASSIGN_OR_RETURN(outputs.row_kl, PlaceRowKl({problem.B, problem.T}, request,
+                                                regions, response));
   }
   RETURN_IF_ERROR(CheckOutputsProduced(request, response));
   RETURN_IF_ERROR(CheckResponseFits(LargestOutput(problem),
@@ -200,8 +144,9 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
 
 // The whole unary computation, on an executor thread: `bytes` in, `out`
 // encoded; `rows_computed` gets the rows computed.
-absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
-                          grpc::ByteBuffer& out, int64_t& rows_computed) {
+absl::Status ComputeUnary(const ServiceContext& ctx, bool local_caller,
+                          grpc::ByteBuffer& bytes, grpc::ByteBuffer& out,
+                          int64_t& rows_computed) {
   v1::ComputeLossRequest request;
   RETURN_IF_ERROR(ParseMessage(bytes, "ComputeLoss request", request));
   // The parsed request is all that is read from here on: its bytes go now
@@ -216,7 +161,7 @@ absl::Status ComputeUnary(const ServiceContext& ctx, grpc::ByteBuffer& bytes,
   double scaling_factor = 1;
   // Held until the response is encoded: no region this call reads or
   // writes is unmapped before.
-  CallRegions regions(ctx.regions);
+  CallRegions regions(ctx.regions, local_caller);
   if (FormOf(request) == RequestForm::kProjections) {
     ASSIGN_OR_RETURN(const ProjectionsOptions options,
                      ProjectionsOptionsFrom(request.options()));
@@ -304,7 +249,8 @@ grpc::ServerUnaryReactor* LossService::ComputeLoss(
     if (context->IsCancelled()) {
       status = absl::CancelledError("cancelled before computing");
     } else {
-      status = ComputeUnary(ctx, *request_bytes, *response, rows);
+      status = ComputeUnary(ctx, IsLocalPeer(context->peer()), *request_bytes,
+                            *response, rows);
     }
     ctx.requests->Leave();
     FinishUnary(ctx, reactor, "ComputeLoss", start, status, bytes_in,

@@ -33,7 +33,8 @@ absl::Status RegionUse::CheckIntact() const {
   return entry_->mapping->CheckIntact(entry_->name);
 }
 
-RegionRegistry::RegionRegistry(const RegionLimits& limits) : limits_(limits) {
+RegionRegistry::RegionRegistry(const RegionLimits& limits, Observer observer)
+    : limits_(limits), observer_(std::move(observer)) {
   // Checks a few times per lease, at most once a second: a lease ends at
   // most a quarter late.
   const absl::Duration period =
@@ -113,6 +114,7 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
         "name: region '", name,
         "' was registered by another call at the same time; try again"));
   }
+  Changed();
   return limits_.lease;
 }
 
@@ -130,6 +132,7 @@ absl::Status RegionRegistry::Unregister(absl::string_view name) {
   }
   mapped_bytes_ -= it->second->mapping->byte_size();
   regions_.erase(it);
+  Changed();
   return absl::OkStatus();
 }
 
@@ -175,12 +178,17 @@ void RegionRegistry::Release(Entry& entry) {
 
 void RegionRegistry::DropExpired(absl::Time now) {
   absl::MutexLock lock(&mu_);
-  absl::erase_if(regions_, [&](const auto& named) {
+  const size_t dropped = absl::erase_if(regions_, [&](const auto& named) {
     const Entry& entry = *named.second;
     if (entry.users > 0 || entry.last_used + limits_.lease > now) return false;
     mapped_bytes_ -= entry.mapping->byte_size();
     return true;
   });
+  if (dropped > 0) Changed();
+}
+
+void RegionRegistry::Changed() {
+  if (observer_) observer_(static_cast<int>(regions_.size()), mapped_bytes_);
 }
 
 }  // namespace klserve::server

@@ -13,6 +13,7 @@
 // how long a client that went away leaves memory mapped.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -72,8 +73,12 @@ class RegionUse {
 
 class RegionRegistry {
  public:
+  // Told the regions' count and bytes after every change (for metrics).
+  using Observer = std::function<void(int regions, int64_t bytes)>;
+
   // Starts the thread that ends expired leases.
-  explicit RegionRegistry(const RegionLimits& limits);
+  explicit RegionRegistry(const RegionLimits& limits,
+                          Observer observer = nullptr);
   ~RegionRegistry();
   RegionRegistry(const RegionRegistry&) = delete;
   RegionRegistry& operator=(const RegionRegistry&) = delete;
@@ -102,8 +107,10 @@ class RegionRegistry {
   friend class RegionUse;
   using Entry = RegionUse::Entry;
   void Release(Entry& entry);
+  void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RegionLimits limits_;
+  const Observer observer_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<RegionUse::Entry>> regions_
       ABSL_GUARDED_BY(mu_);

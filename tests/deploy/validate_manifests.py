@@ -4,9 +4,14 @@ Every YAML file under deploy/ must parse (all of its documents); then the
 fields the deployment relies on are checked: the Kubernetes Deployment
 (GPU request, probes, grace period longer than --drain_timeout, non-root),
 the headless Service, the PodMonitor's port, the kustomization's files, the
-compose services and their mounts, and the Dockerfile's stages. Where the
-kubernetes-validate package is importable, the built-in Kubernetes kinds are
-also validated against the OpenAPI schema (strict: unknown fields fail).
+sidecar overlay (deploy/k8s-sidecar: klserve beside a training job, sharing
+/dev/shm and a socket), the compose services and their mounts (compose.yaml
+and the sidecar-style compose.shm.yaml), and the Dockerfile's stages. Where
+the kubernetes-validate package is importable, the built-in Kubernetes kinds
+(the base's, and the overlay's as built) are also validated against the
+OpenAPI schema (strict: unknown fields fail). Where kubectl (or kustomize) is
+installed, the overlay is also built by it and must match what the checks
+read.
 
     python -m pytest -q tests/deploy/validate_manifests.py
 """
@@ -14,6 +19,8 @@ also validated against the OpenAPI schema (strict: unknown fields fail).
 import json
 import pathlib
 import re
+import shutil
+import subprocess
 
 import pytest
 import yaml
@@ -21,7 +28,9 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
+SIDECAR = DEPLOY / "k8s-sidecar"
 COMPOSE = DEPLOY / "compose" / "compose.yaml"
+COMPOSE_SHM = DEPLOY / "compose" / "compose.shm.yaml"
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 
 try:
@@ -76,9 +85,11 @@ def flag(args, name):
 
 def test_there_are_yaml_files():
     names = {p.relative_to(DEPLOY).as_posix() for p in yaml_files()}
-    for want in ("compose/compose.yaml", "k8s/kustomization.yaml",
-                 "k8s/deployment.yaml", "k8s/service.yaml",
-                 "k8s/podmonitor.yaml", "prometheus/prometheus.yml"):
+    for want in ("compose/compose.yaml", "compose/compose.shm.yaml",
+                 "k8s/kustomization.yaml", "k8s/deployment.yaml",
+                 "k8s/service.yaml", "k8s/podmonitor.yaml",
+                 "k8s-sidecar/kustomization.yaml", "k8s-sidecar/trainer.yaml",
+                 "prometheus/prometheus.yml"):
         assert want in names
 
 
@@ -105,22 +116,45 @@ def container():
     return containers[0]
 
 
-def all_args():
-    """The container's args plus the flags of the ConfigMap's flagfile."""
-    c = container()
+def args_with_flagfile(objects, pod, c):
+    """A container's command and args plus the flags of the ConfigMap its
+    --flagfile names, in the order klserve reads them (flags after the
+    flagfile override it)."""
     args = list(c.get("command", [])) + list(c.get("args", []))
     flagfile = flag(args, "flagfile")
-    if flagfile:
-        pod = one("Deployment", "klserve")["spec"]["template"]["spec"]
-        mount = next(m for m in c["volumeMounts"]
-                     if flagfile.startswith(m["mountPath"].rstrip("/") + "/"))
-        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
-        cm = one("ConfigMap", volume["configMap"]["name"])
-        key = flagfile[len(mount["mountPath"].rstrip("/")) + 1:]
-        assert key in cm["data"], f"flagfile {flagfile}: no key {key}"
-        args += [l.strip() for l in cm["data"][key].splitlines()
+    if not flagfile:
+        return args
+    mount = next(m for m in c["volumeMounts"]
+                 if flagfile.startswith(m["mountPath"].rstrip("/") + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    name = volume["configMap"]["name"]
+    maps = [d for d in objects if d.get("kind") == "ConfigMap" and
+            d["metadata"]["name"] == name]
+    assert len(maps) == 1, f"flagfile {flagfile}: no ConfigMap {name}"
+    key = flagfile[len(mount["mountPath"].rstrip("/")) + 1:]
+    assert key in maps[0]["data"], f"flagfile {flagfile}: no key {key}"
+    at = args.index(f"--flagfile={flagfile}")
+    from_file = [l.strip() for l in maps[0]["data"][key].splitlines()
                  if l.strip() and not l.strip().startswith("#")]
-    return args
+    return args[:at] + from_file + args[at + 1:]
+
+
+def last_flag(args, name):
+    """The value klserve takes for --name: the last given; "true" for a bare
+    boolean --name; None when absent."""
+    value = None
+    for a in args:
+        if a == f"--{name}":
+            value = "true"
+        elif a.startswith(f"--{name}="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def all_args():
+    """The container's args plus the flags of the ConfigMap's flagfile."""
+    pod = one("Deployment", "klserve")["spec"]["template"]["spec"]
+    return args_with_flagfile([d for _, d in k8s_objects()], pod, container())
 
 
 def test_deployment_requests_a_gpu_and_sizes_cpu_memory():
@@ -212,17 +246,288 @@ def test_kustomization_lists_existing_files():
 def test_builtin_kinds_match_the_kubernetes_schema():
     version = kubernetes_validate.latest_version()
     checked = 0
-    for path, doc in k8s_objects():
+    objects = [(path.name, doc) for path, doc in k8s_objects()]
+    objects += [("k8s-sidecar (built)", doc) for doc in build_sidecar()]
+    for where, doc in objects:
         if doc["apiVersion"] in ("monitoring.coreos.com/v1",
                                  "kustomize.config.k8s.io/v1beta1"):
             continue  # CRDs / kustomize config: no schema bundled
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{path.name} {doc['kind']}: {e.message} "
+            pytest.fail(f"{where} {doc['kind']}: {e.message} "
                         f"at {list(e.path)}")
         checked += 1
-    assert checked >= 3
+    assert checked >= 6
+
+
+# ---------------------------------------------------------------- sidecar
+#
+# deploy/k8s-sidecar is an overlay of deploy/k8s. The checks below read it as
+# kustomize builds it: build_sidecar() does the few things the overlay uses
+# (a base directory and files as resources, deleting patches, JSON patch
+# replaces, namespace, images) and refuses anything else, so that the overlay
+# cannot grow a feature these checks would not see.
+# test_sidecar_build_matches_kustomize compares it with the real thing where
+# kubectl or kustomize is installed.
+
+SOCKET = "/run/klserve/klserve.sock"
+
+
+def kustomization(directory):
+    doc = load_all(directory / "kustomization.yaml")[0]
+    assert doc["kind"] == "Kustomization"
+    known = {"apiVersion", "kind", "namespace", "labels", "resources",
+             "patches", "images"}
+    assert set(doc) <= known, f"{directory}: not checked: {set(doc) - known}"
+    return doc
+
+
+def set_image(objects, images):
+    by_name = {i["name"]: i for i in images}
+    for doc in objects:
+        pod = doc.get("spec", {}).get("template", {}).get("spec", {})
+        for c in pod.get("containers", []) + pod.get("initContainers", []):
+            image = by_name.get(c["image"].split(":")[0])
+            if image:
+                c["image"] = f"{image['newName']}:{image['newTag']}"
+
+
+def delete_target(patch):
+    """The (kind, name) a `$patch: delete` patch removes, or None."""
+    doc = yaml.safe_load(patch["patch"])
+    if isinstance(doc, dict) and doc.get("$patch") == "delete":
+        assert "target" not in patch
+        return doc["kind"], doc["metadata"]["name"]
+    return None
+
+
+def json_patch(objects, patch):
+    """A target's JSON patch, `replace` operations only."""
+    target = patch["target"]
+    hits = [d for d in objects if d["kind"] == target["kind"] and
+            d["metadata"]["name"] == target["name"]]
+    assert len(hits) == 1, f"patch target {target}: {len(hits)} objects"
+    for op in yaml.safe_load(patch["patch"]):
+        assert op["op"] == "replace", f"not checked: {op['op']}"
+        *parents, last = op["path"].strip("/").split("/")
+        node = hits[0]
+        for part in parents:
+            node = node[part]
+        assert last in node, f"replace of missing {op['path']}"
+        node[last] = op["value"]
+
+
+def build_kustomization(directory):
+    kz = kustomization(directory)
+    objects = []
+    for resource in kz["resources"]:
+        path = (directory / resource).resolve()
+        if path.is_dir():
+            objects += build_kustomization(path)
+        else:
+            assert path.parent == directory.resolve(), resource
+            objects += load_all(path)
+    deleted = set()
+    for patch in kz.get("patches", []):
+        target = delete_target(patch)
+        if target:
+            deleted.add(target)
+        else:
+            json_patch(objects, patch)
+    gone = {(d["kind"], d["metadata"]["name"]) for d in objects} & deleted
+    assert gone == deleted, f"nothing to delete for {deleted - gone}"
+    objects = [d for d in objects
+               if (d["kind"], d["metadata"]["name"]) not in deleted]
+    if "namespace" in kz:
+        for d in objects:
+            if d["kind"] == "Namespace":
+                d["metadata"]["name"] = kz["namespace"]
+            else:
+                d["metadata"]["namespace"] = kz["namespace"]
+    set_image(objects, kz.get("images", []))
+    return objects
+
+
+def build_sidecar():
+    return build_kustomization(SIDECAR)
+
+
+def sidecar_one(kind, name=None):
+    found = [d for d in build_sidecar() if d["kind"] == kind and
+             (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"want one {kind} {name or ''}, got {len(found)}"
+    return found[0]
+
+
+def sidecar_pod():
+    return sidecar_one("Job", "trainer")["spec"]["template"]["spec"]
+
+
+def sidecar_klserve():
+    init = [c for c in sidecar_pod().get("initContainers", [])
+            if c["name"] == "klserve"]
+    assert len(init) == 1, "klserve is not an init container of the pod"
+    return init[0]
+
+
+def sidecar_trainer():
+    containers = sidecar_pod()["containers"]
+    assert [c["name"] for c in containers] == ["trainer"]
+    return containers[0]
+
+
+def sidecar_args():
+    return args_with_flagfile(build_sidecar(), sidecar_pod(),
+                              sidecar_klserve())
+
+
+def mounted_volume(c, path):
+    """The pod volume a container mounts at path (asserts there is one)."""
+    names = [m["name"] for m in c.get("volumeMounts", [])
+             if m["mountPath"] == path]
+    assert len(names) == 1, f"{c['name']}: nothing mounted at {path}"
+    volumes = [v for v in sidecar_pod()["volumes"] if v["name"] == names[0]]
+    assert len(volumes) == 1, f"no volume {names[0]}"
+    return volumes[0]
+
+
+def test_sidecar_overlay_builds_on_the_base():
+    kz = kustomization(SIDECAR)
+    assert (SIDECAR / kz["resources"][0]).resolve() == K8S
+    on_disk = {p.name for p in SIDECAR.glob("*.y*ml")} - {"kustomization.yaml"}
+    assert on_disk == set(kz["resources"][1:]), "files not in resources"
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in build_sidecar()}
+    # The shared replicas and their Service are gone; the flags, the
+    # namespace and the PodMonitor stay.
+    assert ("Deployment", "klserve") not in kinds
+    assert ("Service", "klserve-headless") not in kinds
+    for want in (("Job", "trainer"), ("ConfigMap", "klserve-flags"),
+                 ("PodMonitor", "klserve")):
+        assert want in kinds, want
+    namespaces = {d["metadata"].get("namespace") for d in build_sidecar()
+                  if d["kind"] != "Namespace"}
+    assert namespaces == {sidecar_one("Namespace")["metadata"]["name"]}
+    images = {c["image"] for c in [sidecar_klserve(), sidecar_trainer()]}
+    assert all(":" in i for i in images), images  # both named in images:
+
+
+def test_sidecar_is_a_sidecar_container_of_the_job():
+    # restartPolicy: Always makes the init container a sidecar: started (and
+    # its startup probe passed) before the job, stopped after it, so the Job
+    # completes.
+    assert sidecar_klserve()["restartPolicy"] == "Always"
+    assert sidecar_pod()["restartPolicy"] == "Never"
+    env = {e["name"]: e.get("value") for e in sidecar_trainer()["env"]}
+    assert env["KLSERVE_TARGET"] == f"unix:{SOCKET}"
+
+
+def test_sidecar_flags():
+    c = sidecar_klserve()
+    # Not the image's ENTRYPOINT, which adds --listen=0.0.0.0:50051.
+    assert c["command"] == ["/usr/local/bin/klserve"]
+    args = sidecar_args()
+    listen = last_flag(args, "listen").split(",")
+    assert sorted(listen) == sorted(["127.0.0.1:50051", f"unix:{SOCKET}"])
+    assert last_flag(args, "shared_memory") == "true"
+    # The socket admits the pod's group (a job of another user in fsGroup).
+    assert last_flag(args, "unix_socket_mode") == "0660"
+    assert last_flag(args, "metrics_listen").endswith(":9464")
+    # The base deployment's flags (its flagfile among them), it gives too.
+    for arg in container()["args"]:
+        assert arg in c["args"], arg
+    threads = int(last_flag(args, "threads"))
+    assert threads == int(c["resources"]["limits"]["cpu"])
+
+
+def test_sidecar_shares_dev_shm_and_the_socket():
+    klserve, trainer = sidecar_klserve(), sidecar_trainer()
+    shm = mounted_volume(klserve, "/dev/shm")
+    assert mounted_volume(trainer, "/dev/shm") == shm
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert "sizeLimit" in shm["emptyDir"]  # must hold the job's regions
+    socket_dir = str(pathlib.PurePosixPath(SOCKET).parent)
+    sock = mounted_volume(klserve, socket_dir)
+    assert mounted_volume(trainer, socket_dir) == sock
+    assert "emptyDir" in sock
+    for c in (klserve, trainer):
+        for path in ("/dev/shm", socket_dir):
+            m = next(m for m in c["volumeMounts"] if m["mountPath"] == path)
+            assert not m.get("readOnly"), f"{c['name']}: {path} read-only"
+
+
+def test_sidecar_probes_run_klctl_on_the_socket():
+    c = sidecar_klserve()
+    copies = [rest for w, rest in stages()[-1]["lines"] if w == "COPY"]
+    klctl = next(c.split()[-1] for c in copies if "/klctl" in c)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        command = c[probe]["exec"]["command"]
+        assert command[0] == klctl.rstrip("/") + "/klctl", probe
+        assert command[1] == "health", probe
+        assert flag(command, "target") == f"unix:{SOCKET}", probe
+        assert flag(command, "max_attempts") == "1", probe
+        deadline = parse_duration(flag(command, "deadline"))
+        assert deadline < c[probe]["timeoutSeconds"], probe
+
+
+def test_sidecar_runs_as_non_root_like_the_base():
+    pod = sidecar_pod()
+    base_pod = one("Deployment", "klserve")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == base_pod["securityContext"]
+    assert (sidecar_klserve()["securityContext"]
+            == container()["securityContext"])
+    assert sidecar_trainer()["securityContext"][
+        "allowPrivilegeEscalation"] is False
+    for flagged in ("tensorboard_dir",):
+        path = last_flag(sidecar_args(), flagged)
+        if path:
+            volume = mounted_volume(sidecar_klserve(), path)
+            assert "emptyDir" in volume or "persistentVolumeClaim" in volume
+    assert "emptyDir" in mounted_volume(sidecar_klserve(), "/tmp")
+
+
+def test_sidecar_resources_and_grace_period():
+    for c in (sidecar_klserve(), sidecar_trainer()):
+        assert "cpu" in c["resources"]["requests"], c["name"]
+        assert "memory" in c["resources"]["limits"], c["name"]
+    drain = parse_duration(last_flag(sidecar_args(), "drain_timeout"))
+    assert sidecar_pod()["terminationGracePeriodSeconds"] > drain
+
+
+def test_sidecar_podmonitor_scrapes_the_sidecar():
+    monitor = sidecar_one("PodMonitor")
+    labels = sidecar_one("Job", "trainer")["spec"]["template"]["metadata"][
+        "labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    ports = {p["name"] for p in sidecar_klserve()["ports"]}
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        assert endpoint["port"] in ports
+
+
+def kustomize_command():
+    if shutil.which("kustomize"):
+        return ["kustomize", "build", str(SIDECAR)]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize", str(SIDECAR)]
+    return None
+
+
+@pytest.mark.skipif(kustomize_command() is None,
+                    reason="neither kustomize nor kubectl installed")
+def test_sidecar_build_matches_kustomize():
+    done = subprocess.run(kustomize_command(), capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    built = [d for d in yaml.safe_load_all(done.stdout) if d is not None]
+    ours = build_sidecar()
+    key = lambda d: (d["kind"], d["metadata"]["name"])
+    assert sorted(map(key, built)) == sorted(map(key, ours))
+    for theirs in built:
+        mine = next(d for d in ours if key(d) == key(theirs))
+        # kustomize adds the base's labels; everything else must agree.
+        for d in (theirs, mine):
+            d["metadata"].pop("labels", None)
+        assert theirs == mine, key(theirs)
 
 
 # ---------------------------------------------------------------- compose
@@ -252,18 +557,66 @@ def test_compose_services():
         assert devices[0]["capabilities"] == ["gpu"]
 
 
-def test_compose_mounts_exist():
-    services = compose()["services"]
-    named = set(compose().get("volumes", {}) or {})
-    for name, service in services.items():
+@pytest.mark.parametrize("path", [COMPOSE, COMPOSE_SHM],
+                         ids=lambda p: p.name)
+def test_compose_mounts_exist(path):
+    doc = load_all(path)[0]
+    named = set(doc.get("volumes", {}) or {})
+    for name, service in doc["services"].items():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
             if source.startswith((".", "/")):
-                path = (COMPOSE.parent / source).resolve()
-                assert path.exists(), f"{name}: {source} does not exist"
-                assert ROOT in path.parents, f"{name}: {source} outside repo"
+                host = (path.parent / source).resolve()
+                assert host.exists(), f"{name}: {source} does not exist"
+                assert ROOT in host.parents, f"{name}: {source} outside repo"
             else:
                 assert source in named, f"{name}: volume {source} undeclared"
+
+
+def mounts(service):
+    """{path in the container: volume} of a compose service."""
+    return {v.split(":")[1]: v.split(":")[0]
+            for v in service.get("volumes", [])}
+
+
+def test_compose_shm_runs_klserve_beside_the_trainer():
+    doc = load_all(COMPOSE_SHM)[0]
+    services = doc["services"]
+    assert set(services) == {"klserve", "trainer"}
+    klserve, trainer = services["klserve"], services["trainer"]
+    # The same image as compose.yaml's klserve.
+    assert klserve["build"] == compose()["services"]["klserve"]["build"]
+    # Not the image's ENTRYPOINT, which adds --listen=0.0.0.0:50051.
+    assert klserve["entrypoint"] == ["/usr/local/bin/klserve"]
+    args = klserve["command"]
+    listen = last_flag(args, "listen").split(",")
+    assert sorted(listen) == sorted(["127.0.0.1:50051", f"unix:{SOCKET}"])
+    assert last_flag(args, "shared_memory") == "true"
+    grace = parse_duration(klserve["stop_grace_period"])
+    assert grace > parse_duration(last_flag(args, "drain_timeout") or "30s")
+    # One /dev/shm and one loopback, as in a pod: the trainer joins
+    # klserve's IPC and network namespaces.
+    assert klserve["ipc"] == "shareable" and "shm_size" in klserve
+    assert trainer["ipc"] == "service:klserve"
+    assert trainer["network_mode"] == "service:klserve"
+    assert "ports" not in trainer  # it has klserve's network
+    # The socket's directory: one volume, mounted in both.
+    socket_dir = str(pathlib.PurePosixPath(SOCKET).parent)
+    volume = mounts(klserve)[socket_dir]
+    assert mounts(trainer)[socket_dir] == volume
+    opts = doc["volumes"][volume]["driver_opts"]
+    assert opts["type"] == "tmpfs" and "uid=10001" in opts["o"].split(",")
+    assert trainer["environment"]["KLSERVE_TARGET"] == f"unix:{SOCKET}"
+    assert trainer["user"].split(":")[0] == "10001"  # opens its objects
+    # Healthy means serving on the socket, before the trainer starts.
+    test = klserve["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "/usr/local/bin/klctl", "health"]
+    assert flag(test, "target") == f"unix:{SOCKET}"
+    assert trainer["depends_on"]["klserve"]["condition"] == "service_healthy"
+    tb = last_flag(args, "tensorboard_dir")
+    assert tb is None or tb in mounts(klserve)
+    if klserve.get("read_only"):
+        assert "/tmp" in klserve.get("tmpfs", [])
 
 
 def test_compose_prometheus_scrapes_klserve_service():

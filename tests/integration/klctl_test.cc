@@ -1,7 +1,8 @@
 // klctl against the real server: health, info, loss on .npy files written
 // here (numbers and gradient bytes equal to the library's; the projections
 // form's equal to the float64 reference), errors with the gRPC code name on
-// stderr, and a short bench of each form.
+// stderr, a short bench of each form, and the bench's shared-memory
+// transport over a Unix socket.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -297,6 +298,7 @@ TEST_F(KlctlTest, InfoPrintsTheBackend) {
   EXPECT_FALSE(kv["version"].empty()) << run.out;
   EXPECT_EQ(kv["max_concurrent_requests"], "8") << run.out;
   EXPECT_EQ(kv["max_stream_key_bytes"], "1073741824") << run.out;
+  EXPECT_EQ(kv["shared_memory"], "false") << run.out;
 }
 
 TEST_F(KlctlTest, DensePerHeadBf16LossAndGradientMatchTheLibrary) {
@@ -503,6 +505,130 @@ TEST(KlctlBenchTest, RefusalsPastTheServersLimitAreRetried) {
                               << run.out << "\nstderr:\n"
                               << run.err;
   EXPECT_TRUE(absl::StrContains(run.out, "requests: 60")) << run.out;
+}
+
+// The key of the region klctl bench reports ("region: /dev/shm/<key>,
+// ..."), or "" when it reports none.
+std::string ReportedRegionKey(const std::string& out) {
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (absl::ConsumePrefix(&line, "region: /dev/shm/")) {
+      return std::string(line.substr(0, line.find(',')));
+    }
+  }
+  return "";
+}
+
+bool ShmObjectExists(const std::string& key) {
+  return access(("/dev/shm/" + key).c_str(), F_OK) == 0;
+}
+
+// bench --transport=both --kernel over a Unix socket: the kernel alone, the
+// tensors in a shared-memory region, then inline, with the table of their
+// latencies; the region unregistered and its object gone afterwards.
+class KlctlShmBenchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/klserve_klctl_shm_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    socket_ = dir_ + "/klserve.sock";
+  }
+  void TearDown() override {
+    server_.reset();  // SIGKILLs it if still running
+    unlink(socket_.c_str());
+    rmdir(dir_.c_str());
+  }
+
+  void Start(const std::vector<std::string>& flags) {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::Start(flags, absl::Seconds(20), ClientOptions(),
+                             {.loopback = false, .sockets = {socket_}});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ASSERT_EQ(server_->target(), "unix:" + socket_);
+  }
+
+  CommandResult Bench(std::vector<std::string> flags) {
+    std::vector<std::string> args = {KLCTL_BIN, "bench",
+                                     "--target=unix:" + socket_,
+                                     "--deadline=30s", "--max_attempts=1"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    return RunCommand(args, absl::Seconds(60));
+  }
+
+  std::string dir_, socket_;
+  std::unique_ptr<ServerProcess> server_;
+};
+
+TEST_F(KlctlShmBenchTest, ShmNextToInlineAndTheKernel) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--shared_memory"}));
+  const CommandResult info = RunCommand(
+      {KLCTL_BIN, "info", "--target=unix:" + socket_, "--max_attempts=1"});
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_EQ(KeyValues(info.out)["shared_memory"], "true") << info.out;
+  const CommandResult run = Bench({"--transport=both", "--kernel", "--count=3",
+                                   "--shape=1,64,256", "--duration=20s"});
+  ASSERT_EQ(run.exit_code, 0) << "stdout:\n"
+                              << run.out << "\nstderr:\n"
+                              << run.err;
+  for (const char* expected :
+       {"kernel_threads: 2", "mode: kernel", "mode: loss_shm", "mode: loss\n",
+        "p50_ms: kernel=", "shm_over_kernel: ", "inline_over_kernel: "}) {
+    EXPECT_TRUE(absl::StrContains(run.out, expected))
+        << expected << " missing in\n"
+        << run.out;
+  }
+  int requests = 0;
+  for (absl::string_view line : absl::StrSplit(run.out, '\n')) {
+    if (absl::StripAsciiWhitespace(line) == "requests: 3") ++requests;
+  }
+  EXPECT_EQ(requests, 3) << run.out;  // each of kernel, shm, inline
+
+  const std::string key = ReportedRegionKey(run.out);
+  ASSERT_FALSE(key.empty()) << run.out;
+  EXPECT_FALSE(ShmObjectExists(key)) << key;
+  std::unique_ptr<Client> client = MakeClient(server_->target());
+  absl::StatusOr<v1::ListRegionsResponse> regions = client->ListRegions();
+  ASSERT_TRUE(regions.ok()) << Describe(regions.status());
+  EXPECT_EQ(regions->regions_size(), 0);
+}
+
+TEST_F(KlctlShmBenchTest, ShmWithConcurrentWorkers) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--shared_memory"}));
+  const CommandResult run =
+      Bench({"--transport=shm", "--concurrency=3", "--count=6",
+             "--shape=2,32,128", "--grad_dtype=bf16", "--duration=20s"});
+  ASSERT_EQ(run.exit_code, 0) << "stdout:\n"
+                              << run.out << "\nstderr:\n"
+                              << run.err;
+  EXPECT_TRUE(absl::StrContains(run.out, "mode: loss_shm")) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "requests: 6")) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "outputs of 3 workers")) << run.out;
+  EXPECT_FALSE(absl::StrContains(run.out, "mode: loss\n")) << run.out;
+}
+
+TEST_F(KlctlShmBenchTest, ServerWithoutSharedMemory) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  const CommandResult run =
+      Bench({"--transport=shm", "--count=1", "--shape=1,8,16"});
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.err, "UNIMPLEMENTED")) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.err, "--shared_memory")) << run.err;
+  // The region klctl made is gone all the same.
+  const std::string key = ReportedRegionKey(run.out);
+  ASSERT_FALSE(key.empty()) << run.out;
+  EXPECT_FALSE(ShmObjectExists(key)) << key;
+}
+
+TEST_F(KlctlShmBenchTest, ShmIsForUnaryCalls) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--shared_memory"}));
+  const CommandResult run = Bench({"--transport=shm", "--stream=always"});
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.err, "INVALID_ARGUMENT")) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.err, "--stream=always")) << run.err;
+  const CommandResult bad = Bench({"--transport=pigeon"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(bad.err, "--transport")) << bad.err;
 }
 
 }  // namespace

@@ -277,9 +277,16 @@ TEST_F(SharedMemoryTest, RegionRpcsRenewConflictListAndUnregister) {
   EXPECT_GT(list.regions(0).lease_left_seconds(), 590);
   EXPECT_EQ(list.max_regions(), 64);
   EXPECT_EQ(list.max_region_bytes(), int64_t{16} << 30);
+  // What Grafana sees.
+  EXPECT_TRUE(absl::StrContains(ScrapeMetrics(server().metrics_port()),
+                                "\nklserve_shared_memory_regions 2\n"));
+  EXPECT_TRUE(absl::StrContains(ScrapeMetrics(server().metrics_port()),
+                                "\nklserve_shared_memory_region_bytes 1010\n"));
   EXPECT_TRUE(Unregister("a").ok());
   ExpectCode(Unregister("a"), grpc::NOT_FOUND, "name:");
   EXPECT_EQ(List().regions_size(), 1);
+  EXPECT_TRUE(absl::StrContains(ScrapeMetrics(server().metrics_port()),
+                                "\nklserve_shared_memory_regions 1\n"));
   absl::StatusOr<v1::GetServerInfoResponse> info = client().GetServerInfo();
   ASSERT_TRUE(info.ok());
   EXPECT_TRUE(info->shared_memory());
@@ -655,9 +662,19 @@ TEST_F(SharedMemoryTest, OnlyLocalCallersMayRegister) {
   server_ = *std::move(started);
   client_ = MakeClient(server_->target());
   stub_ = MakeStub(absl::StrCat(address, ":", port));
-  ShmObject object(4096);
+  ShmObject object(1 << 20);
   ExpectCode(Register("r", object.key(), 0, 4096), grpc::PERMISSION_DENIED,
              "RegisterRegion:");
+  // Nor may it name a region a local job registered.
+  stub_ = MakeStub(server_->target());
+  ASSERT_TRUE(Register("r", object.key(), 0, 1 << 20).ok());
+  v1::ComputeLossRequest request = MakeRequest(SparseSpec());
+  RegionLayout layout(object, "r");
+  MoveAllIn(request, layout);
+  std::unique_ptr<Client> remote = MakeClient(absl::StrCat(address, ":", port));
+  ExpectCode(remote->ComputeLossUnary(request).status(),
+             absl::StatusCode::kPermissionDenied, "attention_logits.region:");
+  EXPECT_TRUE(client().ComputeLossUnary(request).ok());
 }
 
 }  // namespace
