@@ -19,6 +19,8 @@ float32 gradient. Timed, each as the median of --iterations calls after
   jax.jit         jax.value_and_grad of the loss below, jitted, on
                   --threads CPUs (this process is pinned to them before JAX
                   starts)
+  kernel alone    klserve_bench's dense_agg_fp32 on --threads threads (the
+                  default shape only), the baseline of the shm ratios
 
 Against a server of your own (on this host, for shared memory):
 
@@ -55,6 +57,11 @@ def parse_args():
                         help="the server's --threads and JAX's CPUs")
     parser.add_argument("--shape", default="1,4096,4096",
                         help="B,T,S of the problem")
+    parser.add_argument("--klserve_bench",
+                        default=os.path.join(REPO, "build", "bench",
+                                             "klserve_bench"),
+                        help="times the kernel alone on the same problem "
+                        "(its dense_agg_fp32 is [1, 4096, 4096] only)")
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     return parser.parse_args()
@@ -156,6 +163,19 @@ def timed(fn, iterations, warmup):
     return statistics.median(times), min(times), value
 
 
+def kernel_alone(binary, threads):
+    """klserve_bench's dense_agg_fp32 on `threads` threads, in seconds: the
+    kernels' own time for this problem, without any transport."""
+    import json
+    out = subprocess.run(
+        [binary, "--klserve_threads=%d" % threads,
+         "--benchmark_filter=^dense_agg_fp32/", "--benchmark_format=json"],
+        check=True, capture_output=True, text=True).stdout
+    (bench,) = json.loads(out)["benchmarks"]
+    assert bench["time_unit"] == "ms", bench
+    return 1e-3 * bench["real_time"]
+
+
 def main():
     args = parse_args()
     pin_to_cpus(args.threads)
@@ -233,6 +253,9 @@ def main():
         median, best, (j_loss, j_grad) = timed(jax_call, args.iterations,
                                                args.warmup)
         rows.append(("jax.jit, in process", median, best))
+        kernel = None
+        if shape == (1, 4096, 4096) and os.path.exists(args.klserve_bench):
+            kernel = kernel_alone(args.klserve_bench, args.threads)
     finally:
         if server is not None:
             server.stop()
@@ -255,6 +278,12 @@ def main():
     jax_time = times["jax.jit, in process"]
     print("jax/shm, zero-copy: %.2fx" % (jax_time / times["shm, zero-copy"]))
     print("jax/shm:            %.2fx" % (jax_time / times["shm"]))
+    if kernel is not None:
+        print("%-22s %10.1f %10s" % ("kernel alone", 1e3 * kernel,
+                                     "(mean)"))
+        print("shm, zero-copy/kernel: %.2fx" %
+              (times["shm, zero-copy"] / kernel))
+        print("shm/kernel:            %.2fx" % (times["shm"] / kernel))
 
 
 if __name__ == "__main__":
