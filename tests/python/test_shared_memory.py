@@ -19,6 +19,7 @@ import klserve
 from conftest import Server
 from klserve._shm_layouts import is_local_target
 from reference import indexer_kl_reference, projections_reference
+from test_stream import big_problem
 
 SHM = "/dev/shm"
 
@@ -45,13 +46,9 @@ def weights_problem(seed, batch=2, rows=16, keys=24):
         attention_weights=rng.random((batch, rows, keys)).astype(np.float32))
 
 
-def logits_problem(seed, batch=2, heads=3, rows=8, keys=8):
-    rng = np.random.default_rng(seed)
-    return dict(
-        indexer_scores=rng.standard_normal((batch, rows, keys)).astype(
-            np.float32),
-        attention_logits=(2 * rng.standard_normal(
-            (batch, heads, rows, keys))).astype(np.float32))
+def logits_problem(seed):
+    """Per-head logits, float32, small."""
+    return big_problem(seed, batch=2, heads=3, rows=8, keys=8)
 
 
 def assert_matches_reference(result, ref, rtol=2e-5):
