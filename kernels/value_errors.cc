@@ -24,6 +24,11 @@ int64_t FirstBadValue(const float* x, int64_t n, bool weights) {
   return -1;
 }
 
+int64_t BadValueToReport(const float* x, int64_t n, bool weights) {
+  const int64_t j = FirstBadValue(x, n, weights);
+  return j < 0 ? 0 : j;
+}
+
 std::string DescribeValue(float value) {
   if (std::isnan(value)) return "NaN";
   if (std::isinf(value)) return value > 0 ? "+inf" : "-inf";

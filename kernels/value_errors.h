@@ -24,6 +24,12 @@ absl::Status ValueError(absl::string_view tensor, absl::string_view rule,
 // +inf); -1 if none. Scalar: called only once a vector pass saw a bad value.
 int64_t FirstBadValue(const float* x, int64_t n, bool weights);
 
+// FirstBadValue for the error report once a pass saw a bad value: 0 when
+// this second look finds none, as happens only when the input changed in
+// between (a shared-memory region its client rewrote while the server read
+// it, docs/shared-memory.md), so that the report never reads x[-1].
+int64_t BadValueToReport(const float* x, int64_t n, bool weights);
+
 // "NaN", "+inf" or the number.
 std::string DescribeValue(float value);
 

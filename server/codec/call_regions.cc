@@ -83,7 +83,14 @@ absl::StatusOr<std::byte*> CallRegions::Resolve(absl::string_view field,
   return data;
 }
 
-const std::byte* CallRegions::Copy(const std::byte* data, int64_t bytes) {
+absl::StatusOr<const std::byte*> CallRegions::Copy(absl::string_view field,
+                                                   const std::byte* data,
+                                                   int64_t bytes) {
+  if (bytes > max_copy_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(field, ": ", bytes, " bytes, over the limit of ",
+                     max_copy_bytes_, " per tensor (--max_tensor_bytes)"));
+  }
   copies_.push_back(std::make_unique_for_overwrite<std::byte[]>(bytes));
   std::memcpy(copies_.back().get(), data, bytes);
   return copies_.back().get();

@@ -26,8 +26,10 @@ class CallRegions {
   // refused; so is every slice of a caller that is not `local` (on this
   // host), which cannot have made the region and must not read another
   // job's.
-  explicit CallRegions(RegionRegistry* registry, bool local = true)
-      : registry_(registry), local_(local) {}
+  // Copies (Copy) are bounded by `max_copy_bytes` each (--max_tensor_bytes).
+  explicit CallRegions(RegionRegistry* registry, bool local = true,
+                       int64_t max_copy_bytes = INT64_MAX)
+      : registry_(registry), local_(local), max_copy_bytes_(max_copy_bytes) {}
 
   // The bytes `slice` names, for a tensor of `element_size`-byte elements
   // that `field` ("indexer_scores.region", "outputs.grad") holds: within
@@ -42,7 +44,9 @@ class CallRegions {
 
   // A copy of `bytes` bytes at `data`, owned by the call: for tensors whose
   // values steer indexing, which must not change after they are checked.
-  const std::byte* Copy(const std::byte* data, int64_t bytes);
+  // RESOURCE_EXHAUSTED naming `field` past max_copy_bytes.
+  absl::StatusOr<const std::byte*> Copy(absl::string_view field,
+                                        const std::byte* data, int64_t bytes);
 
   bool empty() const { return held_.empty(); }
   // The first region's name, for messages.
@@ -64,6 +68,7 @@ class CallRegions {
 
   RegionRegistry* registry_;
   bool local_;
+  int64_t max_copy_bytes_;
   std::deque<RegionUse> held_;  // one per region named; never moved
   std::vector<Span> spans_;
   std::vector<std::unique_ptr<std::byte[]>> copies_;

@@ -159,15 +159,34 @@ absl::StatusOr<TensorView> ViewOf(absl::string_view field,
         field, ".region: regions are for ComputeLoss; a stream carries its ",
         "tensors' bytes"));
   }
-  ASSIGN_OR_RETURN(const std::byte* data,
-                   regions->Input(absl::StrCat(field, ".region"),
-                                  tensor.region(), DTypeSize(view.dtype)));
+  const std::string slice_field = absl::StrCat(field, ".region");
+  ASSIGN_OR_RETURN(
+      const std::byte* data,
+      regions->Input(slice_field, tensor.region(), DTypeSize(view.dtype)));
+  // Exactly the shape's bytes, before anything is copied.
+  int64_t bytes = DTypeSize(view.dtype);
+  for (const int64_t d : view.shape) {
+    if (d < 1 || __builtin_mul_overflow(bytes, d, &bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".shape: every dimension >= 1 and the bytes within int64, ",
+          "got [", absl::StrJoin(view.shape, ", "), "]"));
+    }
+  }
   view.byte_size = tensor.region().byte_size();
+  if (view.byte_size != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        slice_field, ".byte_size: must be ", bytes, " (", tensor.dtype(), " [",
+        absl::StrJoin(view.shape, ", "), "]), got ", view.byte_size));
+  }
   // Indices, bounds, segments and masks steer what the kernels index: a
   // client changing them after they are checked could send a read out of
   // bounds. They are small beside the float tensors, so they are copied.
   const bool steers = view.dtype == DType::kInt32 || view.dtype == DType::kBool;
-  view.data = steers ? regions->Copy(data, view.byte_size) : data;
+  if (steers) {
+    ASSIGN_OR_RETURN(view.data, regions->Copy(field, data, view.byte_size));
+  } else {
+    view.data = data;
+  }
   return view;
 }
 

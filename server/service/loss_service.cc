@@ -60,8 +60,11 @@ absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
   ASSIGN_OR_RETURN(const IndexerKlProblem problem,
                    IndexerKlProblem::Create(inputs, options));
   ASSIGN_OR_RETURN(const RowData rows, WholeRowData(problem, inputs));
+  // Outputs placed in regions are not in the message: CheckResponseFits
+  // below weighs what is.
   RETURN_IF_ERROR(CheckOutputBytes(problem, problem.num_rows(),
-                                   /*one_message=*/true, *ctx.options));
+                                   /*one_message=*/!request.has_outputs(),
+                                   *ctx.options));
   LossOutputs outputs;
   if (options.want_grad) {
     ASSIGN_OR_RETURN(outputs.grad,
@@ -161,7 +164,7 @@ absl::Status ComputeUnary(const ServiceContext& ctx, bool local_caller,
   double scaling_factor = 1;
   // Held until the response is encoded: no region this call reads or
   // writes is unmapped before.
-  CallRegions regions(ctx.regions, local_caller);
+  CallRegions regions(ctx.regions, local_caller, ctx.options->max_tensor_bytes);
   if (FormOf(request) == RequestForm::kProjections) {
     ASSIGN_OR_RETURN(const ProjectionsOptions options,
                      ProjectionsOptionsFrom(request.options()));

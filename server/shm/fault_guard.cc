@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <mutex>
 
@@ -36,12 +37,20 @@ void PassOn(int signo, siginfo_t* info, void* context) {
     g_previous.sa_handler(signo);
     return;
   }
-  // The default action: returning re-executes the access, which faults
-  // again into it and ends the process with the usual SIGBUS.
+  // The default action, now: for a SIGBUS sent with kill() as for a fault.
   signal(signo, SIG_DFL);
+  raise(signo);
 }
 
 void OnSigbus(int signo, siginfo_t* info, void* context) {
+  const int saved_errno = errno;
+  // Only a fault of an access says where it was; a SIGBUS a process sent
+  // (si_code <= 0) names no address of ours.
+  if (info->si_code <= 0) {
+    PassOn(signo, info, context);
+    errno = saved_errno;
+    return;
+  }
   const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
   for (GuardedMapping& m : g_mappings) {
     const size_t size = m.size.load(std::memory_order_acquire);
@@ -51,14 +60,21 @@ void OnSigbus(int signo, siginfo_t* info, void* context) {
     // Zero pages in place of the whole mapping, private to the server: the
     // object's pages are never touched again, and what the call writes
     // from here on goes nowhere. mmap is a plain system call here, safe in
-    // a handler.
-    mmap(reinterpret_cast<void*>(base), size, PROT_READ | PROT_WRITE,
-         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    // a handler; MAP_NORESERVE charges nothing for pages never touched.
+    // Without the zero pages the access would fault forever: a crash (the
+    // previous handler) is better.
+    if (mmap(reinterpret_cast<void*>(base), size, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+             0) == MAP_FAILED) {
+      break;
+    }
     m.damaged.load(std::memory_order_relaxed)
         ->store(true, std::memory_order_relaxed);
+    errno = saved_errno;
     return;
   }
   PassOn(signo, info, context);
+  errno = saved_errno;
 }
 
 void Install() {

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/status_macros.h"
 #include "server/shm/fault_guard.h"
 
 namespace klserve::server {
@@ -29,6 +30,11 @@ absl::Status OpenError(absl::string_view field, absl::string_view key,
     case ELOOP:
       return absl::InvalidArgumentError(
           absl::StrCat(what, "a symlink, which is never followed"));
+    case EMFILE:
+    case ENFILE:
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what, "the server has no file descriptor left (",
+                       strerror(error), "); each region holds one"));
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(what, "cannot open it (", strerror(error), ")"));
@@ -37,9 +43,7 @@ absl::Status OpenError(absl::string_view field, absl::string_view key,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(
-    absl::string_view field, absl::string_view key, int64_t offset,
-    int64_t byte_size) {
+absl::Status MappedRegion::CheckBounds(int64_t offset, int64_t byte_size) {
   if (offset < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("offset: must be >= 0, got ", offset));
@@ -54,6 +58,14 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(
         absl::StrCat("byte_size: offset + byte_size overflows, got ", offset,
                      " + ", byte_size));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(
+    absl::string_view field, absl::string_view key, int64_t offset,
+    int64_t byte_size) {
+  RETURN_IF_ERROR(CheckBounds(offset, byte_size));
+  const int64_t end = offset + byte_size;
   // glibc's shm_open adds O_NOFOLLOW too; opening the file directly says
   // so here, and O_NONBLOCK keeps a FIFO planted under the name from
   // blocking the open.

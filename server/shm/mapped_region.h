@@ -28,6 +28,10 @@ class MappedRegion {
       absl::string_view field, absl::string_view key, int64_t offset,
       int64_t byte_size);
 
+  // INVALID_ARGUMENT unless offset >= 0, byte_size >= 1 and their sum fits
+  // int64 (what Map checks first).
+  static absl::Status CheckBounds(int64_t offset, int64_t byte_size);
+
   MappedRegion(const MappedRegion&) = delete;
   MappedRegion& operator=(const MappedRegion&) = delete;
   ~MappedRegion();
@@ -39,6 +43,8 @@ class MappedRegion {
   // all of it: it shrank, now or while a call read it (fault_guard.h). A
   // damaged region stays damaged.
   absl::Status CheckIntact(absl::string_view name) const;
+  // Whether a call found the object shrunk under it (fault_guard.h).
+  bool damaged() const { return damaged_.load(std::memory_order_relaxed); }
 
  private:
   MappedRegion(int fd, void* mapping, size_t mapping_size, std::byte* data,

@@ -63,6 +63,8 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
                                                         int64_t byte_size) {
   RETURN_IF_ERROR(CheckPlainName("name", name, kMaxRegionNameBytes));
   RETURN_IF_ERROR(CheckPlainName("key", key, kMaxRegionKeyBytes));
+  // Before any bytes are reserved for it below.
+  RETURN_IF_ERROR(MappedRegion::CheckBounds(offset, byte_size));
   {
     absl::MutexLock lock(&mu_);
     if (auto it = regions_.find(name); it != regions_.end()) {
@@ -73,6 +75,11 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
             absl::StrCat("name: region '", name, "' is registered with key '",
                          held.key, "', offset ", held.offset, ", byte_size ",
                          held.mapping->byte_size(), "; unregister it first"));
+      }
+      if (held.mapping->damaged()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "name: region '", name, "' is damaged (its object shrank under ",
+            "a call); unregister it and register it again"));
       }
       held.last_used = absl::Now();
       return limits_.lease;
@@ -105,15 +112,26 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
   entry->offset = offset;
   entry->mapping = *std::move(mapping);
   entry->last_used = absl::Now();
-  const auto [it, inserted] = regions_.try_emplace(name, entry);
-  if (!inserted || static_cast<int>(regions_.size()) > limits_.max_regions) {
-    // Another registration of the name, or past the count, while mapping.
-    if (inserted) regions_.erase(it);
+  // Another registration may have taken the name, or the last place,
+  // while this one mapped.
+  if (const auto it = regions_.find(name); it != regions_.end()) {
     mapped_bytes_ -= byte_size;
-    return absl::AbortedError(absl::StrCat(
-        "name: region '", name,
-        "' was registered by another call at the same time; try again"));
+    const Entry& held = *it->second;
+    if (held.key == key && held.offset == offset &&
+        held.mapping->byte_size() == byte_size) {
+      return limits_.lease;  // the same registration: a renewal
+    }
+    return absl::AlreadyExistsError(
+        absl::StrCat("name: region '", name, "' was registered with other ",
+                     "values by another call at the same time"));
   }
+  if (static_cast<int>(regions_.size()) >= limits_.max_regions) {
+    mapped_bytes_ -= byte_size;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("name: ", regions_.size(), " regions are registered, ",
+                     "the most the server holds (--max_regions)"));
+  }
+  regions_.emplace(name, entry);
   Changed();
   return limits_.lease;
 }

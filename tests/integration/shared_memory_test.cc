@@ -398,6 +398,56 @@ TEST_F(SharedMemoryTest, SlicesAreCheckedAgainstTheRegion) {
   EXPECT_EQ(List().regions(0).users(), 0);
 }
 
+// Copies of INT32 and BOOL inputs are bounded before they are made: by the
+// tensor's shape, and by --max_tensor_bytes.
+TEST_F(SharedMemoryTest, CopiedInputsAreBoundedFirst) {
+  Start({"--max_tensor_bytes=4096"});
+  ShmObject object(1 << 20);
+  ASSERT_TRUE(Register("r", object.key(), 0, 1 << 20).ok());
+  ProblemSpec spec = SparseSpec();
+  spec.segments = false;
+  v1::ComputeLossRequest request = MakeRequest(spec);
+  RegionLayout layout(object, "r");
+  MoveAllIn(request, layout);
+  v1::ComputeLossRequest wide = request;
+  wide.mutable_row_valid()->mutable_region()->set_byte_size(1 << 19);
+  ExpectCode(client().ComputeLossUnary(wide).status(),
+             absl::StatusCode::kInvalidArgument, "row_valid.region.byte_size:");
+  // Shaped as big as the slice: past the per-tensor limit, uncopied.
+  v1::ComputeLossRequest big = request;
+  big.mutable_row_valid()->clear_shape();
+  big.mutable_row_valid()->add_shape(1);
+  big.mutable_row_valid()->add_shape(1 << 19);
+  big.mutable_row_valid()->mutable_region()->set_byte_size(1 << 19);
+  ExpectCode(client().ComputeLossUnary(big).status(),
+             absl::StatusCode::kResourceExhausted, "row_valid:");
+}
+
+// The message limit weighs what the response carries: a gradient placed in
+// a region is not in it.
+TEST_F(SharedMemoryTest, OutputsInARegionAreNotInTheMessage) {
+  Start({"--max_message_bytes=100000"});
+  ShmObject object(4 << 20);
+  ASSERT_TRUE(Register("r", object.key(), 0, 4 << 20).ok());
+  const v1::ComputeLossRequest inline_request = MakeRequest(WideSpec(16, 94));
+  v1::ComputeLossRequest request = inline_request;
+  RegionLayout layout(object, "r");
+  MoveAllIn(request, layout);
+  // The gradient inline: 256 KiB, over the limit.
+  ExpectCode(client().ComputeLossUnary(request).status(),
+             absl::StatusCode::kResourceExhausted, "grad:");
+  *request.mutable_outputs()->mutable_grad() = layout.Next(16 * 4096 * 4);
+  absl::StatusOr<v1::ComputeLossResponse> written =
+      client().ComputeLossUnary(request);
+  ASSERT_TRUE(written.ok()) << Describe(written.status());
+  const klref::RefResult ref =
+      klref::ComputeReference(RefProblemOf(inline_request));
+  ASSERT_TRUE(ref.error.empty()) << ref.error;
+  const v1::ComputeLossResponse got = InlineResponse(*written, layout);
+  EXPECT_TRUE(CloseResult(ref, got, 1e-5));
+  EXPECT_TRUE(CloseTensor(ref.grad, got.grad(), GradTolerance("FP32")));
+}
+
 TEST_F(SharedMemoryTest, StreamsCarryTheirBytes) {
   Start();
   ShmObject object(4096);

@@ -3,7 +3,9 @@
 
 #include "server/shm/region_registry.h"
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -70,6 +72,12 @@ TEST(RegionRegistry, RefusesWhatIsNotAWholeRegularObject) {
   ExpectError(registry.Register("r", object.key(), -1, 2).status(),
               absl::StatusCode::kInvalidArgument, "offset:");
   ExpectError(registry.Register("r", object.key(), 0, 0).status(),
+              absl::StatusCode::kInvalidArgument, "byte_size:");
+  // A negative size is refused before it could count against the limit.
+  ExpectError(
+      registry.Register("r", object.key(), 0, -(int64_t{1} << 40)).status(),
+      absl::StatusCode::kInvalidArgument, "byte_size:");
+  ExpectError(registry.Register("r", object.key(), 0, INT64_MIN).status(),
               absl::StatusCode::kInvalidArgument, "byte_size:");
   // A symlink in /dev/shm to the object is never followed.
   const std::string link = "klserve-test-link-" + std::to_string(getpid());
@@ -171,6 +179,27 @@ TEST(RegionRegistry, AnObjectShrinkingUnderTheMappingIsCaught) {
   object.Truncate(3 * 4096);
   const absl::Status damaged = use->CheckIntact();
   EXPECT_EQ(damaged.code(), absl::StatusCode::kFailedPrecondition) << damaged;
+  // Re-registering the same values does not renew a damaged region.
+  ExpectError(registry.Register("r", object.key(), 0, 3 * 4096).status(),
+              absl::StatusCode::kFailedPrecondition, "name:");
+}
+
+// A SIGBUS that no access raised (kill) is not taken for a fault in a
+// guarded region: the process's own handler, or the default, gets it.
+TEST(FaultGuardDeathTest, ASentSigbusStillEndsTheProcess) {
+  // All in the child: the registry's thread must not exist at the fork.
+  // Killed by a signal: SIGBUS itself, or SIGABRT from a sanitizer's
+  // handler that the guard passes it on to.
+  EXPECT_EXIT(
+      {
+        ShmObject object(4096);
+        RegionRegistry registry(RegionLimits{});
+        if (registry.Register("r", object.key(), 0, 4096).ok()) {
+          raise(SIGBUS);
+        }
+        _exit(0);
+      },
+      [](int status) { return WIFSIGNALED(status); }, "");
 }
 
 }  // namespace

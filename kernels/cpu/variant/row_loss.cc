@@ -98,7 +98,7 @@ absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
   const RowScan scan = ScanRow<kMasked, true>(x, row.I, p.row_length, v.limit,
                                               v.bytes, masked_copy, next);
   if (scan.target.any_bad) {
-    const int64_t j = FirstBadValue(x, p.row_length, /*weights=*/true);
+    const int64_t j = BadValueToReport(x, p.row_length, /*weights=*/true);
     return RowErrorStatus(RowError::kWeightsBad,
                           {.b = r / p.T, .t = r % p.T, .j = j, .value = x[j]});
   }
@@ -127,7 +127,7 @@ absl::StatusOr<RowResult> ScannedRowLoss(const IndexerKlProblem& p, int64_t r,
   const float* I = scanned.I;
   const TargetTerms& terms = scanned.terms;
   if (scanned.scores.any_bad) {
-    const int64_t j = FirstBadValue(I, p.row_length, /*weights=*/false);
+    const int64_t j = BadValueToReport(I, p.row_length, /*weights=*/false);
     return RowErrorStatus(RowError::kScoresNotFinite,
                           {.b = b, .t = t, .j = j, .value = I[j]});
   }
@@ -146,8 +146,9 @@ absl::StatusOr<RowResult> ScannedRowLoss(const IndexerKlProblem& p, int64_t r,
   }
   const bool exact = p.options.flavor == Flavor::kExact;
   if (exact && terms.mass_on_minus_inf) {
+    // Bounded: the scores may have changed since the scan (a region).
     int64_t j = 0;
-    while (!(target.w[j] > 0 && I[j] == -kInf)) ++j;
+    while (j + 1 < p.row_length && !(target.w[j] > 0 && I[j] == -kInf)) ++j;
     return RowErrorStatus(RowError::kMinusInfWithMass,
                           {.b = b, .t = t, .j = j});
   }

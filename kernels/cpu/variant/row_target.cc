@@ -31,7 +31,7 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
   ScanResult scan = ScanLogits<kMasked>(x, p.row_length, v.limit, v.bytes);
   for (int64_t h = 0; h < p.H; ++h) {
     if (scan.any_bad) {
-      const int64_t j = FirstBadValue(x, p.row_length, /*weights=*/false);
+      const int64_t j = BadValueToReport(x, p.row_length, /*weights=*/false);
       return RowErrorStatus(RowError::kLogitsNotFinite,
                             {.b = b, .t = t, .h = h, .j = j, .value = x[j]});
     }

@@ -675,6 +675,7 @@ class Client:
             if layout is None:
                 return None
             self._layouts.add(key, layout)
+        answered = False
         try:
             request = pb2.ComputeLossRequest(request_id=request_id,
                                              options=options)
@@ -726,9 +727,19 @@ class Client:
                     self._shared_memory_off("RegisterRegion: %s" % refusal)
                     return None
                 response = call()
-            return self._shared_result(response, layout)
+            result = self._shared_result(response, layout)
+            answered = True
+            return result
         finally:
-            self._layouts.give_back(layout)
+            if answered:
+                self._layouts.give_back(layout)
+            else:
+                # The server may still be computing from this region and
+                # into it (a deadline or a cancel ends the call here, not
+                # there): never reused. Unregistering is refused while it
+                # computes; the lease then ends the registration.
+                self._layouts.discard(key, layout)
+                self._close_layout(layout)
 
     def _new_layout(self, inputs, outputs) -> Optional[Layout]:
         """A registered region for a call shape; None (and shared memory
