@@ -187,12 +187,13 @@ TEST(RegionRegistry, AnObjectShrinkingUnderTheMappingIsCaught) {
 // A SIGBUS that no access raised (kill) is not taken for a fault in a
 // guarded region: the process's own handler, or the default, gets it.
 TEST(FaultGuardDeathTest, ASentSigbusStillEndsTheProcess) {
-  // All in the child: the registry's thread must not exist at the fork.
+  // The registry in the child: its thread must not exist at the fork.
   // Killed by a signal: SIGBUS itself, or SIGABRT from a sanitizer's
   // handler that the guard passes it on to.
+  // The object in the parent, which removes it: the child dies unwound.
+  ShmObject object(4096);
   EXPECT_EXIT(
       {
-        ShmObject object(4096);
         RegionRegistry registry(RegionLimits{});
         if (registry.Register("r", object.key(), 0, 4096).ok()) {
           raise(SIGBUS);
