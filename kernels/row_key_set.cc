@@ -20,22 +20,39 @@ void RowKeySet::StartRow(int64_t slots, int64_t S) {
   if (wanted > slots_) {
     slots_ = wanted;
     mask_ = static_cast<uint64_t>(slots_ - 1);
-    table_.reset(new uint64_t[slots_]());  // stamp 0: no row's
+    shift_ = 64 - std::countr_zero(static_cast<uint64_t>(slots_));
+    table_.reset(new uint64_t[slots_]);
+    Clear();
   }
-  const bool identity = S <= slots_;
-  multiplier_ = identity ? 1 : hash_multiplier_;
-  shift_ = identity ? 0 : 64 - std::countr_zero(static_cast<uint64_t>(slots_));
-  if (++stamp_ == 0) {
-    // After 2^32 - 1 rows the stamps start again: forget every row.
-    std::fill_n(table_.get(), slots_, 0);
+  const bool marks = S <= bytes();
+  if (marks != marks_) {
+    marks_ = marks;
+    Clear();
+  }
+  if (marks_) {
+    if (++mark_stamp_ == 0) {
+      // After 255 rows the stamps start again: forget every row.
+      Clear();
+      mark_stamp_ = 1;
+    }
+  } else if (++stamp_ == 0) {
+    // After 2^32 - 1 rows.
+    Clear();
     stamp_ = 1;
   }
+}
+
+void RowKeySet::Clear() {
+  std::fill_n(table_.get(), slots_, 0);
+  stamp_ = 0;
+  mark_stamp_ = 0;
 }
 
 void RowKeySet::Release() {
   table_.reset();
   slots_ = 0;
   mask_ = 0;
+  shift_ = 64;
 }
 
 }  // namespace klserve

@@ -7,25 +7,43 @@
 namespace klserve {
 
 // The keys one top-k row has named so far, for the duplicate check. Its
-// memory is O(K), whatever S is: an open-addressing table of at least 4K
-// slots (so that a probe mostly ends at its first slot), each holding a key
-// and the stamp of the row that wrote it. A new row takes a new stamp, so
-// nothing is cleared per row, and once the table fits the widest row nothing
-// is allocated per row either.
+// memory is O(K), whatever S is: a table of at least 4K 8-byte slots, used
+// one of two ways.
+// - Marks, when S fits in the table's bytes (S <= 8 * slots): one byte per
+//   key holding the stamp of the row that named it. A row's keys touch
+//   S bytes, which stay in L1 for the usual S (4 KiB for S = 4096; the
+//   slots of K = 2048 keys take 64 KiB), and no key waits on another's
+//   probe.
+// - Open addressing otherwise: each slot holds a key and the stamp of the
+//   row that wrote it, at most a quarter of the slots are taken, so a probe
+//   mostly ends at its first slot.
+// A new row takes a new stamp, so nothing is cleared per row, and once the
+// table fits the widest row nothing is allocated per row either.
 class RowKeySet {
  public:
   RowKeySet();
 
   // Empties the set for a row of at most `slots` keys, each in [0, S).
   void StartRow(int64_t slots, int64_t S);
-  // The first j in [0, K) whose key_at(j) (a key >= 0, or -1 for none) an
-  // earlier j of the row named, or -1; every key before it joins the set.
+  // The first j in [0, K) whose key_at(j) (a key in [0, S), or -1 for none)
+  // an earlier j of the row named, or -1; every key before it joins the set.
   // One loop over the row, with the table's fields in locals: a store into
   // the table could otherwise alias them and reload them per key.
   template <typename KeyAt>
   int64_t FirstRepeat(int64_t K, KeyAt key_at) {
+    if (marks_) {
+      uint8_t* const marks = reinterpret_cast<uint8_t*>(table_.get());
+      const uint8_t stamp = mark_stamp_;
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t key = key_at(j);
+        if (key == -1) continue;
+        if (marks[key] == stamp) return j;
+        marks[key] = stamp;
+      }
+      return -1;
+    }
     uint64_t* const table = table_.get();
-    const uint64_t mask = mask_, multiplier = multiplier_;
+    const uint64_t mask = mask_, multiplier = hash_multiplier_;
     const int shift = shift_;
     const uint64_t stamp = stamp_;
     for (int64_t j = 0; j < K; ++j) {
@@ -50,16 +68,20 @@ class RowKeySet {
   void Release();
 
  private:
+  // Zeroes the table (no row's stamp in either use) and restarts the stamps.
+  void Clear();
+
   std::unique_ptr<uint64_t[]> table_;
-  int64_t slots_ = 0;   // a power of two, or 0 while unallocated
-  uint64_t mask_ = 0;   // slots_ - 1
-  int shift_ = 64;      // 64 - log2(slots_)
-  uint32_t stamp_ = 0;  // the current row's; 0 marks a slot never written
-  // A key's first slot: multiply-shift hashing, the top bits of
-  // key * multiplier_; or the key itself (multiplier 1, shift 0) when S fits
-  // in the table, which then has no collisions.
-  uint64_t multiplier_ = 1;
-  // Random (and odd) per set: with a fixed one a client could send keys that
+  int64_t slots_ = 0;  // a power of two, or 0 while unallocated
+  uint64_t mask_ = 0;  // slots_ - 1
+  int shift_ = 64;     // 64 - log2(slots_)
+  // Whether the current row uses the table as marks. The two uses read the
+  // same bytes differently, so switching clears the table.
+  bool marks_ = false;
+  uint32_t stamp_ = 0;      // open addressing: the current row's; 0 is none
+  uint8_t mark_stamp_ = 0;  // marks: the current row's; 0 is none
+  // A key's first slot is the top bits of key * hash_multiplier_,
+  // random (and odd) per set: with a fixed one a client could send keys that
   // all land in one run of slots, making each row cost O(K^2) probes. Which
   // slots the keys take never changes the answer.
   uint64_t hash_multiplier_;

@@ -101,12 +101,14 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
   }
   absl::StatusOr<std::unique_ptr<MappedRegion>> mapping =
       MappedRegion::Map("key", key, offset, byte_size);
+  // Declared before the lock, so that a mapping this call does not keep is
+  // unmapped after the lock is released (see Unregister).
+  auto entry = std::make_shared<Entry>();
   absl::MutexLock lock(&mu_);
   if (!mapping.ok()) {
     mapped_bytes_ -= byte_size;
     return mapping.status();
   }
-  auto entry = std::make_shared<Entry>();
   entry->name = std::string(name);
   entry->key = std::string(key);
   entry->offset = offset;
@@ -137,6 +139,10 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
 }
 
 absl::Status RegionRegistry::Unregister(absl::string_view name) {
+  // The entry leaves the table under the lock and is destroyed after it:
+  // unmapping a large region takes long, and every call that names a
+  // region waits on this lock.
+  std::shared_ptr<Entry> dropped;
   absl::MutexLock lock(&mu_);
   const auto it = regions_.find(name);
   if (it == regions_.end()) {
@@ -149,6 +155,7 @@ absl::Status RegionRegistry::Unregister(absl::string_view name) {
         " call(s); unregister it once they finish"));
   }
   mapped_bytes_ -= it->second->mapping->byte_size();
+  dropped = std::move(it->second);
   regions_.erase(it);
   Changed();
   return absl::OkStatus();
@@ -195,14 +202,16 @@ void RegionRegistry::Release(Entry& entry) {
 }
 
 void RegionRegistry::DropExpired(absl::Time now) {
+  std::vector<std::shared_ptr<Entry>> dropped;  // unmapped after the lock
   absl::MutexLock lock(&mu_);
-  const size_t dropped = absl::erase_if(regions_, [&](const auto& named) {
+  absl::erase_if(regions_, [&](auto& named) {
     const Entry& entry = *named.second;
     if (entry.users > 0 || entry.last_used + limits_.lease > now) return false;
     mapped_bytes_ -= entry.mapping->byte_size();
+    dropped.push_back(std::move(named.second));
     return true;
   });
-  if (dropped > 0) Changed();
+  if (!dropped.empty()) Changed();
 }
 
 void RegionRegistry::Changed() {
