@@ -19,8 +19,6 @@ void RowKeySet::StartRow(int64_t slots, int64_t S) {
       std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(4 * slots, 16)));
   if (wanted > slots_) {
     slots_ = wanted;
-    mask_ = static_cast<uint64_t>(slots_ - 1);
-    shift_ = 64 - std::countr_zero(static_cast<uint64_t>(slots_));
     table_.reset(new uint64_t[slots_]);
     Clear();
   }
@@ -29,30 +27,20 @@ void RowKeySet::StartRow(int64_t slots, int64_t S) {
     marks_ = marks;
     Clear();
   }
-  if (marks_) {
-    if (++mark_stamp_ == 0) {
-      // After 255 rows the stamps start again: forget every row.
-      Clear();
-      mark_stamp_ = 1;
-    }
-  } else if (++stamp_ == 0) {
-    // After 2^32 - 1 rows.
-    Clear();
-    stamp_ = 1;
-  }
+  // After the last stamp of its use, the stamps start again: forget every
+  // row.
+  if (stamp_ == (marks_ ? 255 : UINT32_MAX)) Clear();
+  ++stamp_;
 }
 
 void RowKeySet::Clear() {
   std::fill_n(table_.get(), slots_, 0);
   stamp_ = 0;
-  mark_stamp_ = 0;
 }
 
 void RowKeySet::Release() {
   table_.reset();
   slots_ = 0;
-  mask_ = 0;
-  shift_ = 64;
 }
 
 }  // namespace klserve

@@ -1,6 +1,7 @@
 #ifndef KLSERVE_KERNELS_ROW_KEY_SET_H_
 #define KLSERVE_KERNELS_ROW_KEY_SET_H_
 
+#include <bit>
 #include <cstdint>
 #include <memory>
 
@@ -33,7 +34,7 @@ class RowKeySet {
   int64_t FirstRepeat(int64_t K, KeyAt key_at) {
     if (marks_) {
       uint8_t* const marks = reinterpret_cast<uint8_t*>(table_.get());
-      const uint8_t stamp = mark_stamp_;
+      const uint8_t stamp = static_cast<uint8_t>(stamp_);
       for (int64_t j = 0; j < K; ++j) {
         const int32_t key = key_at(j);
         if (key == -1) continue;
@@ -43,8 +44,9 @@ class RowKeySet {
       return -1;
     }
     uint64_t* const table = table_.get();
-    const uint64_t mask = mask_, multiplier = hash_multiplier_;
-    const int shift = shift_;
+    const uint64_t mask = static_cast<uint64_t>(slots_ - 1);
+    const uint64_t multiplier = hash_multiplier_;
+    const int shift = 64 - std::countr_zero(static_cast<uint64_t>(slots_));
     const uint64_t stamp = stamp_;
     for (int64_t j = 0; j < K; ++j) {
       const int32_t key = key_at(j);
@@ -73,13 +75,12 @@ class RowKeySet {
 
   std::unique_ptr<uint64_t[]> table_;
   int64_t slots_ = 0;  // a power of two, or 0 while unallocated
-  uint64_t mask_ = 0;  // slots_ - 1
-  int shift_ = 64;     // 64 - log2(slots_)
   // Whether the current row uses the table as marks. The two uses read the
   // same bytes differently, so switching clears the table.
   bool marks_ = false;
-  uint32_t stamp_ = 0;      // open addressing: the current row's; 0 is none
-  uint8_t mark_stamp_ = 0;  // marks: the current row's; 0 is none
+  // The current row's stamp; 0 is no row's. Marks hold its low byte, and
+  // take stamps up to 255 only.
+  uint32_t stamp_ = 0;
   // A key's first slot is the top bits of key * hash_multiplier_,
   // random (and odd) per set: with a fixed one a client could send keys that
   // all land in one run of slots, making each row cost O(K^2) probes. Which

@@ -84,11 +84,7 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
       held.last_used = absl::Now();
       return limits_.lease;
     }
-    if (static_cast<int>(regions_.size()) >= limits_.max_regions) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "name: ", regions_.size(), " regions are registered, the most ",
-          "the server holds (--max_regions)"));
-    }
+    RETURN_IF_ERROR(CheckRoomForOneMore());
     if (byte_size > limits_.max_bytes - mapped_bytes_) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "byte_size: ", byte_size, " more bytes would pass the ",
@@ -99,21 +95,15 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
     // pass the limit; given back if the mapping fails.
     mapped_bytes_ += byte_size;
   }
-  absl::StatusOr<std::unique_ptr<MappedRegion>> mapping =
-      MappedRegion::Map("key", key, offset, byte_size);
   // Declared before the lock, so that a mapping this call does not keep is
   // unmapped after the lock is released (see Unregister).
-  auto entry = std::make_shared<Entry>();
+  absl::StatusOr<std::unique_ptr<MappedRegion>> mapping =
+      MappedRegion::Map("key", key, offset, byte_size);
   absl::MutexLock lock(&mu_);
   if (!mapping.ok()) {
     mapped_bytes_ -= byte_size;
     return mapping.status();
   }
-  entry->name = std::string(name);
-  entry->key = std::string(key);
-  entry->offset = offset;
-  entry->mapping = *std::move(mapping);
-  entry->last_used = absl::Now();
   // Another registration may have taken the name, or the last place,
   // while this one mapped.
   if (const auto it = regions_.find(name); it != regions_.end()) {
@@ -127,13 +117,17 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
         absl::StrCat("name: region '", name, "' was registered with other ",
                      "values by another call at the same time"));
   }
-  if (static_cast<int>(regions_.size()) >= limits_.max_regions) {
+  if (absl::Status room = CheckRoomForOneMore(); !room.ok()) {
     mapped_bytes_ -= byte_size;
-    return absl::ResourceExhaustedError(
-        absl::StrCat("name: ", regions_.size(), " regions are registered, ",
-                     "the most the server holds (--max_regions)"));
+    return room;
   }
-  regions_.emplace(name, entry);
+  auto entry = std::make_shared<Entry>();
+  entry->name = std::string(name);
+  entry->key = std::string(key);
+  entry->offset = offset;
+  entry->mapping = *std::move(mapping);
+  entry->last_used = absl::Now();
+  regions_.emplace(name, std::move(entry));
   Changed();
   return limits_.lease;
 }
@@ -212,6 +206,15 @@ void RegionRegistry::DropExpired(absl::Time now) {
     return true;
   });
   if (!dropped.empty()) Changed();
+}
+
+absl::Status RegionRegistry::CheckRoomForOneMore() const {
+  if (static_cast<int>(regions_.size()) < limits_.max_regions) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("name: ", regions_.size(), " regions are registered, ",
+                   "the most the server holds (--max_regions)"));
 }
 
 void RegionRegistry::Changed() {

@@ -108,6 +108,8 @@ class RegionRegistry {
   using Entry = RegionUse::Entry;
   void Release(Entry& entry);
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED once --max_regions regions are registered.
+  absl::Status CheckRoomForOneMore() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RegionLimits limits_;
   const Observer observer_;

@@ -113,13 +113,13 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
     bytes[j] = (key >= first) & (key < stop);
   }
   if (p.has_row_mask()) {
-    for (int64_t j = 0; j < p.row_length; ++j) {
+    for (int64_t j = 0; j < K; ++j) {
       if (bytes[j]) bytes[j] = rules.Allows(LoadInt32(indices + 4 * j));
     }
   }
   int64_t count = 0;
-  for (int64_t j = 0; j < p.row_length; ++j) count += bytes[j];
-  validity.limit = p.row_length;
+  for (int64_t j = 0; j < K; ++j) count += bytes[j];
+  validity.limit = K;
   validity.bytes = bytes;
   validity.count = count;
   return validity;
