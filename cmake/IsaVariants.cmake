@@ -28,10 +28,11 @@ function(klserve_isa_variants name)
     add_library(${target} OBJECT ${ARG_SOURCES})
     target_compile_definitions(${target} PRIVATE
       KLSERVE_ISA=${isa} KLSERVE_ISA_ENUM=${KLSERVE_ISA_ENUM_${isa}})
-    # -Wno-psabi: GCC notes that 64-byte vector arguments pass differently
-    # without AVX-512; they never cross a variant's boundary.
+    # -Wno-psabi: GCC and clang note that 32- and 64-byte vector arguments
+    # pass differently without AVX and AVX-512; they never cross a
+    # variant's boundary.
     target_compile_options(${target} PRIVATE ${KLSERVE_ISA_FLAGS_${isa}}
-      $<$<CXX_COMPILER_ID:GNU>:-Wno-psabi>)
+      $<$<CXX_COMPILER_ID:GNU,Clang>:-Wno-psabi>)
     target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR})
     if(ARG_LINK)
       target_link_libraries(${target} PRIVATE ${ARG_LINK})

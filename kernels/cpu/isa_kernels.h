@@ -29,8 +29,9 @@ struct IsaKernels {
                                const RowData& data, RowRange rows,
                                const BlockOutputs& outputs, RowResult* results,
                                int64_t& failed_row);
-  // out[i] = exp(in[i]) by the kernels' own exp, n a multiple of 16: the
-  // benchmark's compute ceiling.
+  // out[i] = exp(in[i]) by the kernels' own exp (in[i] <= 88, as a
+  // softmax's x - max is), n a multiple of 16: the benchmark's compute
+  // ceiling.
   void (*exp)(const float* in, float* out, int64_t n);
   // The projections form: one tile of query rows, and MEAN_VALID's count of
   // rows with a valid key (kernels/cpu/variant/projection_tile.h).

@@ -731,6 +731,68 @@ TEST_P(Validate, RejectsNegativeOrInfiniteWeights) {
   }
 }
 
+// Every class of float as a head-aggregated weight, in rows of 40 slots
+// (two whole vectors of 16 and a part), at a valid slot, an invalid one
+// inside the row's first vector and one in a whole vector past the causal
+// cut: zeros of both signs, subnormals, the smallest normal and large
+// finite weights are legal; negative ones (subnormals included), infinities
+// and NaNs of either sign are errors wherever they sit.
+TEST_P(Validate, WeightsOfEveryFloatClassAnywhereInTheRow) {
+  constexpr float kMin = std::numeric_limits<float>::min();
+  constexpr float kMax = std::numeric_limits<float>::max();
+  for (bool sparse : {false, true}) {
+    CaseSpec spec;
+    spec.T = spec.S = spec.K = 40;
+    spec.form = MakeInputForm(sparse, false);
+    spec.causal = true;
+    spec.zero_weight_fraction = 0;
+    spec.empty_slot_fraction = 0.3;
+    spec.garbage_at_invalid = false;
+    const Case base = MakeRandomCase(spec, 40);
+    const klref::RefResult ref = klref::ComputeReference(ToReference(base));
+    ASSERT_EQ(ref.error, "");
+    const int64_t L = base.slots();
+    // Row 30's first valid slot; row 2's first invalid slot; in the dense
+    // stage, slot 20 of row 3 (its causal cut is at 4, so [16, 32) lies
+    // wholly past it).
+    std::vector<std::pair<std::string, int64_t>> places;
+    for (int64_t j = 0; j < L; ++j) {
+      if (ref.valid[30 * L + j]) {
+        places.push_back({"valid slot", 30 * L + j});
+        break;
+      }
+    }
+    for (int64_t j = 0; j < 16; ++j) {
+      if (!ref.valid[2 * L + j]) {
+        places.push_back({"invalid slot", 2 * L + j});
+        break;
+      }
+    }
+    if (!sparse) places.push_back({"past the causal cut", 3 * L + 20});
+    ASSERT_EQ(places.size(), sparse ? 2u : 3u);
+    for (const auto& [where, i] : places) {
+      for (float w : {0.0f, -0.0f, 1e-40f, kMin, 1e38f, kMax / 64}) {
+        SCOPED_TRACE(::testing::Message() << (sparse ? "sparse, " : "dense, ")
+                                          << where << ", legal " << w);
+        Case c = base;
+        c.attention_weights->values[i] = w;
+        CheckAgainstReference(c);
+      }
+      for (float w : {-1e-40f, -kMin, -0.5f, -kMax,
+                      std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity(),
+                      std::numeric_limits<float>::quiet_NaN(),
+                      -std::numeric_limits<float>::quiet_NaN()}) {
+        SCOPED_TRACE(::testing::Message() << (sparse ? "sparse, " : "dense, ")
+                                          << where << ", illegal " << w);
+        Case c = base;
+        c.attention_weights->values[i] = w;
+        ExpectValueError(c, "attention_weights");
+      }
+    }
+  }
+}
+
 // Sets every valid slot of row r to `value` in the scores (or in head h's
 // logits when h >= 0).
 void FillValidSlots(Case& c, int64_t r, double value, int64_t h = -1) {

@@ -14,7 +14,9 @@ float MulAdd(float a, float b, float c) { return a * b + c; }
 void FmaLanes(const float* a, const float* b, const float* c, float* out) {
   Store(out, Fma(Load(a), Load(b), Load(c)));
 }
-void ExpLanes(const float* x, float* out) { Store(out, Exp(Load(x))); }
+void ExpLanes(const float* x, float* out) {
+  Store(out, Exp(Min(Load(x), Splat(88.0f))));
+}
 void LogSplitLanes(const float* x, float* exponent, float* mantissa_log) {
   const LogParts parts = LogSplit(Load(x));
   Store(exponent, parts.exponent);

@@ -16,7 +16,8 @@ struct VariantProbe {
   // a * b + c as written, compiled with the variant's flags (FMA where it
   // has it): the build must not fuse it.
   float (*mul_add)(float a, float b, float c);
-  // The kernels' Fma, Exp and LogSplit on 16 lanes.
+  // The kernels' Fma, Exp (of x capped at 88, its domain) and LogSplit on
+  // 16 lanes.
   void (*fma)(const float* a, const float* b, const float* c, float* out);
   void (*exp)(const float* x, float* out);
   void (*log_split)(const float* x, float* exponent, float* mantissa_log);

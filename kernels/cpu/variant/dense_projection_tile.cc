@@ -70,9 +70,9 @@ thread_local std::unique_ptr<DenseScratch> dense_scratch;
 // An ExpRow extra: w += scale * e on each vector of exponentials.
 struct AddScaled {
   float* w;
-  float scale;
+  VecF scale;
   void operator()(int64_t i, int64_t count, VecF, VecF e) {
-    StoreAt(w, i, count, Fma(Splat(scale), e, LoadAt(w, i, count, 0.0f)));
+    StoreAt(w, i, count, Fma(scale, e, LoadAt(w, i, count, 0.0f)));
   }
 };
 
@@ -233,10 +233,10 @@ class DenseTile : private TileBase {
               l *= std::exp(static_cast<double>(m) - scan.max);
               m = scan.max;
             }
-            l += bytes ? ExpRow<true>(a, limit, bytes, m, 1.0f, e.data(),
-                                      NoExtra())
+            NoExtra none;
+            l += bytes ? ExpRow<true>(a, limit, bytes, m, 1.0f, e.data(), none)
                        : ExpRow<false>(a, limit, nullptr, m, 1.0f, e.data(),
-                                       NoExtra());
+                                       none);
           }
         }
       }
@@ -278,7 +278,7 @@ class DenseTile : private TileBase {
             }
           }
           // w += P_h, folded into the loop of its exponentials.
-          AddScaled add{w_ + i * L_ + s0, scale[i * H + h]};
+          AddScaled add{w_ + i * L_ + s0, Splat(scale[i * H + h])};
           const float head_shift = shift[i * H + h];
           const double head_mass =
               bytes ? ExpRow<true>(a, limit, bytes, head_shift, 1.0f, e.data(),

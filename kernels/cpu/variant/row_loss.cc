@@ -121,6 +121,7 @@ absl::StatusOr<RowResult> ScannedRowLoss(const IndexerKlProblem& p, int64_t r,
                                          const RowValidity& v,
                                          const ScannedRow& scanned,
                                          float grad_scale, float* grad,
+                                         bool grad_is_output,
                                          RowScratch& scratch) {
   const int64_t b = r / p.T, t = r % p.T;
   const RowTarget& target = scanned.target;
@@ -161,7 +162,8 @@ absl::StatusOr<RowResult> ScannedRowLoss(const IndexerKlProblem& p, int64_t r,
     l = ExpRow<kMasked>(I, v.limit, v.bytes, m, 1.0f, scratch.e(), entropy);
     sum_e_shifted = ReduceSum(entropy.sum);
   } else {
-    l = ExpRow<kMasked>(I, v.limit, v.bytes, m, 1.0f, scratch.e(), NoExtra());
+    NoExtra none;
+    l = ExpRow<kMasked>(I, v.limit, v.bytes, m, 1.0f, scratch.e(), none);
   }
   const double log_z = LogDouble(target.z);
   const double log_l = LogDouble(l);
@@ -193,11 +195,11 @@ absl::StatusOr<RowResult> ScannedRowLoss(const IndexerKlProblem& p, int64_t r,
   if (grad != nullptr) {
     if (exact) {
       ExactGradRow(scratch.e(), target.w, inv_l, inv_z, grad_scale, v.limit,
-                   grad);
+                   grad, grad_is_output);
     } else {
       MaxTextGradRow(scratch.e(), scratch.maxtext_g(), inv_l,
                      static_cast<float>(maxtext.sum_qg), grad_scale, v.limit,
-                     grad);
+                     grad, grad_is_output);
     }
     std::fill(grad + v.limit, grad + p.row_length, 0.0f);
   }
@@ -208,12 +210,13 @@ template <bool kMasked>
 absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
                                   const RowData& data, int64_t r,
                                   const RowValidity& v, float grad_scale,
-                                  float* grad, Prefetcher& next,
-                                  RowScratch& scratch) {
+                                  float* grad, bool grad_is_output,
+                                  Prefetcher& next, RowScratch& scratch) {
   absl::StatusOr<ScannedRow> scanned =
       ScanTargetAndScores<kMasked>(p, data, r, v, next, scratch);
   if (!scanned.ok()) return scanned.status();
-  return ScannedRowLoss<kMasked>(p, r, v, *scanned, grad_scale, grad, scratch);
+  return ScannedRowLoss<kMasked>(p, r, v, *scanned, grad_scale, grad,
+                                 grad_is_output, scratch);
 }
 
 template <bool kMasked>
@@ -224,7 +227,8 @@ absl::StatusOr<RowResult> BuiltTargetLoss(const IndexerKlProblem& p, int64_t r,
                                           float* grad, RowScratch& scratch) {
   Prefetcher none;
   const ScannedRow scanned = ScanBuiltTarget<kMasked>(p, v, target, I, none);
-  return ScannedRowLoss<kMasked>(p, r, v, scanned, grad_scale, grad, scratch);
+  return ScannedRowLoss<kMasked>(p, r, v, scanned, grad_scale, grad,
+                                 /*grad_is_output=*/false, scratch);
 }
 
 }  // namespace
@@ -244,13 +248,13 @@ absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& problem,
                                          const RowData& data, int64_t r,
                                          const RowValidity& validity,
                                          float grad_scale, float* grad,
-                                         Prefetcher& next,
+                                         bool grad_is_output, Prefetcher& next,
                                          RowScratch& scratch) {
   return validity.bytes != nullptr
-             ? RowLoss<true>(problem, data, r, validity, grad_scale, grad, next,
-                             scratch)
+             ? RowLoss<true>(problem, data, r, validity, grad_scale, grad,
+                             grad_is_output, next, scratch)
              : RowLoss<false>(problem, data, r, validity, grad_scale, grad,
-                              next, scratch);
+                              grad_is_output, next, scratch);
 }
 
 }  // namespace klserve::cpu::KLSERVE_ISA

@@ -19,13 +19,16 @@ namespace klserve::cpu::KLSERVE_ISA {
 // finite valid logit) and the scores (NaN or +inf anywhere; a valid row needs
 // a finite score at some valid slot; EXACT needs a finite score wherever
 // p > 0). When `grad` is given it receives grad_scale * dKL/dI on all K slots
-// (0 on invalid slots and for rows without a KL). `next` names the next
-// row's data, fetched into cache while this row computes.
+// (0 on invalid slots and for rows without a KL); `grad_is_output` says it
+// is the response's buffer, which nothing reads again, so that the row is
+// written past the cache. `next` names the next row's data, fetched into
+// cache while this row computes.
 absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& problem,
                                          const RowData& data, int64_t r,
                                          const RowValidity& validity,
                                          float grad_scale, float* grad,
-                                         Prefetcher& next, RowScratch& scratch);
+                                         bool grad_is_output, Prefetcher& next,
+                                         RowScratch& scratch);
 
 // The same from a target already built (w zero on invalid slots, as
 // RowTarget says) and scores already in float, both `problem.row_length`

@@ -44,20 +44,24 @@ inline VecI ValidLanes(const uint8_t* valid, int64_t i, int64_t limit) {
   }
 }
 
-// Pulls the next data into cache, one line of each of one or two arrays per
+// Pulls the next data into cache, one line of each of up to three arrays per
 // Step, while this row computes: memory transfer then overlaps arithmetic
-// instead of following it (bench: dense_agg_fp32 ~1.4x).
+// instead of following it (bench: dense_agg_fp32 ~1.4x; the sparse stage's
+// indices as the third array, sparse_agg_fp32 1.09x with the AVX2 kernels
+// on two cores).
 class Prefetcher {
  public:
   Prefetcher() = default;
-  Prefetcher(const void* a, const void* b, int64_t bytes)
+  Prefetcher(const void* a, const void* b, const void* c, int64_t bytes)
       : a_(static_cast<const char*>(a)),
         b_(static_cast<const char*>(b)),
+        c_(static_cast<const char*>(c)),
         bytes_(bytes) {}
   void Step() {
     if (done_ < bytes_) {
       __builtin_prefetch(a_ + done_, 0, 3);
       if (b_ != nullptr) __builtin_prefetch(b_ + done_, 0, 3);
+      if (c_ != nullptr) __builtin_prefetch(c_ + done_, 0, 3);
       done_ += 64;
     }
   }
@@ -65,6 +69,7 @@ class Prefetcher {
  private:
   const char* a_ = nullptr;
   const char* b_ = nullptr;
+  const char* c_ = nullptr;
   int64_t bytes_ = 0;
   int64_t done_ = 0;
 };
@@ -76,22 +81,24 @@ struct ScanResult {
 };
 
 // Running check of logits or scores: NaN or +inf anywhere, max over valid
-// slots.
+// slots. Each takes one register, whatever the variant (which lane saw what
+// matters to neither): the per-head loop carries one beside its
+// exponentials, and with two registers each the AVX2 variant ran that loop
+// 1.31x slower (the loop alone, its rows in L1, one core).
 struct LogitsCheck {
-  VecI good = SplatI(-1);  // v < +inf fails for NaN and +inf alike
-  VecF max = Splat(-kInf);
+  RegI bad{};  // lanes that saw a NaN or +inf
+  RegF max = Splat(-kInf).part[0];
 
   void Add(VecF v, VecI in) {
-    good &= v < Splat(kInf);
-    const VecF valid_v = Select(in, v, Splat(-kInf));
-    max = Max(max, valid_v);
+    bad |= OrOfParts(NotBelow(v, Splat(kInf)));
+    max = MaxRegister(max, MaxOfParts(Select(in, v, Splat(-kInf))));
   }
   // Every lane valid.
   void Add(VecF v) {
-    good &= v < Splat(kInf);
-    max = Max(max, v);
+    bad |= OrOfParts(NotBelow(v, Splat(kInf)));
+    max = MaxRegister(max, MaxOfParts(v));
   }
-  ScanResult Result() const { return {Any(~good), ReduceMax(max), 0}; }
+  ScanResult Result() const { return {Any(bad), ReduceMax(max), 0}; }
 };
 
 // Checks x[begin, n) into `check`; lanes below `limit` count for the max.
@@ -127,30 +134,51 @@ struct TargetTerms {
 // without them.
 template <bool kSubnormalWeights>
 struct TargetTermsSums {
-  VecD sw{}, swe{}, swm{}, swi{};
+  // Four-lane sums: eight-lane ones took eight of the AVX2 variant's 16
+  // registers, and it spilled them on every vector.
+  QuadD sw{}, swe{}, swm{}, swi{};
 
-  // Returns the lanes where w > 0 meets I = -inf, and, without
-  // kSubnormalWeights, those where w is subnormal (its parts are then wrong).
-  VecI Add(VecF w, VecF I) {
-    const VecI minus_inf = I == Splat(-kInf);
-    // w = 0 lanes: the log parts are finite, so w * part is 0; I may be -inf
-    // there and must not meet 0 * -inf.
+  // w zero on invalid slots; finite_i the scores with -inf read as 0, so
+  // that no 0 * -inf meets the sums (a w = 0 lane's log parts are finite,
+  // and its products 0). Lanes j and j + 8 are summed first, each pair of
+  // exact products in one rounding (AddExactProduct), then folded to four.
+  void Add(VecF w, VecF finite_i) {
     const LogParts parts = kSubnormalWeights ? LogSplit(w) : LogSplitNormal(w);
-    const VecF finite_i = Select(minus_inf, Splat(0.0f), I);
-    const VecD w_lo = WidenLow(w), w_hi = WidenHigh(w);
-    sw += w_lo + w_hi;
-    swe += w_lo * WidenLow(parts.exponent) + w_hi * WidenHigh(parts.exponent);
-    swm += w_lo * WidenLow(parts.mantissa_log) +
-           w_hi * WidenHigh(parts.mantissa_log);
-    swi += w_lo * WidenLow(finite_i) + w_hi * WidenHigh(finite_i);
-    const VecI positive = w > Splat(0.0f);
-    if constexpr (kSubnormalWeights) return positive & minus_inf;
-    return positive & (minus_inf | (w < Splat(kFloatMin)));
+    // The four float vectors go through memory to their conversion to
+    // double (WidenFrom): the empty asm tells the compiler that the stores
+    // are read there, so that it cannot take the values back from the
+    // registers with a shuffle per half (bench, AVX2 on one core:
+    // dense_agg_fp32 1.15x).
+    alignas(64) float lanes[4][kLanes];
+    Store(lanes[0], w);
+    Store(lanes[1], parts.exponent);
+    Store(lanes[2], parts.mantissa_log);
+    Store(lanes[3], finite_i);
+    asm("" : "+m"(lanes));
+    const VecD w_lo = WidenFrom<0>(lanes[0]);
+    const VecD w_hi = WidenFrom<kLanes / 2>(lanes[0]);
+    const auto dot = [&](const float* x) {
+      return FoldToQuad(AddExactProduct(w_lo * WidenFrom<0>(x), w_hi,
+                                        WidenFrom<kLanes / 2>(x)));
+    };
+    sw += FoldToQuad(w_lo + w_hi);
+    swe += dot(lanes[1]);
+    swm += dot(lanes[2]);
+    swi += dot(lanes[3]);
   }
   TargetTerms Result() const {
     return {ReduceSum(sw), ReduceSum(swe), ReduceSum(swm), ReduceSum(swi)};
   }
 };
+
+// -1 where w is neither 0 nor a normal, positive, finite float: NaN,
+// negative, +inf or subnormal. Read off the bits: w + 0x7f800000 wraps the
+// normal positive floats, [0x00800000, 0x7f7fffff], onto the lowest signed
+// ints, [INT_MIN, -0x01000001], and every other pattern above them.
+inline VecI UnusualWeight(VecF w) {
+  const VecI shifted = std::bit_cast<VecI>(w) + 0x7f800000;
+  return (shifted > -0x01000001) & ~(w == Splat(0.0f));
+}
 
 // The one streaming pass over a row's scores I, together with its target:
 // checks I and takes its max over valid slots, and sums the target terms.
@@ -187,29 +215,36 @@ bool FindRareValues(const float* w, const float* I, int64_t n, int64_t limit,
 template <bool kMasked, bool kRawWeights, bool kSubnormalWeights = false>
 RowScan ScanRow(const float* w, const float* I, int64_t n, int64_t limit,
                 const uint8_t* valid, float* masked_copy, Prefetcher& next) {
-  VecF max = Splat(-kInf);
-  // Lanes that saw a NaN or +inf score, a bad weight, mass on -inf, or a
-  // subnormal weight.
-  VecI rare{};
+  // The running max and the rare lanes (a NaN or +inf score, an unusual
+  // weight, mass on -inf) each take one register, whatever the variant:
+  // which lane saw what does not matter, and the AVX2 variant's 16
+  // registers must also hold the four double sums.
+  RegF max = Splat(-kInf).part[0];
+  RegI rare{};
   TargetTermsSums<kSubnormalWeights> terms;
+  // In a local: a reference's fields would be stored back on every vector.
+  Prefetcher prefetch = next;
   for (int64_t i = 0; i < n; i += kLanes) {
-    next.Step();
+    prefetch.Step();
     const int64_t count = LanesAt(i, n);
     const VecF iv = LoadAt(I, i, count, 0.0f);
-    rare |= ~(iv < Splat(kInf));  // fails for NaN and +inf alike
+    VecI found = NotBelow(iv, Splat(kInf));  // NaN or +inf
     VecF raw;
     if constexpr (kRawWeights) {
       raw = LoadAt(w, i, count, 0.0f);
-      rare |= ~(raw >= Splat(0.0f)) | (raw == Splat(kInf));
+      found |= UnusualWeight(raw);
     }
-    if (i >= limit) continue;
+    if (i >= limit) {
+      rare |= OrOfParts(found);
+      continue;
+    }
     VecF wv;
     if (!kMasked && i + kLanes <= limit) {  // every lane valid
-      max = Max(max, iv);
+      max = MaxRegister(max, MaxOfParts(iv));
       wv = kRawWeights ? raw : Load(w + i);
     } else {
       const VecI in = ValidLanes<kMasked>(valid, i, limit);
-      max = Max(max, Select(in, iv, Splat(-kInf)));
+      max = MaxRegister(max, MaxOfParts(Select(in, iv, Splat(-kInf))));
       // Without kRawWeights, w is defined below the limit only; the lanes
       // past it read as 0.
       wv = kRawWeights ? Select(in, raw, Splat(0.0f))
@@ -218,8 +253,19 @@ RowScan ScanRow(const float* w, const float* I, int64_t n, int64_t limit,
     if (kRawWeights && masked_copy != nullptr) {
       StoreAt(masked_copy, i, LanesAt(i, limit), wv);
     }
-    rare |= terms.Add(wv, iv);
+    // Target mass on a -inf score; and a built target's weights (>= 0 by
+    // construction) may be subnormal, where raw ones were classified above,
+    // wherever they sit.
+    const VecI minus_inf = iv == Splat(-kInf);
+    if constexpr (kRawWeights) {
+      found |= minus_inf & ~(wv == Splat(0.0f));
+    } else {
+      found |= (minus_inf & ~(wv == Splat(0.0f))) | UnusualWeight(wv);
+    }
+    rare |= OrOfParts(found);
+    terms.Add(wv, Select(minus_inf, Splat(0.0f), iv));
   }
+  next = prefetch;
   RowScan scan;
   scan.scores.max = ReduceMax(max);
   scan.terms = terms.Result();
@@ -240,48 +286,75 @@ RowScan ScanRow(const float* w, const float* I, int64_t n, int64_t limit,
 }
 
 // e[s] = exp(mul * (x[s] - shift)) on valid slots and 0 on invalid ones, for
-// s < limit; returns sum(e). `extra(i, count, d, e)` runs on each vector (d
-// the exponent, e its exp, count < kLanes only for the last), so that callers
-// can fold more work into the loop. The hottest loop of the per-head path:
-// whole vectors skip the limit mask, and sums run in float lanes for blocks
-// of kBlock vectors before each block is added in double (bench:
-// dense_perhead_fp32 ~1.3x).
-template <bool kMasked, typename Extra>
-double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
-              float mul, float* e, Extra&& extra) {
+// s < limit, with mul > 0 and x[s] <= shift on valid slots; returns sum(e).
+// `extra(i, count, d, e)` runs on each vector (d the exponent, e its exp,
+// count < kLanes only for the last), so that callers can fold more work
+// into the pass. The hottest loop of the per-head path: whole vectors skip
+// the limit mask, and sums run in float lanes for blocks of kBlock vectors
+// before each block is added in double (bench: dense_perhead_fp32 ~1.3x).
+// Its exponents are never above 0, so Exp needs no cap, and with mul = 1
+// (the indexer's softmax, and logits sent scaled) no product either
+// (together, AVX2 on one core: dense_perhead_fp32 1.14x).
+template <bool kMasked, bool kScaled, typename Extra>
+double ExpRowOf(const float* x, int64_t limit, const uint8_t* valid,
+                float shift, float mul, float* e, Extra& caller_extra) {
   constexpr int64_t kBlock = 8;
+  // The extra's state in a local of this function, copied back at the end:
+  // the stores to e (and an extra's own) could otherwise alias it, and the
+  // loop would load and store it on every vector.
+  Extra extra = caller_extra;
   // mul * (x - shift), not mul * x - mul * shift: exactly 0 at the maximum
   // and never above it, whatever the magnitudes (with logits near -1e30 the
-  // rounding of mul * shift alone would overflow exp).
+  // rounding of mul * shift alone would overflow exp). Without kScaled mul
+  // is 1, and the product, which would change no bit, is left out.
   const VecF vmul = Splat(mul);
   const VecF vshift = Splat(shift);
+  const auto exponent = [&](VecF xv) {
+    return kScaled ? vmul * (xv - vshift) : xv - vshift;
+  };
+  const auto exponent_at = [&](int64_t i) {
+    const VecF d = exponent(Load(x + i));
+    return kMasked ? Select(LoadValid(valid + i), d, Splat(-kInf)) : d;
+  };
   VecD sum{};
-  VecF block{};
   int64_t i = 0;
-  for (int64_t n = 0; i + kLanes <= limit; i += kLanes, ++n) {
-    VecF d = vmul * (Load(x + i) - vshift);
-    if constexpr (kMasked) d = Select(LoadValid(valid + i), d, Splat(-kInf));
+  // One whole vector at i, its exponentials added to `block`.
+  const auto whole = [&](int64_t i, VecF& block) {
+    const VecF d = exponent_at(i);
     const VecF ev = Exp(d);
     Store(e + i, ev);
     extra(i, kLanes, d, ev);
     block += ev;
-    if (n % kBlock == kBlock - 1) {
-      sum += WideSum(block);
-      block = VecF{};
-    }
+  };
+  // Whole blocks as a loop of fixed length, with no test per vector for the
+  // block's end.
+  for (; i + kBlock * kLanes <= limit; i += kBlock * kLanes) {
+    VecF block{};
+    for (int64_t k = 0; k < kBlock; ++k) whole(i + k * kLanes, block);
+    sum += WideSum(block);
   }
+  VecF block{};
+  for (; i + kLanes <= limit; i += kLanes) whole(i, block);
   if (i < limit) {
     const int64_t count = limit - i;
-    const VecF d =
-        Select(ValidLanes<kMasked>(valid, i, limit),
-               vmul * (LoadPart(x + i, count, 0.0f) - vshift), Splat(-kInf));
+    const VecF d = Select(ValidLanes<kMasked>(valid, i, limit),
+                          exponent(LoadPart(x + i, count, 0.0f)), Splat(-kInf));
     const VecF ev = Exp(d);
     StorePart(e + i, ev, count);
     extra(i, count, d, ev);
     block += ev;
   }
   sum += WideSum(block);
+  caller_extra = extra;
   return ReduceSum(sum);
+}
+
+template <bool kMasked, typename Extra>
+double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
+              float mul, float* e, Extra& extra) {
+  return mul == 1.0f
+             ? ExpRowOf<kMasked, false>(x, limit, valid, shift, mul, e, extra)
+             : ExpRowOf<kMasked, true>(x, limit, valid, shift, mul, e, extra);
 }
 
 // ExpRow extras.
@@ -331,76 +404,100 @@ struct ScanNextHead {
   }
 };
 
-// w = a * e_prev (first) or w += a * e_prev: the previous head's softmax
-// folded into this head's loop rather than a pass of its own.
+// w += a * e_prev: the previous head's softmax folded into this head's loop
+// rather than a pass of its own.
 struct AccumulatePreviousHead {
   float* w;
   const float* e_prev;
-  float a;
-  bool first;
+  VecF a;
 
   void operator()(int64_t i, int64_t count, VecF, VecF) {
-    const VecF x = LoadAt(e_prev, i, count, 0.0f);
     StoreAt(w, i, count,
-            first ? Splat(a) * x : Fma(Splat(a), x, LoadAt(w, i, count, 0.0f)));
+            Fma(a, LoadAt(e_prev, i, count, 0.0f), LoadAt(w, i, count, 0.0f)));
+  }
+};
+
+// w = 0, in the first head's loop, where no previous head is to add.
+struct ZeroRow {
+  float* w;
+
+  void operator()(int64_t i, int64_t count, VecF, VecF) {
+    StoreAt(w, i, count, VecF{});
   }
 };
 
 template <typename A, typename B>
 struct BothExtras {
-  A& a;
-  B& b;
+  A a;
+  B b;
   void operator()(int64_t i, int64_t count, VecF d, VecF e) {
     a(i, count, d, e);
     b(i, count, d, e);
   }
 };
 
-// w = a * e (first head) or w += a * e, for s < limit.
-inline void AccumulateHead(float* w, const float* e, float a, int64_t limit,
-                           bool first) {
-  AccumulatePreviousHead accumulate{w, e, a, first};
+// w += a * e, for s < limit.
+inline void AccumulateHead(float* w, const float* e, float a, int64_t limit) {
+  AccumulatePreviousHead accumulate{w, e, Splat(a)};
   for (int64_t i = 0; i < limit; i += kLanes) {
     accumulate(i, LanesAt(i, limit), VecF{}, VecF{});
   }
 }
 
-// EXACT gradient on slots s < limit: scale * (e / L - w / Z). Whole
-// vector-aligned blocks of g are written with streaming stores (the row is
-// not read again, and the destination lines need not be fetched first);
-// the unaligned head and the tail with ordinary ones.
-inline void ExactGradRow(const float* e, const float* w, float inv_l,
-                         float inv_z, float scale, int64_t limit, float* g) {
-  const VecF vl = Splat(inv_l), vz = Splat(inv_z), vs = Splat(scale);
-  const auto grad_at = [&](int64_t i, int64_t count) {
-    return vs *
-           (LoadAt(e, i, count, 0.0f) * vl - LoadAt(w, i, count, 0.0f) * vz);
-  };
+// g[s] = value(s, count) for the vectors of slots s < limit. With `stream`
+// (g is the response's buffer, which nothing reads again) whole
+// vector-aligned blocks of g go past the cache with streaming stores, so
+// that the destination lines need not be fetched first, and the unaligned
+// head and the tail with ordinary ones; with ordinary stores throughout,
+// the MAXTEXT gradient spent a quarter of its time fetching the lines it
+// was about to overwrite (streaming: dense_agg_fp32_maxtext 1.16x). Without it
+// (a buffer the caller reads next: a 16-bit conversion, the projections form's
+// tile) every store is ordinary.
+template <typename Value>
+void StreamRow(float* g, int64_t limit, bool stream, Value&& value) {
   const uintptr_t misalign = reinterpret_cast<uintptr_t>(g) % sizeof(VecF);
   int64_t i = 0;
-  if (misalign % sizeof(float) == 0) {
+  if (stream && misalign % sizeof(float) == 0) {
     const int64_t head = std::min<int64_t>(
         limit, misalign == 0 ? 0 : (sizeof(VecF) - misalign) / sizeof(float));
-    if (head > 0) StorePart(g, grad_at(0, head), head);
+    if (head > 0) StorePart(g, value(0, head), head);
     for (i = head; i + kLanes <= limit; i += kLanes) {
-      StoreStream(g + i, grad_at(i, kLanes));
+      StoreStream(g + i, value(i, kLanes));
     }
   }
   for (; i < limit; i += kLanes) {
     const int64_t count = LanesAt(i, limit);
-    StoreAt(g, i, count, grad_at(i, count));
+    StoreAt(g, i, count, value(i, count));
   }
+}
+
+// EXACT gradient on slots s < limit: scale * (e / L - w / Z), the
+// difference in one FMA, streamed as StreamRow says. The scale comes last:
+// scale / Z alone can overflow where scale * (w / Z) does not.
+inline void ExactGradRow(const float* e, const float* w, float inv_l,
+                         float inv_z, float scale, int64_t limit, float* g,
+                         bool stream) {
+  const VecF vl = Splat(inv_l), vz = Splat(inv_z), vs = Splat(scale);
+  StreamRow(g, limit, stream, [&](int64_t i, int64_t count) {
+    return vs * Fma(LoadAt(e, i, count, 0.0f), vl,
+                    -(LoadAt(w, i, count, 0.0f) * vz));
+  });
 }
 
 // MaxText's KL with its epsilon, and sum(q * g) with g = -p / (q + eps),
 // where p = w / Z and q = e / L; g goes to `g_out`, for the gradient pass.
-// The logs' arguments are at least eps, so they take the normal-only split.
+// Per slot one division and one log: with r = 1 / (q + eps), g = -p r and
+// log(p + eps) - log(q + eps) = log((p + eps) r), in place of two logs
+// (bench, AVX2 on one core: dense_agg_fp32_maxtext 1.07-1.19x).
+// The log's argument lies in [eps / (1 + eps), (1 + eps) / eps], so it takes
+// the normal-only split.
 struct MaxTextTerms {
   double kl = 0;
   double sum_qg = 0;
 };
 
-inline VecF LogAtLeastEps(VecF x) {
+// log(x) in float, for a normal x > 0.
+inline VecF LogOfNormal(VecF x) {
   const LogParts parts = LogSplitNormal(x);
   return parts.exponent * Splat(0.693359375f) +
          (parts.mantissa_log + parts.exponent * Splat(-2.12194440e-4f));
@@ -410,12 +507,14 @@ inline MaxTextTerms MaxTextTermsRow(const float* e, const float* w, float inv_l,
                                     float inv_z, int64_t limit, float* g_out) {
   VecD kl{}, qg{};
   const VecF eps = Splat(kMaxTextEpsilon);
+  const VecF vl = Splat(inv_l), vz = Splat(inv_z);
   for (int64_t i = 0; i < limit; i += kLanes) {
     const int64_t count = LanesAt(i, limit);
-    const VecF q = LoadAt(e, i, count, 0.0f) * Splat(inv_l);
-    const VecF p = LoadAt(w, i, count, 0.0f) * Splat(inv_z);
-    kl += WideSum(p * (LogAtLeastEps(p + eps) - LogAtLeastEps(q + eps)));
-    const VecF g = -p / (q + eps);
+    const VecF q = LoadAt(e, i, count, 0.0f) * vl;
+    const VecF p = LoadAt(w, i, count, 0.0f) * vz;
+    const VecF r = Splat(1.0f) / (q + eps);
+    kl += WideSum(p * LogOfNormal((p + eps) * r));
+    const VecF g = -p * r;
     StoreAt(g_out, i, count, g);
     qg += WideSum(q * g);
   }
@@ -423,16 +522,15 @@ inline MaxTextTerms MaxTextTermsRow(const float* e, const float* w, float inv_l,
 }
 
 // MAXTEXT gradient on slots s < limit: scale * q * (g - sum_qg), with g as
-// MaxTextTermsRow left it.
+// MaxTextTermsRow left it, streamed as StreamRow says.
 inline void MaxTextGradRow(const float* e, const float* g, float inv_l,
                            float sum_qg, float scale, int64_t limit,
-                           float* grad) {
-  for (int64_t i = 0; i < limit; i += kLanes) {
-    const int64_t count = LanesAt(i, limit);
-    const VecF q = LoadAt(e, i, count, 0.0f) * Splat(inv_l);
-    StoreAt(grad, i, count,
-            Splat(scale) * q * (LoadAt(g, i, count, 0.0f) - Splat(sum_qg)));
-  }
+                           float* grad, bool stream) {
+  const VecF vl = Splat(inv_l), vqg = Splat(sum_qg), vs = Splat(scale);
+  StreamRow(grad, limit, stream, [&](int64_t i, int64_t count) {
+    const VecF q = LoadAt(e, i, count, 0.0f) * vl;
+    return vs * q * (LoadAt(g, i, count, 0.0f) - vqg);
+  });
 }
 
 }  // namespace klserve::cpu::KLSERVE_ISA

@@ -53,17 +53,21 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
           h + 2 < p.H
               ? reinterpret_cast<const float*>(data.target.Row(r, p.T, h + 2))
               : checked;
-      ScanNextHead<kMasked> scan_next(checked, ahead, v.bytes);
-      // Head 0 zeroes w (0 * its own, finite, exponentials).
-      AccumulatePreviousHead accumulate{scratch.w(), h == 0 ? e : e_prev,
-                                        a_prev, h == 0};
-      BothExtras<ScanNextHead<kMasked>, AccumulatePreviousHead> extras{
-          scan_next, accumulate};
-      const double sum =
-          ExpRow<kMasked>(x, v.limit, v.bytes, scan.max, scale, e, extras);
-      ScanLogitsRange<kMasked>(checked, scan_next.scanned, p.row_length,
-                               v.limit, v.bytes, scan_next.check);
-      scan = scan_next.check.Result();
+      // Head 0 zeroes w; each later head adds the previous one's.
+      const auto exp_row = [&](auto fold) {
+        BothExtras<ScanNextHead<kMasked>, decltype(fold)> extras{
+            ScanNextHead<kMasked>(checked, ahead, v.bytes), fold};
+        const double sum =
+            ExpRow<kMasked>(x, v.limit, v.bytes, scan.max, scale, e, extras);
+        ScanNextHead<kMasked>& scanned = extras.a;
+        ScanLogitsRange<kMasked>(checked, scanned.scanned, p.row_length,
+                                 v.limit, v.bytes, scanned.check);
+        scan = scanned.check.Result();
+        return sum;
+      };
+      const double sum = h == 0 ? exp_row(ZeroRow{scratch.w()})
+                                : exp_row(AccumulatePreviousHead{
+                                      scratch.w(), e_prev, Splat(a_prev)});
       a_prev = static_cast<float>(1.0 / sum);
       std::swap(e, e_prev);
     }
@@ -73,7 +77,7 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
   // w accumulates sum_h P_h, P_h = softmax(scale * x) over valid slots; the
   // last head is still to add.
   if (v.count > 0) {
-    AccumulateHead(scratch.w(), e_prev, a_prev, v.limit, /*first=*/false);
+    AccumulateHead(scratch.w(), e_prev, a_prev, v.limit);
   }
   RowTarget target;
   target.w = scratch.w();

@@ -24,11 +24,16 @@ std::byte* GradRow(const BlockOutputs& out, int64_t r, int64_t T) {
   return out.grad + offset * DTypeSize(out.grad_dtype);
 }
 
-// Row r + 1's target and scores, to be fetched while row r computes.
+// Row r + 1's target, scores and indices, to be fetched while row r
+// computes.
 Prefetcher NextRow(const IndexerKlProblem& p, const RowData& data, int64_t r) {
-  return Prefetcher(data.target.Row(r + 1, p.T), data.scores.Row(r + 1, p.T),
-                    p.row_length * std::max(DTypeSize(data.target.dtype),
-                                            DTypeSize(data.scores.dtype)));
+  const bool sparse = data.indices.present();
+  return Prefetcher(
+      data.target.Row(r + 1, p.T), data.scores.Row(r + 1, p.T),
+      sparse ? data.indices.Row(r + 1, p.T) : nullptr,
+      p.row_length *
+          std::max({DTypeSize(data.target.dtype), DTypeSize(data.scores.dtype),
+                    sparse ? DTypeSize(DType::kInt32) : int64_t{0}}));
 }
 
 absl::StatusOr<RowResult> ComputeRow(const IndexerKlProblem& p,
@@ -46,9 +51,9 @@ absl::StatusOr<RowResult> ComputeRow(const IndexerKlProblem& p,
                ? reinterpret_cast<float*>(grad_out)
                : scratch.grad();
   }
-  absl::StatusOr<RowResult> result =
-      ComputeRowLoss(p, data, r, *validity, static_cast<float>(out.grad_scale),
-                     grad, next, scratch);
+  absl::StatusOr<RowResult> result = ComputeRowLoss(
+      p, data, r, *validity, static_cast<float>(out.grad_scale), grad,
+      grad == reinterpret_cast<float*>(grad_out), next, scratch);
   if (!result.ok()) return result;
   if (grad_out != nullptr) {
     if (!counts) {
@@ -89,8 +94,11 @@ void ExpArray(const float* in, float* out, int64_t n) {
 }  // namespace
 
 extern const IsaKernels kIsaKernels;
-const IsaKernels kIsaKernels = {Isa::KLSERVE_ISA_ENUM, &ComputeRows, &ExpArray,
-                                &ComputeProjectionTile, &ReleaseProjectionScratch,
-                                 &CountRowsWithKeys};
+const IsaKernels kIsaKernels = {Isa::KLSERVE_ISA_ENUM,
+                                &ComputeRows,
+                                &ExpArray,
+                                &ComputeProjectionTile,
+                                &ReleaseProjectionScratch,
+                                &CountRowsWithKeys};
 
 }  // namespace klserve::cpu::KLSERVE_ISA

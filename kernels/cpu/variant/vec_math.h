@@ -40,11 +40,21 @@ static_assert(kLanes == 16 && VecD::kSize == kLanes / 2);
 
 inline constexpr float kInf = std::numeric_limits<float>::infinity();
 
+// v in every lane: a broadcast. Not RegF{} + v, which GCC computes as an
+// addition (0 + -0 is +0, so it may not fold it) on every use.
+template <typename R, typename Lane, size_t... L>
+inline R Broadcast(Lane v, std::index_sequence<L...>) {
+  return R{(static_cast<void>(L), v)...};
+}
 inline VecF Splat(float v) {
-  return EachPart([&](size_t) { return RegF{} + v; });
+  return EachPart([&](size_t) {
+    return Broadcast<RegF>(v, std::make_index_sequence<VecF::kPartLanes>{});
+  });
 }
 inline VecI SplatI(int32_t v) {
-  return EachPart([&](size_t) { return RegI{} + v; });
+  return EachPart([&](size_t) {
+    return Broadcast<RegI>(v, std::make_index_sequence<VecI::kPartLanes>{});
+  });
 }
 
 typedef float RegFu __attribute__((vector_size(kRegisterBytes), aligned(4)));
@@ -111,8 +121,66 @@ inline VecI LanesBelow(int64_t i, int64_t limit) {
   return iota < r;
 }
 
-inline VecF Max(VecF a, VecF b) { return Select(a > b, a, b); }
-inline VecF Min(VecF a, VecF b) { return Select(a < b, a, b); }
+// a > b ? a : b and a < b ? a : b, lane by lane: b where either is NaN, as
+// maxps and minps define it, so one instruction per register in every
+// variant (GCC emitted a compare and a blend for the Select). The AVX-512
+// forms are the masked ones with every lane set: GCC 12 warns that the
+// unmasked ones read an uninitialised vector.
+inline RegF MaxRegister(RegF a, RegF b) {
+#if defined(__AVX512F__)
+  return _mm512_mask_max_ps(a, 0xffff, a, b);
+#elif defined(__AVX__)
+  return _mm256_max_ps(a, b);
+#else
+  return _mm_max_ps(a, b);
+#endif
+}
+inline RegF MinRegister(RegF a, RegF b) {
+#if defined(__AVX512F__)
+  return _mm512_mask_min_ps(a, 0xffff, a, b);
+#elif defined(__AVX__)
+  return _mm256_min_ps(a, b);
+#else
+  return _mm_min_ps(a, b);
+#endif
+}
+inline VecF Max(VecF a, VecF b) {
+  return EachPart([&](size_t p) { return MaxRegister(a.part[p], b.part[p]); });
+}
+inline VecF Min(VecF a, VecF b) {
+  return EachPart([&](size_t p) { return MinRegister(a.part[p], b.part[p]); });
+}
+
+// The max of v's parts, lane by lane, in one register: a running max that
+// takes one register whatever the variant, where the lanes' order does not
+// matter (the maximum of a set is the same whichever way it is taken).
+inline RegF MaxOfParts(VecF v) {
+  RegF m = v.part[0];
+  for (int p = 1; p < kParts; ++p) m = MaxRegister(m, v.part[p]);
+  return m;
+}
+// The OR of a mask's parts, for a running "any lane" in one register.
+inline RegI OrOfParts(VecI v) {
+  RegI m = v.part[0];
+  for (int p = 1; p < kParts; ++p) m |= v.part[p];
+  return m;
+}
+
+// -1 where !(a < b): a >= b, or either is NaN. One compare (the unordered
+// "not less than" predicate), where ~(a < b) took two.
+inline VecI NotBelow(VecF a, VecF b) {
+  return EachPart([&](size_t p) -> RegI {
+#if defined(__AVX512F__)
+    return std::bit_cast<RegI>(_mm512_movm_epi32(
+        _mm512_cmp_ps_mask(a.part[p], b.part[p], _CMP_NLT_UQ)));
+#elif defined(__AVX__)
+    return std::bit_cast<RegI>(
+        _mm256_cmp_ps(a.part[p], b.part[p], _CMP_NLT_UQ));
+#else
+    return std::bit_cast<RegI>(_mm_cmpnlt_ps(a.part[p], b.part[p]));
+#endif
+  });
+}
 
 // Lanes [offset, offset + 8) of v in double. Each double register takes one
 // half of a float register; the intrinsics name the one instruction per half
@@ -135,6 +203,41 @@ inline VecD Widen(VecF v) {
 }
 inline VecD WidenLow(VecF v) { return Widen<0>(v); }
 inline VecD WidenHigh(VecF v) { return Widen<kLanes / 2>(v); }
+
+// p[offset, offset + 8) in double, converted as it is loaded: no shuffle to
+// take a register's upper half, which in the AVX2 variant is one more
+// instruction per half and, on Intel, shares its port with the conversion.
+// p aligned to 32 bytes.
+template <int kOffset>
+inline VecD WidenFrom(const float* p) {
+  return EachPart([&](auto j) -> RegD {
+    const float* at = p + kOffset + decltype(j)::value * VecD::kPartLanes;
+#if defined(__AVX512F__)
+    return _mm512_maskz_cvtps_pd(0xff, _mm256_load_ps(at));
+#elif defined(__AVX__)
+    return _mm256_cvtps_pd(_mm_load_ps(at));
+#else
+    return _mm_cvtps_pd(
+        _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(at))));
+#endif
+  });
+}
+
+// acc + a * b, where the product is exact in double (a and b widened from
+// floats: at most 48 significant bits): one FMA where the variant has one,
+// a multiply and an add in the baseline. With the product exact, both
+// round once, at the sum, and give the same bits.
+inline VecD AddExactProduct(VecD acc, VecD a, VecD b) {
+  return EachPart([&](size_t p) -> RegD {
+#if defined(__AVX512F__)
+    return _mm512_fmadd_pd(a.part[p], b.part[p], acc.part[p]);
+#elif defined(__FMA__)
+    return _mm256_fmadd_pd(a.part[p], b.part[p], acc.part[p]);
+#else
+    return a.part[p] * b.part[p] + acc.part[p];
+#endif
+  });
+}
 
 #if !defined(__FMA__)
 // The baseline has no FMA instruction, so it rounds a * b + c once the way
@@ -194,10 +297,16 @@ inline bool Any(VecI mask) {
   for (int l = 0; l < kLanes; ++l) acc |= mask[l];
   return acc != 0;
 }
+inline bool Any(RegI mask) {
+  int32_t acc = 0;
+  for (int l = 0; l < VecI::kPartLanes; ++l) acc |= mask[l];
+  return acc != 0;
+}
 
-inline float ReduceMax(VecF v) {
+// The largest lane of a running max (OrOfParts's counterpart MaxOfParts).
+inline float ReduceMax(RegF v) {
   float m = v[0];
-  for (int l = 1; l < kLanes; ++l) m = v[l] > m ? v[l] : m;
+  for (int l = 1; l < VecF::kPartLanes; ++l) m = v[l] > m ? v[l] : m;
   return m;
 }
 
@@ -214,23 +323,46 @@ inline VecD WideDot(VecF a, VecF b) {
   return WidenLow(a) * WidenLow(b) + WidenHigh(a) * WidenHigh(b);
 }
 
-// exp(x). Inputs below ln(FLT_MIN) give 0 (no denormals), -inf gives 0.
-// x = n ln2 + r with |r| <= ln2/2; exp(r) by its degree-7 Taylor polynomial
-// (truncation error below 1e-8 relative), 2^n through the exponent bits.
+// Four doubles: a running sum that takes one register in the AVX2 and
+// AVX-512 variants (two in the baseline), where an 8-lane VecD takes two
+// in AVX2, whose 16 registers a loop with several sums must share.
+using QuadD = double __attribute__((vector_size(32)));
+
+// Lanes [0, 4) of v plus lanes [4, 8).
+inline QuadD FoldToQuad(VecD v) {
+#if defined(__AVX512F__)
+  return __builtin_shufflevector(v.part[0], v.part[0], 0, 1, 2, 3) +
+         __builtin_shufflevector(v.part[0], v.part[0], 4, 5, 6, 7);
+#elif defined(__AVX__)
+  return v.part[0] + v.part[1];
+#else
+  return __builtin_shufflevector(v.part[0] + v.part[2], v.part[1] + v.part[3],
+                                 0, 1, 2, 3);
+#endif
+}
+
+inline double ReduceSum(QuadD v) { return ((v[0] + v[1]) + v[2]) + v[3]; }
+
+// exp(x) for x <= 88: a softmax's x - max <= 0 needs no cap, which cost an
+// instruction per register; a caller with larger x caps it (Min). Inputs
+// below ln(FLT_MIN) give 0 (no denormals), -inf gives 0.
+// x = n ln2 + r with |r| <= ln2/2; exp(r) = 1 + r + r^2 Q(r), Q of degree
+// 4 fitted for the least maximum relative error in float64 (3.1e-9; the
+// degree-7 Taylor polynomial it replaced, 5e-9 with one step more); 2^n
+// through the exponent bits. Evaluated in float: 1.28 ulp at worst over a
+// sweep of [-87.3, 0] (the Taylor form: 1.30).
 inline VecF Exp(VecF x) {
-  const VecF xc = Min(x, Splat(88.0f));
   const VecF shifter = Splat(12582912.0f);  // 1.5 * 2^23 rounds to integer
-  const VecF t = Fma(xc, Splat(1.44269504088896341f), shifter);
+  const VecF t = Fma(x, Splat(1.44269504088896341f), shifter);
   const VecF n = t - shifter;
   const VecI ni = std::bit_cast<VecI>(t) - 0x4b400000;
-  VecF r = Fma(n, Splat(-0.693359375f), xc);
+  VecF r = Fma(n, Splat(-0.693359375f), x);
   r = Fma(n, Splat(2.12194440e-4f), r);
-  VecF p = Splat(1.0f / 5040);
-  p = Fma(p, r, Splat(1.0f / 720));
-  p = Fma(p, r, Splat(1.0f / 120));
-  p = Fma(p, r, Splat(1.0f / 24));
-  p = Fma(p, r, Splat(1.0f / 6));
-  p = Fma(p, r, Splat(0.5f));
+  VecF p = Splat(0.0013814496342092752f);
+  p = Fma(p, r, Splat(0.008368694223463535f));
+  p = Fma(p, r, Splat(0.04166838899254799f));
+  p = Fma(p, r, Splat(0.1666652113199234f));
+  p = Fma(p, r, Splat(0.4999999403953552f));
   p = Fma(p, r, Splat(1.0f));
   p = Fma(p, r, Splat(1.0f));
   const VecI bits = (ni + 127) << 23;
@@ -259,17 +391,18 @@ inline LogParts LogSplitNormal(VecF x) {
   const VecI e = std::bit_cast<VecI>(bits - 0x3f3504f3u) >> 23;
   const VecF f =
       std::bit_cast<VecF>(bits - (std::bit_cast<VecU>(e) << 23)) - Splat(1.0f);
-  // log(1+f) = f - f^2/2 + f^3 P(f), f in [-0.293, 0.414); P fitted by least
-  // squares in float64 (max error 2.7e-9 on the interval).
-  VecF p = Splat(0.07149679213762283f);
-  p = Fma(p, f, Splat(-0.11571265757083893f));
-  p = Fma(p, f, Splat(0.11661573499441147f));
-  p = Fma(p, f, Splat(-0.12411043792963028f));
-  p = Fma(p, f, Splat(0.14249928295612335f));
-  p = Fma(p, f, Splat(-0.1666848063468933f));
-  p = Fma(p, f, Splat(0.20000708103179932f));
-  p = Fma(p, f, Splat(-0.24999989569187164f));
-  p = Fma(p, f, Splat(0.3333333134651184f));
+  // log(1+f) = f - f^2/2 + f^3 P(f), f in [-0.293, 0.414); P of degree 6
+  // fitted for the least maximum error in float64 (7e-9 on the interval).
+  // Evaluated in float, 2.7e-8 at worst over a sweep of the normal floats,
+  // where the degree-8 P it replaced gave 2.1e-8: the float rounding
+  // dominates either way, and about one ulp of |log(1+f)| <= 0.35 is 3e-8.
+  VecF p = Splat(0.08670959621667862f);
+  p = Fma(p, f, Splat(-0.14377671480178833f));
+  p = Fma(p, f, Splat(0.14977824687957764f));
+  p = Fma(p, f, Splat(-0.16564588248729706f));
+  p = Fma(p, f, Splat(0.19954907894134521f));
+  p = Fma(p, f, Splat(-0.2500169277191162f));
+  p = Fma(p, f, Splat(0.33334165811538696f));
   const VecF f2 = f * f;
   return {Convert<RegF>(e), Fma(f2, Fma(f, p, Splat(-0.5f)), f)};
 }
