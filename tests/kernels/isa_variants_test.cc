@@ -204,7 +204,7 @@ TEST(IsaVariants, ExpAndLogGiveTheSameBits) {
   const Out first = run(ProbeFor(isas[0]));
   for (size_t i = 0; i < x.size(); ++i) {
     const double e = std::exp(double{x[i]});
-    if (e > 1e-37 && x[i] <= 88.0f) {  // Exp caps its input at 88
+    if (e > 1e-37 && x[i] <= 88.0f) {  // the probe caps Exp's input at 88
       ASSERT_NEAR(first.exp[i], e, 4e-7 * e) << x[i];
     }
     if (x[i] > 0 && std::isfinite(x[i])) {

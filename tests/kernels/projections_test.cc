@@ -498,6 +498,29 @@ TEST(ProjectionsTest, WrongLseIsRefusedNamingRowAndHead) {
       << run.status;
 }
 
+// An lse far below one valid logit and equal to another: the head's mass is
+// 1 + e^x with x past 88, where the kernels' exp is not defined, and must
+// fail the mass check, not come out as 1 plus some small number.
+TEST(ProjectionsTest, LseFarBelowALogitIsRefused) {
+  // Row t = 1 sees keys 0 and 1 (causal, T = S): logits 0 and x.
+  RefProjections p = RandomProblem(14, 1, 2, 2, 1, 1, 1, 1, 1);
+  p.options.causal = true;
+  p.options.softmax_scale = 1.0;
+  for (double x : {89.5, 100.0, 120.0, 150.0, 177.0, 400.0}) {
+    SCOPED_TRACE(x);
+    p.query = {1.0, 1.0};
+    p.key = {0.0, x};
+    Extras extras;
+    extras.lse = ExactLse(p);
+    (*extras.lse)[1] = 0.0f;  // row t = 1: key 0's logit
+    const LibraryRun run = RunLibrary(p, extras);
+    EXPECT_TRUE(absl::IsInvalidArgument(run.status)) << run.status;
+    EXPECT_NE(run.status.message().find("lse: head 0 of row (b=0, t=1)"),
+              std::string::npos)
+        << run.status;
+  }
+}
+
 TEST(ProjectionsTest, SparseWithClientIndicesMatchesTheReference) {
   RefProjections p = RandomProblem(12, 2, 5, 8, 4, 2, 4, 2, 4);
   p.K = 3;

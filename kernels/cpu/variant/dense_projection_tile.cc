@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -268,6 +269,7 @@ class DenseTile : private TileBase {
           if (v.count == 0 || limit == 0) continue;
           const float* a = logits + i * sk;
           const uint8_t* bytes = v.bytes ? v.bytes + s0 : nullptr;
+          const float head_shift = shift[i * H + h];
           if (p_.has_lse) {  // not yet checked: there was no first pass
             const ScanResult scan =
                 bytes ? ScanLogits<true>(a, limit, limit, bytes)
@@ -276,10 +278,17 @@ class DenseTile : private TileBase {
               failed_row = r0_ + i;
               return LogitOverflow(i, h, s0, a, limit);
             }
+            // A valid logit more than 88 above the given lse puts the
+            // head's mass past e^88, beyond Exp's domain (x <= 88): the
+            // mass check then fails the row, as it would for any mass
+            // past 1 + 1e-3.
+            if (scan.max - head_shift > 88.0f) {
+              mass[i * H + h] = std::numeric_limits<double>::infinity();
+              continue;
+            }
           }
           // w += P_h, folded into the loop of its exponentials.
           AddScaled add{w_ + i * L_ + s0, Splat(scale[i * H + h])};
-          const float head_shift = shift[i * H + h];
           const double head_mass =
               bytes ? ExpRow<true>(a, limit, bytes, head_shift, 1.0f, e.data(),
                                    add)

@@ -243,7 +243,6 @@ inline absl::Status TileRowLosses(const IndexerKlProblem& lp,
     results[i] = *result;
     if (tile.want_grad && !counts) std::fill(g + i * L, g + (i + 1) * L, 0.0f);
   }
-  FinishStreamingStores();  // g is read back at once
   return absl::OkStatus();
 }
 

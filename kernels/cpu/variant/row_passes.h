@@ -176,7 +176,10 @@ struct TargetTermsSums {
 // normal positive floats, [0x00800000, 0x7f7fffff], onto the lowest signed
 // ints, [INT_MIN, -0x01000001], and every other pattern above them.
 inline VecI UnusualWeight(VecF w) {
-  const VecI shifted = std::bit_cast<VecI>(w) + 0x7f800000;
+  // The add in unsigned arithmetic, which wraps (a signed overflow is
+  // undefined); the compare signed.
+  const VecI shifted =
+      std::bit_cast<VecI>(std::bit_cast<VecU>(w) + 0x7f800000u);
   return (shifted > -0x01000001) & ~(w == Splat(0.0f));
 }
 

@@ -9,8 +9,8 @@
 //
 // Every variant computes on the same vectors in the same order, so all give
 // the same bits. The few operations that name an instruction (Fma,
-// StoreStream, the widening) are written per ISA; each gives the same bits
-// as the others.
+// AddExactProduct, Min and Max, NotBelow, StoreStream, the widenings,
+// FoldToQuad) are written per ISA; each gives the same bits as the others.
 //
 // Loads and stores take unaligned pointers. A row's last, partial vector goes
 // through LoadPart/StorePart so that every element uses the same formula.
@@ -144,9 +144,6 @@ inline RegF MinRegister(RegF a, RegF b) {
   return _mm_min_ps(a, b);
 #endif
 }
-inline VecF Max(VecF a, VecF b) {
-  return EachPart([&](size_t p) { return MaxRegister(a.part[p], b.part[p]); });
-}
 inline VecF Min(VecF a, VecF b) {
   return EachPart([&](size_t p) { return MinRegister(a.part[p], b.part[p]); });
 }
@@ -217,8 +214,8 @@ inline VecD WidenFrom(const float* p) {
 #elif defined(__AVX__)
     return _mm256_cvtps_pd(_mm_load_ps(at));
 #else
-    return _mm_cvtps_pd(
-        _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(at))));
+    return _mm_cvtps_pd(_mm_castsi128_ps(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(at))));
 #endif
   });
 }
@@ -303,11 +300,14 @@ inline bool Any(RegI mask) {
   return acc != 0;
 }
 
-// The largest lane of a running max (OrOfParts's counterpart MaxOfParts).
+// The largest lane of a running max (MaxOfParts). Each variant folds the
+// lanes in its own order, which can matter only to the sign of a zero
+// maximum (maxps keeps its second operand on a tie): + 0.0f makes that
+// zero +0 in every variant.
 inline float ReduceMax(RegF v) {
   float m = v[0];
   for (int l = 1; l < VecF::kPartLanes; ++l) m = v[l] > m ? v[l] : m;
-  return m;
+  return m + 0.0f;
 }
 
 inline double ReduceSum(VecD v) {
