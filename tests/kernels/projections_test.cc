@@ -506,18 +506,25 @@ TEST(ProjectionsTest, LseFarBelowALogitIsRefused) {
   RefProjections p = RandomProblem(14, 1, 2, 2, 1, 1, 1, 1, 1);
   p.options.causal = true;
   p.options.softmax_scale = 1.0;
-  for (double x : {89.5, 100.0, 120.0, 150.0, 177.0, 400.0}) {
-    SCOPED_TRACE(x);
-    p.query = {1.0, 1.0};
-    p.key = {0.0, x};
-    Extras extras;
-    extras.lse = ExactLse(p);
-    (*extras.lse)[1] = 0.0f;  // row t = 1: key 0's logit
-    const LibraryRun run = RunLibrary(p, extras);
-    EXPECT_TRUE(absl::IsInvalidArgument(run.status)) << run.status;
-    EXPECT_NE(run.status.message().find("lse: head 0 of row (b=0, t=1)"),
-              std::string::npos)
-        << run.status;
+  for (bool sparse : {false, true}) {
+    if (sparse) {  // the client's indices: both keys where they are valid
+      p.K = 2;
+      p.topk_indices = {0, -1, 0, 1};
+    }
+    for (double x : {89.5, 100.0, 120.0, 150.0, 177.0, 400.0}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (sparse ? "sparse" : "dense") << ", logit " << x);
+      p.query = {1.0, 1.0};
+      p.key = {0.0, x};
+      Extras extras;
+      extras.lse = ExactLse(p);
+      (*extras.lse)[1] = 0.0f;  // row t = 1: key 0's logit
+      const LibraryRun run = RunLibrary(p, extras);
+      EXPECT_TRUE(absl::IsInvalidArgument(run.status)) << run.status;
+      EXPECT_NE(run.status.message().find("lse: head 0 of row (b=0, t=1)"),
+                std::string::npos)
+          << run.status;
+    }
   }
 }
 

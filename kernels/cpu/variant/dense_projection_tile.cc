@@ -231,7 +231,9 @@ class DenseTile : private TileBase {
             float& m = max[i * H + h];
             double& l = sum[i * H + h];
             if (scan.max > m) {
-              l *= std::exp(static_cast<double>(m) - scan.max);
+              // The kernels' exp of the (float) difference, not libm's:
+              // glibc picks its exp by CPU at run time.
+              l *= Exp(Splat(m - scan.max))[0];
               m = scan.max;
             }
             NoExtra none;

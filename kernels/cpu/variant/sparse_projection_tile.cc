@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -182,13 +183,18 @@ class SparseTile : private TileBase {
           m = std::max(m, a[x]);
         }
         float shift = m;
-        double mass = 0;
         if (p_.has_lse) {
           std::memcpy(&shift, data_.lse.Row(r, p_.T, h), sizeof(float));
         }
-        for (int64_t x = 0; x < nv; ++x) {
-          a[x] = std::exp(a[x] - shift);
-          mass += a[x];
+        // The kernels' exp, in place: libm's expf is chosen by CPU at run
+        // time (an FMA version where there is FMA), so it could give other
+        // bits on another replica. It is defined up to 88: a logit further
+        // above the given lse puts the head's mass past e^88, and the row
+        // fails the mass check below.
+        double mass = std::numeric_limits<double>::infinity();
+        if (!(m - shift > 88.0f)) {
+          NoExtra none;
+          mass = ExpRow<false>(a, nv, nullptr, shift, 1.0f, a, none);
         }
         if (p_.has_lse && !(std::abs(mass - 1.0) <= kLseMassTolerance)) {
           failed_row = r;
