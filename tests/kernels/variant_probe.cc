@@ -3,6 +3,8 @@
 
 #include "tests/kernels/variant_probe.h"
 
+#include <algorithm>
+
 #include "kernels/cpu/variant/row_convert.h"
 #include "kernels/cpu/variant/vec_math.h"
 
@@ -14,8 +16,11 @@ float MulAdd(float a, float b, float c) { return a * b + c; }
 void FmaLanes(const float* a, const float* b, const float* c, float* out) {
   Store(out, Fma(Load(a), Load(b), Load(c)));
 }
+// Exp's domain ends at 88; the test's larger inputs are capped there.
 void ExpLanes(const float* x, float* out) {
-  Store(out, Exp(Min(Load(x), Splat(88.0f))));
+  float capped[kLanes];
+  for (int l = 0; l < kLanes; ++l) capped[l] = std::min(x[l], 88.0f);
+  Store(out, Exp(Load(capped)));
 }
 void LogSplitLanes(const float* x, float* exponent, float* mantissa_log) {
   const LogParts parts = LogSplit(Load(x));

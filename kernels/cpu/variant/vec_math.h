@@ -9,7 +9,7 @@
 //
 // Every variant computes on the same vectors in the same order, so all give
 // the same bits. The few operations that name an instruction (Fma,
-// AddExactProduct, Min and Max, NotBelow, StoreStream, the widenings,
+// AddExactProduct, MaxRegister, NotBelow, StoreStream, the widenings,
 // FoldToQuad) are written per ISA; each gives the same bits as the others.
 //
 // Loads and stores take unaligned pointers. A row's last, partial vector goes
@@ -49,11 +49,6 @@ inline R Broadcast(Lane v, std::index_sequence<L...>) {
 inline VecF Splat(float v) {
   return EachPart([&](size_t) {
     return Broadcast<RegF>(v, std::make_index_sequence<VecF::kPartLanes>{});
-  });
-}
-inline VecI SplatI(int32_t v) {
-  return EachPart([&](size_t) {
-    return Broadcast<RegI>(v, std::make_index_sequence<VecI::kPartLanes>{});
   });
 }
 
@@ -121,11 +116,10 @@ inline VecI LanesBelow(int64_t i, int64_t limit) {
   return iota < r;
 }
 
-// a > b ? a : b and a < b ? a : b, lane by lane: b where either is NaN, as
-// maxps and minps define it, so one instruction per register in every
-// variant (GCC emitted a compare and a blend for the Select). The AVX-512
-// forms are the masked ones with every lane set: GCC 12 warns that the
-// unmasked ones read an uninitialised vector.
+// a > b ? a : b, lane by lane: b where either is NaN, as maxps defines it,
+// so one instruction in every variant (GCC emitted a compare and a blend
+// for the Select). The AVX-512 form is the masked one with every lane set:
+// GCC 12 warns that the unmasked one reads an uninitialised vector.
 inline RegF MaxRegister(RegF a, RegF b) {
 #if defined(__AVX512F__)
   return _mm512_mask_max_ps(a, 0xffff, a, b);
@@ -134,18 +128,6 @@ inline RegF MaxRegister(RegF a, RegF b) {
 #else
   return _mm_max_ps(a, b);
 #endif
-}
-inline RegF MinRegister(RegF a, RegF b) {
-#if defined(__AVX512F__)
-  return _mm512_mask_min_ps(a, 0xffff, a, b);
-#elif defined(__AVX__)
-  return _mm256_min_ps(a, b);
-#else
-  return _mm_min_ps(a, b);
-#endif
-}
-inline VecF Min(VecF a, VecF b) {
-  return EachPart([&](size_t p) { return MinRegister(a.part[p], b.part[p]); });
 }
 
 // The max of v's parts, lane by lane, in one register: a running max that
@@ -344,7 +326,7 @@ inline QuadD FoldToQuad(VecD v) {
 inline double ReduceSum(QuadD v) { return ((v[0] + v[1]) + v[2]) + v[3]; }
 
 // exp(x) for x <= 88: a softmax's x - max <= 0 needs no cap, which cost an
-// instruction per register; a caller with larger x caps it (Min). Inputs
+// instruction per register; a caller with larger x caps it. Inputs
 // below ln(FLT_MIN) give 0 (no denormals), -inf gives 0.
 // x = n ln2 + r with |r| <= ln2/2; exp(r) = 1 + r + r^2 Q(r), Q of degree
 // 4 fitted for the least maximum relative error in float64 (3.1e-9; the
