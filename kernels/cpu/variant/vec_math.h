@@ -132,7 +132,8 @@ inline RegF MaxRegister(RegF a, RegF b) {
 
 // The max of v's parts, lane by lane, in one register: a running max that
 // takes one register whatever the variant, where the lanes' order does not
-// matter (the maximum of a set is the same whichever way it is taken).
+// matter (the maximum of a set is the same whichever way it is taken, but
+// for the sign of a zero, which ReduceMax settles).
 inline RegF MaxOfParts(VecF v) {
   RegF m = v.part[0];
   for (int p = 1; p < kParts; ++p) m = MaxRegister(m, v.part[p]);
