@@ -9,8 +9,9 @@
 //
 // Every variant computes on the same vectors in the same order, so all give
 // the same bits. The few operations that name an instruction (Fma,
-// AddExactProduct, MaxRegister, NotBelow, StoreStream, the widenings,
-// FoldToQuad) are written per ISA; each gives the same bits as the others.
+// AddExactProduct, MaxRegister, NotBelow, StoreStream, LoadValid, the
+// widenings, FoldToQuad) are written per ISA; each gives the same bits as the
+// others.
 //
 // Loads and stores take unaligned pointers. A row's last, partial vector goes
 // through LoadPart/StorePart so that every element uses the same formula.
@@ -92,13 +93,26 @@ inline void StorePart(float* p, VecF v, int64_t count) {
   std::memcpy(p, &v, count * sizeof(float));
 }
 
-// Validity bytes (nonzero = valid) as lane masks: -1 valid, 0 not.
+// Validity bytes (nonzero = valid) as lane masks: -1 valid, 0 not. Each
+// register's bytes widen in one load-and-extend instruction; GCC 12 built
+// the generic __builtin_convertvector from one scalar byte load per lane.
+// The AVX-512 form is the zero-masked one with every lane set, for the
+// reason MaxRegister gives.
 inline VecI LoadValid(const uint8_t* p) {
-  typedef uint8_t Bytes
-      __attribute__((vector_size(VecI::kPartLanes), aligned(1)));
   return EachPart([&](size_t i) -> RegI {
-    const Bytes b = *reinterpret_cast<const Bytes*>(p + i * VecI::kPartLanes);
-    return __builtin_convertvector(b, RegI) != 0;
+    const uint8_t* at = p + i * VecI::kPartLanes;
+#if defined(__AVX512F__)
+    const __m512i lanes = _mm512_maskz_cvtepu8_epi32(
+        0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+#elif defined(__AVX2__)
+    const __m256i lanes = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(at)));
+#else
+    int32_t four;
+    std::memcpy(&four, at, sizeof four);
+    const __m128i lanes = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(four));
+#endif
+    return std::bit_cast<RegI>(lanes) != 0;
   });
 }
 inline VecI LoadValidPart(const uint8_t* p, int64_t count) {
