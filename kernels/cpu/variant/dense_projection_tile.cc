@@ -280,11 +280,7 @@ class DenseTile : private TileBase {
               failed_row = r0_ + i;
               return LogitOverflow(i, h, s0, a, limit);
             }
-            // A valid logit more than 88 above the given lse puts the
-            // head's mass past e^88, beyond Exp's domain (x <= 88): the
-            // mass check then fails the row, as it would for any mass
-            // past 1 + 1e-3.
-            if (scan.max - head_shift > 88.0f) {
+            if (MassBeyondExpDomain(scan.max, head_shift)) {
               mass[i * H + h] = std::numeric_limits<double>::infinity();
               continue;
             }

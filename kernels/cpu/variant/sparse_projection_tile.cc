@@ -188,11 +188,9 @@ class SparseTile : private TileBase {
         }
         // The kernels' exp, in place: libm's expf is chosen by CPU at run
         // time (an FMA version where there is FMA), so it could give other
-        // bits on another replica. It is defined up to 88: a logit further
-        // above the given lse puts the head's mass past e^88, and the row
-        // fails the mass check below.
+        // bits on another replica.
         double mass = std::numeric_limits<double>::infinity();
-        if (!(m - shift > 88.0f)) {
+        if (!MassBeyondExpDomain(m, shift)) {
           NoExtra none;
           mass = ExpRow<false>(a, nv, nullptr, shift, 1.0f, a, none);
         }

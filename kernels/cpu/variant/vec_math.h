@@ -340,8 +340,12 @@ inline QuadD FoldToQuad(VecD v) {
 
 inline double ReduceSum(QuadD v) { return ((v[0] + v[1]) + v[2]) + v[3]; }
 
-// exp(x) for x <= 88: a softmax's x - max <= 0 needs no cap, which cost an
-// instruction per register; a caller with larger x caps it. Inputs
+// The top of Exp's domain: e^88 is below FLT_MAX (e^88.72).
+inline constexpr float kExpDomainTop = 88.0f;
+
+// exp(x) for x <= kExpDomainTop: a softmax's x - max <= 0 needs no cap,
+// which cost an instruction per register; a caller with larger x caps it.
+// Inputs
 // below ln(FLT_MIN) give 0 (no denormals), -inf gives 0.
 // x = n ln2 + r with |r| <= ln2/2; exp(r) = 1 + r + r^2 Q(r), Q of degree
 // 4 fitted for the least maximum relative error in float64 (3.1e-9; the
