@@ -65,7 +65,7 @@ int64_t FirstNonFinite(DType dtype, const std::byte* data, int64_t n,
 // tensor of shape `dims`, whose letters name its dimensions.
 absl::Status ValueError(absl::string_view field, const char* letters,
                         std::initializer_list<int64_t> dims, int64_t i,
-                        const char* rule, const char* found) {
+                        absl::string_view rule, const char* found) {
   std::vector<int64_t> index(dims.size());
   const int64_t* dim = dims.end();
   for (int64_t d = static_cast<int64_t>(dims.size()) - 1; d >= 0; --d) {
@@ -153,6 +153,25 @@ absl::Status CheckKeySide(const ProjectionsProblem& p) {
   return absl::OkStatus();
 }
 
+// Gradient elements [first, first + n) of `field`, written at `data` in
+// `dtype`: each must be finite. The logits form's gradient is bounded by
+// |c * grad_scale| (checked on the options), but the projections' gradients
+// grow with the projections themselves, so one past the dtype's range would
+// otherwise go back as an infinity with an OK status.
+absl::Status CheckGradient(absl::string_view field, DType dtype,
+                           const std::byte* data, int64_t first, int64_t n,
+                           const char* letters,
+                           std::initializer_list<int64_t> dims) {
+  const int64_t i = FirstNonFinite(dtype, data, n, false);
+  if (i < 0) return absl::OkStatus();
+  return ValueError(
+      field, letters, dims, first + i,
+      absl::StrCat("the gradient must be finite in ", DTypeName(dtype),
+                   " (lower grad_scale or scaling_factor, or ask for a wider "
+                   "grad_dtype)"),
+      kNonFinite);
+}
+
 // Copies n rows' elements (width of them, `size` bytes each) of `from`
 // from row r on into `to`.
 void CopyRows(const RowView& from, int64_t r, int64_t T, int64_t n,
@@ -166,15 +185,16 @@ void CopyRows(const RowView& from, int64_t r, int64_t T, int64_t n,
 }  // namespace
 
 absl::StatusOr<ProjectionsComputation> ProjectionsComputation::Create(
-    Backend& backend, const ProjectionsProblem& problem) {
+    Backend& backend, const ProjectionsProblem& problem, StopCheck stop) {
   RETURN_IF_ERROR(CheckKeySide(problem));
-  return ProjectionsComputation(backend, problem);
+  return ProjectionsComputation(backend, problem, std::move(stop));
 }
 
 ProjectionsComputation::ProjectionsComputation(
-    Backend& backend, const ProjectionsProblem& problem)
+    Backend& backend, const ProjectionsProblem& problem, StopCheck stop)
     : backend_(&backend),
       problem_(&problem),
+      stop_(std::move(stop)),
       denominator_(problem.logits.denominator),
       key_grad_(std::make_unique<KeyGradFold>(
           problem.logits.options.want_grad ? problem.B * problem.S * problem.D_I
@@ -245,16 +265,7 @@ absl::StatusOr<RowRange> ProjectionsComputation::Compute(
   const RowRange last = p.TileOf(rows.end - 1);
   const int64_t cut = last.end == rows.end ? rows.end : last.begin;
   if (cut > r) {
-    ProjectionsBlockOutputs rest = out;
-    const int64_t skip = r - first;
-    const int64_t grad_size = DTypeSize(p.logits.options.grad_dtype);
-    if (rest.d_index_query != nullptr) {
-      rest.d_index_query += skip * p.H_I * p.D_I * grad_size;
-      rest.d_index_weights += skip * p.H_I * grad_size;
-    }
-    if (rest.topk_indices != nullptr) rest.topk_indices += skip * p.K;
-    if (rest.row_kl != nullptr) rest.row_kl += skip;
-    RETURN_IF_ERROR(ComputeTiles({r, cut}, data, rest));
+    RETURN_IF_ERROR(ComputeTiles({r, cut}, data, Skip(out, r - first)));
   }
   if (cut < rows.end) {
     held_ = {std::max(cut, r), std::max(cut, r)};
@@ -263,7 +274,44 @@ absl::StatusOr<RowRange> ProjectionsComputation::Compute(
   return RowRange{first, std::max(r, cut)};
 }
 
+ProjectionsBlockOutputs ProjectionsComputation::Skip(
+    const ProjectionsBlockOutputs& out, int64_t rows) const {
+  const ProjectionsProblem& p = *problem_;
+  ProjectionsBlockOutputs rest = out;
+  const int64_t grad_size = DTypeSize(p.logits.options.grad_dtype);
+  if (rest.d_index_query != nullptr) {
+    rest.d_index_query += rows * p.H_I * p.D_I * grad_size;
+    rest.d_index_weights += rows * p.H_I * grad_size;
+  }
+  if (rest.topk_indices != nullptr) rest.topk_indices += rows * p.K;
+  if (rest.row_kl != nullptr) rest.row_kl += rows;
+  rest.capacity_rows -= rows;
+  return rest;
+}
+
 absl::Status ProjectionsComputation::ComputeTiles(
+    RowRange rows, const ProjectionsRowData& data,
+    const ProjectionsBlockOutputs& out) {
+  const ProjectionsProblem& p = *problem_;
+  // Four tiles per thread a chunk: few enough that a stop is seen within a
+  // few tiles' time, enough that the threads' uneven tiles (causal rows
+  // grow) even out. The chunks fold in row order, as a stream's blocks do,
+  // so the bits are those of one call.
+  const int64_t chunk_tiles = 4 * std::max(1, backend_->threads());
+  for (int64_t begin = rows.begin; begin < rows.end;) {
+    if (stop_) RETURN_IF_ERROR(stop_());
+    int64_t end = begin;
+    for (int64_t i = 0; i < chunk_tiles && end < rows.end; ++i) {
+      end = p.TileOf(end).end;
+    }
+    RETURN_IF_ERROR(
+        ComputeChunk({begin, end}, data, Skip(out, begin - rows.begin)));
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ProjectionsComputation::ComputeChunk(
     RowRange rows, const ProjectionsRowData& data,
     const ProjectionsBlockOutputs& out) {
   const ProjectionsProblem& p = *problem_;
@@ -278,6 +326,15 @@ absl::Status ProjectionsComputation::ComputeTiles(
   results_.assign(rows.size(), RowResult());
   RETURN_IF_ERROR(backend_->ComputeProjectionRows(p, data, rows, row_outputs,
                                                   results_.data(), *key_grad_));
+  if (options.want_grad) {
+    RETURN_IF_ERROR(CheckGradient("d_index_query", options.grad_dtype,
+                                  out.d_index_query, rows.begin * p.H_I * p.D_I,
+                                  rows.size() * p.H_I * p.D_I, "bthd",
+                                  {p.B, p.T, p.H_I, p.D_I}));
+    RETURN_IF_ERROR(CheckGradient(
+        "d_index_weights", options.grad_dtype, out.d_index_weights,
+        rows.begin * p.H_I, rows.size() * p.H_I, "bth", {p.B, p.T, p.H_I}));
+  }
   FoldRows(p.logits, rows.begin, results_, out.row_kl, accumulator_);
   return absl::OkStatus();
 }
@@ -349,6 +406,9 @@ absl::StatusOr<IndexerKlResult> ProjectionsComputation::Finish(
           "d_index_key: an output buffer is required for the gradient");
     }
     key_grad_->Store(p.logits.options.grad_dtype, d_index_key);
+    RETURN_IF_ERROR(CheckGradient("d_index_key", p.logits.options.grad_dtype,
+                                  d_index_key, 0, p.B * p.S * p.D_I, "bsd",
+                                  {p.B, p.S, p.D_I}));
   }
   return LossResultOf(p.logits, accumulator_, *denominator_);
 }

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -39,13 +40,21 @@ struct ProjectionsBlockOutputs {
   int64_t capacity_rows = 0;
 };
 
+// Asked before each chunk of tiles whether to go on. A status that is not
+// OK (the caller gone, a time limit passed) ends the computation with it: a
+// projections problem's work grows with T * S from a message that grows with
+// T + S, so a caller's call could otherwise hold a compute slot for hours.
+using StopCheck = std::function<absl::Status()>;
+
 class ProjectionsComputation {
  public:
   // Checks the key side's values (NaN or infinities are INVALID_ARGUMENT
   // naming the tensor and the position). The backend and the problem must
-  // outlive the computation.
+  // outlive the computation; `stop`, when given, is asked between chunks of
+  // tiles.
   static absl::StatusOr<ProjectionsComputation> Create(
-      Backend& backend, const ProjectionsProblem& problem);
+      Backend& backend, const ProjectionsProblem& problem,
+      StopCheck stop = nullptr);
 
   // MEAN_VALID without row_valid: N counts the rows with a valid key, and
   // must be known before any gradient. Count takes it from `rows`, all of
@@ -61,22 +70,33 @@ class ProjectionsComputation {
 
   // Computes query rows `rows`, the next ones (INVALID_ARGUMENT naming
   // row_begin otherwise), from `data`: checks their values, computes every
-  // tile they complete and writes those rows' outputs into `outputs`.
-  // Returns the rows completed (possibly none).
+  // tile they complete and writes those rows' outputs into `outputs`, whose
+  // gradients must be finite in the gradient dtype (INVALID_ARGUMENT naming
+  // d_index_query or d_index_weights otherwise). Returns the rows completed
+  // (possibly none).
   absl::StatusOr<RowRange> Compute(RowRange rows,
                                    const ProjectionsRowData& data,
                                    const ProjectionsBlockOutputs& outputs);
 
   // Once every row is computed: d_index_key [B, S, D_I] into `d_index_key`
-  // (when the gradient is asked for) and the result.
+  // (when the gradient is asked for; INVALID_ARGUMENT naming it if an entry
+  // is not finite in the gradient dtype) and the result.
   absl::StatusOr<IndexerKlResult> Finish(std::byte* d_index_key);
 
  private:
-  ProjectionsComputation(Backend& backend, const ProjectionsProblem& problem);
+  ProjectionsComputation(Backend& backend, const ProjectionsProblem& problem,
+                         StopCheck stop);
 
-  // Rows `rows`, whole tiles, from `data`, outputs from `out` on.
+  // Rows `rows`, whole tiles, from `data`, outputs from `out` on: in chunks
+  // of a few tiles per thread, asking `stop_` before each.
   absl::Status ComputeTiles(RowRange rows, const ProjectionsRowData& data,
                             const ProjectionsBlockOutputs& out);
+  // One chunk of ComputeTiles.
+  absl::Status ComputeChunk(RowRange rows, const ProjectionsRowData& data,
+                            const ProjectionsBlockOutputs& out);
+  // `out` advanced by `rows` rows.
+  ProjectionsBlockOutputs Skip(const ProjectionsBlockOutputs& out,
+                               int64_t rows) const;
   // Appends rows `rows` of `data` to the held rows.
   void Hold(RowRange rows, const ProjectionsRowData& data);
   // The held rows as a block's views.
@@ -84,6 +104,7 @@ class ProjectionsComputation {
 
   Backend* backend_;
   const ProjectionsProblem* problem_;
+  StopCheck stop_;
   std::optional<int64_t> denominator_;
   int64_t next_row_ = 0;
   RowRange held_;

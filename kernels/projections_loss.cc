@@ -1,5 +1,7 @@
 #include "kernels/projections_loss.h"
 
+#include <utility>
+
 #include "absl/status/status.h"
 #include "kernels/projections_computation.h"
 #include "kernels/status_macros.h"
@@ -31,10 +33,12 @@ absl::Status CheckOutputs(const ProjectionsProblem& p,
 
 absl::StatusOr<IndexerKlResult> ComputeProjectionsLoss(
     Backend& backend, const ProjectionsProblem& problem,
-    const ProjectionsRowData& rows, const ProjectionsOutputs& outputs) {
+    const ProjectionsRowData& rows, const ProjectionsOutputs& outputs,
+    StopCheck stop) {
   RETURN_IF_ERROR(CheckOutputs(problem, outputs));
-  ASSIGN_OR_RETURN(ProjectionsComputation computation,
-                   ProjectionsComputation::Create(backend, problem));
+  ASSIGN_OR_RETURN(
+      ProjectionsComputation computation,
+      ProjectionsComputation::Create(backend, problem, std::move(stop)));
   if (computation.needs_counting()) RETURN_IF_ERROR(computation.Count(rows));
   const ProjectionsBlockOutputs all{.d_index_query = outputs.d_index_query,
                                     .d_index_weights = outputs.d_index_weights,

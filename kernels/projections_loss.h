@@ -4,6 +4,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/loss_computation.h"
+#include "kernels/projections_computation.h"
 #include "kernels/projections_problem.h"
 
 // The projections form's whole-problem entry point: a ProjectionsComputation
@@ -16,11 +17,14 @@ namespace klserve {
 // selects, the top-k indices, into `outputs`, from the query rows `rows`
 // (WholeProjectionsRows). Value errors are INVALID_ARGUMENT naming the tensor
 // and the first bad position; the outputs then hold partial results. A
-// backend that does not compute this form answers UNIMPLEMENTED. Thread-safe
-// for concurrent calls on one backend.
+// backend that does not compute this form answers UNIMPLEMENTED. `stop`,
+// when given, is asked between chunks of tiles, and a status it returns ends
+// the computation (ProjectionsComputation). Thread-safe for concurrent calls
+// on one backend.
 absl::StatusOr<IndexerKlResult> ComputeProjectionsLoss(
     Backend& backend, const ProjectionsProblem& problem,
-    const ProjectionsRowData& rows, const ProjectionsOutputs& outputs);
+    const ProjectionsRowData& rows, const ProjectionsOutputs& outputs,
+    StopCheck stop = nullptr);
 
 }  // namespace klserve
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -140,6 +141,8 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(positive("region_lease", options.region_lease));
   RETURN_IF_ERROR(positive("stream_idle_timeout", options.stream_idle_timeout));
   RETURN_IF_ERROR(positive("max_stream_duration", options.max_stream_duration));
+  RETURN_IF_ERROR(
+      positive("max_compute_duration", options.max_compute_duration));
   RETURN_IF_ERROR(positive("max_connection_age", options.max_connection_age));
   // gRPC takes the connection age and its grace in int milliseconds.
   constexpr absl::Duration kGrpcMaxMillis = absl::Milliseconds(INT32_MAX);
@@ -262,8 +265,21 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   const mode_t umask_before = umask(0077);
   s->server_ = builder.BuildAndStart();
   umask(umask_before);
+  // gRPC says which address failed only in its log when it builds no server
+  // at all; a port bound to 0 names itself.
+  if (s->server_ == nullptr) {
+    std::vector<std::string> all;
+    for (const ListenAddress& address : addresses) {
+      all.push_back(address.address);
+    }
+    return absl::UnavailableError(
+        absl::StrCat("--listen: cannot serve on ", absl::StrJoin(all, ", "),
+                     addresses.size() > 1 ? " (one of them: gRPC's log above "
+                                            "says which)"
+                                          : ""));
+  }
   for (size_t i = 0; i < addresses.size(); ++i) {
-    if (s->server_ == nullptr || bound[i] == 0) {
+    if (bound[i] == 0) {
       return absl::UnavailableError(
           absl::StrCat("--listen: cannot serve on ", addresses[i].address));
     }

@@ -63,6 +63,10 @@ ABSL_FLAG(absl::Duration, stream_idle_timeout, Defaults().stream_idle_timeout,
           "server waits for, or takes no answer, for this long");
 ABSL_FLAG(absl::Duration, max_stream_duration, Defaults().max_stream_duration,
           "the longest a stream may stay open");
+ABSL_FLAG(absl::Duration, max_compute_duration, Defaults().max_compute_duration,
+          "the longest a unary projections-form ComputeLoss may compute "
+          "(DEADLINE_EXCEEDED after); it also stops when its client cancels "
+          "or its deadline passes");
 ABSL_FLAG(int, max_streams_per_connection,
           Defaults().max_streams_per_connection,
           "HTTP/2 streams (calls) one connection may have open at once");
@@ -176,6 +180,7 @@ int main(int argc, char** argv) {
   options.max_open_streams = absl::GetFlag(FLAGS_max_open_streams);
   options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   options.max_stream_duration = absl::GetFlag(FLAGS_max_stream_duration);
+  options.max_compute_duration = absl::GetFlag(FLAGS_max_compute_duration);
   options.max_streams_per_connection =
       absl::GetFlag(FLAGS_max_streams_per_connection);
   options.transport_memory_bytes = absl::GetFlag(FLAGS_transport_memory_bytes);

@@ -1,6 +1,7 @@
 #include "server/service/loss_service.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/loss.h"
@@ -95,7 +96,7 @@ absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
 absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
     const ServiceContext& ctx, const v1::ComputeLossRequest& request,
     const ProjectionsOptions& options, CallRegions& regions,
-    v1::ComputeLossResponse& response, int64_t& rows_computed) {
+    v1::ComputeLossResponse& response, int64_t& rows_computed, StopCheck stop) {
   ASSIGN_OR_RETURN(const ProjectionsInputs inputs,
                    ProjectionsInputsFrom(request, regions));
   RETURN_IF_ERROR(CheckInputBytes(inputs, *ctx.options));
@@ -138,18 +139,42 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
                                     response, *ctx.options));
   ASSIGN_OR_RETURN(const ProjectionsRowData rows,
                    WholeProjectionsRows(problem, inputs));
-  ASSIGN_OR_RETURN(const IndexerKlResult result,
-                   ComputeProjectionsLoss(ctx.backends->ForProjections(),
-                                          problem, rows, outputs));
+  ASSIGN_OR_RETURN(
+      const IndexerKlResult result,
+      ComputeProjectionsLoss(ctx.backends->ForProjections(), problem, rows,
+                             outputs, std::move(stop)));
   rows_computed = problem.B * problem.T;
   return result;
 }
 
+// What stops a unary projections computation between its chunks of tiles:
+// the client gone (a cancel, its deadline) or --max_compute_duration since
+// the call arrived.
+StopCheck UnaryStopCheck(grpc::CallbackServerContext* context, absl::Time start,
+                         const ServerOptions& options) {
+  const absl::Duration limit = options.max_compute_duration;
+  return [context, deadline = start + limit, limit]() -> absl::Status {
+    if (context->IsCancelled()) {
+      return absl::CancelledError(
+          "ComputeLoss: cancelled by the client or its deadline while "
+          "computing");
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "ComputeLoss: running for more than ", absl::FormatDuration(limit),
+          " (--max_compute_duration); send the problem with "
+          "ComputeLossStream, or to a server with a longer limit"));
+    }
+    return absl::OkStatus();
+  };
+}
+
 // The whole unary computation, on an executor thread: `bytes` in, `out`
-// encoded; `rows_computed` gets the rows computed.
+// encoded; `rows_computed` gets the rows computed. `stop` is asked between
+// a projections computation's chunks of tiles.
 absl::Status ComputeUnary(const ServiceContext& ctx, bool local_caller,
                           grpc::ByteBuffer& bytes, grpc::ByteBuffer& out,
-                          int64_t& rows_computed) {
+                          int64_t& rows_computed, StopCheck stop) {
   v1::ComputeLossRequest request;
   RETURN_IF_ERROR(ParseMessage(bytes, "ComputeLoss request", request));
   // The parsed request is all that is read from here on: its bytes go now
@@ -169,8 +194,8 @@ absl::Status ComputeUnary(const ServiceContext& ctx, bool local_caller,
     ASSIGN_OR_RETURN(const ProjectionsOptions options,
                      ProjectionsOptionsFrom(request.options()));
     scaling_factor = options.loss.scaling_factor;
-    result =
-        ComputeProjectionsForm(ctx, request, options, regions, response, rows);
+    result = ComputeProjectionsForm(ctx, request, options, regions, response,
+                                    rows, std::move(stop));
   } else {
     ASSIGN_OR_RETURN(const IndexerKlOptions options,
                      OptionsFrom(request.options()));
@@ -253,7 +278,8 @@ grpc::ServerUnaryReactor* LossService::ComputeLoss(
       status = absl::CancelledError("cancelled before computing");
     } else {
       status = ComputeUnary(ctx, IsLocalPeer(context->peer()), *request_bytes,
-                            *response, rows);
+                            *response, rows,
+                            UnaryStopCheck(context, start, *ctx.options));
     }
     ctx.requests->Leave();
     FinishUnary(ctx, reactor, "ComputeLoss", start, status, bytes_in,

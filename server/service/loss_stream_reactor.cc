@@ -241,11 +241,7 @@ absl::Status LossStreamReactor::TakeBlock() {
 }
 
 void LossStreamReactor::ComputeBlock(Block block) {
-  bool skip;
-  {
-    absl::MutexLock lock(&mu_);
-    skip = finishing_;  // cancelled, past the deadline or failed
-  }
+  const bool skip = Ending();
   std::unique_ptr<grpc::ByteBuffer> encoded;
   absl::Status status;
   if (!skip) {
@@ -309,9 +305,18 @@ absl::Status LossStreamReactor::ComputeProjectionsBlock(const Block& block,
   const ServerOptions& limits = *context_.options;
   if (!projections_) {
     // The unary call's backend, so that both give the same bits.
+    // A block's tiles stop once the call is ending: a block of many rows
+    // against a long key side may compute for longer than the stream may
+    // live, and its client may be gone. The call already ends with its own
+    // status; this one only stops the work.
     ASSIGN_OR_RETURN(
         ProjectionsComputation computation,
-        ProjectionsComputation::Create(context_.backends->ForProjections(), p));
+        ProjectionsComputation::Create(
+            context_.backends->ForProjections(), p, [this]() -> absl::Status {
+              return Ending() ? absl::CancelledError(
+                                    "ComputeLossStream: the call is ending")
+                              : absl::OkStatus();
+            }));
     projections_.emplace(std::move(computation));
     if (projections_->needs_counting()) {
       if (!projections_->counts_without_rows()) {

@@ -45,6 +45,11 @@ struct ServerOptions {
   absl::Duration stream_idle_timeout = absl::Seconds(30);
   // The longest a stream may stay open, whatever it does.
   absl::Duration max_stream_duration = absl::Minutes(30);
+  // The longest a unary projections-form computation may run: its work grows
+  // with T * S from a message that grows with T + S. It also stops as soon
+  // as its client cancels the call or the call's deadline passes. Counted
+  // from the call's arrival, so time queued for a compute thread counts.
+  absl::Duration max_compute_duration = absl::Minutes(10);
   // HTTP/2 streams (calls) one connection may have open at once
   // (SETTINGS_MAX_CONCURRENT_STREAMS); more are refused by gRPC.
   int max_streams_per_connection = 32;

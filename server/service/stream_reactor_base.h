@@ -198,6 +198,14 @@ class StreamReactorBase
     return std::nullopt;
   }
 
+  // Whether the call is ending: cancelled by its client, ended by the
+  // watchdog (--max_stream_duration), or failed. A computation for it asks
+  // before it starts and between its parts, and stops.
+  bool Ending() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return finishing_;
+  }
+
   // The computation for this stream has ended: the idle clock restarts.
   void ComputeDone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     computing_ = false;

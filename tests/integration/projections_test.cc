@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -287,17 +288,58 @@ TEST_F(ProjectionsErrorTest, NanInQueryNamesQuery) {
   ExpectRefused(request, "query");
 }
 
+// The projections' gradients grow with the projections: with keys 100
+// times the usual size and |c * grad_scale| at FP16's largest value,
+// d_index_query leaves FP16's range (the float64 reference says so). The
+// call is refused naming the output, unary and streamed, instead of
+// answering OK with infinities; the same request in FP32 is answered.
+TEST_F(ProjectionsErrorTest, GradientPastItsDtypeNamesTheOutput) {
+  v1::ComputeLossRequest request = Good();
+  v1::Tensor& key = *request.mutable_index_key();
+  const std::vector<double> keys = DecodeFloats(key);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    SetFloat(key, static_cast<int64_t>(i), static_cast<float>(keys[i] * 100));
+  }
+  request.mutable_options()->set_reduction(v1::REDUCTION_SUM);
+  const klref::RefProjectionsResult unit =
+      klref::ComputeProjectionsReference(RefProjectionsOf(request));
+  ASSERT_TRUE(unit.kl.error.empty()) << unit.kl.error;
+  double largest = 0;
+  for (double g : unit.d_index_query) largest = std::max(largest, std::abs(g));
+  ASSERT_GT(65504 * largest, 70000);
+
+  request.mutable_options()->set_scaling_factor(65504);
+  request.mutable_options()->set_grad_dtype("FP16");
+  ExpectRefused(request, "d_index_query");
+  absl::StatusOr<v1::ComputeLossResponse> streamed =
+      client().ComputeLossStreaming(request, 2);
+  ASSERT_FALSE(streamed.ok());
+  EXPECT_EQ(streamed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(streamed.status().message(), "d_index_query:"))
+      << Describe(streamed.status());
+
+  request.mutable_options()->set_grad_dtype("FP32");
+  absl::StatusOr<v1::ComputeLossResponse> wide =
+      client().ComputeLossUnary(request);
+  ASSERT_TRUE(wide.ok()) << Describe(wide.status());
+  const klref::RefProjectionsResult ref =
+      klref::ComputeProjectionsReference(RefProjectionsOf(request));
+  ExpectAsTheReference(ref, *wide, "FP32");
+}
+
+// The status of the unary call of a small problem (the spec's defaults).
+absl::Status SmallProblemStatus(Client& client, const std::string& name) {
+  ProjectionsSpec spec;
+  spec.name = name;
+  return client.ComputeLossUnary(MakeProjectionsRequest(spec)).status();
+}
+
 TEST_F(ServerTest, ProjectionsTensorsAreHeldToTheTensorLimit) {
   // query is [1, 6, 2, 8] FP32: 384 bytes; index_query 288.
   ASSERT_NO_FATAL_FAILURE(StartServer({"--max_tensor_bytes=300"}));
-  ProjectionsSpec spec;
-  spec.name = "TensorLimit";
-  absl::StatusOr<v1::ComputeLossResponse> response =
-      client().ComputeLossUnary(MakeProjectionsRequest(spec));
-  ASSERT_FALSE(response.ok());
-  EXPECT_EQ(response.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(absl::StartsWith(response.status().message(), "query:"))
-      << Describe(response.status());
+  const absl::Status status = SmallProblemStatus(client(), "TensorLimit");
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(status.message(), "query:")) << Describe(status);
 }
 
 // BF16 projections with FP32 gradients: the response is about twice the
@@ -326,6 +368,87 @@ TEST_F(ServerTest, ProjectionsResponseIsHeldToTheMessageLimit) {
   v1::ComputeLossRequest loss_only = request;
   loss_only.mutable_options()->set_skip_grad(true);
   EXPECT_TRUE(client().ComputeLossUnary(loss_only).ok());
+}
+
+// A projections problem's work grows with T * S from a message that grows
+// with T + S: a unary computation stops at --max_compute_duration
+// (DEADLINE_EXCEEDED naming the flag), which leaves the logits form alone.
+TEST_F(ServerTest, ProjectionsComputationStopsAtItsTimeLimit) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_compute_duration=1us"}));
+  const absl::Status status = SmallProblemStatus(client(), "TimeLimit");
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(status.message(), "(--max_compute_duration)"))
+      << Describe(status);
+  ProblemSpec logits;
+  logits.name = "LogitsForm";
+  EXPECT_TRUE(client().ComputeLossUnary(MakeRequest(logits)).ok());
+}
+
+// A problem of one head of one dimension whose work (T = S = 98304, about
+// 10^10 query-key pairs) takes one thread tens of seconds, in a message of
+// under 2 MB.
+ProjectionsSpec LongProblem(const std::string& name) {
+  ProjectionsSpec spec;
+  spec.name = name;
+  spec.T = 98304, spec.S = 98304;
+  spec.H = 1, spec.H_kv = 1, spec.D = 1, spec.H_I = 1, spec.D_I = 1;
+  spec.options.set_skip_grad(true);
+  return spec;
+}
+
+// A client that gives up (here its deadline passes) frees its slot within a
+// few tiles: the server's one compute slot takes the next request at once,
+// where finishing the abandoned problem (T = S = 98304) would hold it for
+// tens of seconds.
+TEST_F(ServerTest, ProjectionsComputationStopsWhenTheClientGivesUp) {
+  ASSERT_NO_FATAL_FAILURE(
+      StartServer({"--max_concurrent_requests=1", "--threads=1"}));
+  const ProjectionsSpec large = LongProblem("Abandoned");
+  std::unique_ptr<Client> impatient =
+      MakeClient(server().target(), 1, absl::Milliseconds(500));
+  absl::StatusOr<v1::ComputeLossResponse> abandoned =
+      impatient->ComputeLossUnary(MakeProjectionsRequest(large));
+  ASSERT_FALSE(abandoned.ok());
+  EXPECT_EQ(abandoned.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << Describe(abandoned.status());
+
+  ProjectionsSpec small;
+  small.name = "Next";
+  const v1::ComputeLossRequest next = MakeProjectionsRequest(small);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<v1::ComputeLossResponse> answered =
+      client().ComputeLossUnary(next);
+  while (!answered.ok() && absl::IsResourceExhausted(answered.status()) &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(50));
+    answered = client().ComputeLossUnary(next);
+  }
+  EXPECT_TRUE(answered.ok()) << Describe(answered.status());
+}
+
+// The same for a stream's block: when the watchdog ends the stream
+// (--max_stream_duration), the block being computed stops too, so the one
+// compute thread is free for the next call, where finishing the block
+// (98304 rows against 98304 keys) would hold it for tens of seconds.
+TEST_F(ServerTest, ProjectionsBlockStopsWhenItsStreamEnds) {
+  ASSERT_NO_FATAL_FAILURE(
+      StartServer({"--max_concurrent_requests=1", "--threads=1",
+                   "--max_stream_duration=1s"}));
+  const ProjectionsSpec large = LongProblem("LongBlock");
+  const v1::ComputeLossRequest request = MakeProjectionsRequest(large);
+  absl::StatusOr<v1::ComputeLossResponse> ended =
+      client().ComputeLossStreaming(request, large.T);
+  ASSERT_FALSE(ended.ok());
+  EXPECT_EQ(ended.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << Describe(ended.status());
+
+  ProjectionsSpec small;
+  small.name = "Next";
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::ComputeLossResponse> answered =
+      client().ComputeLossUnary(MakeProjectionsRequest(small));
+  EXPECT_TRUE(answered.ok()) << Describe(answered.status());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
 }  // namespace

@@ -93,6 +93,8 @@ struct Extras {
   std::optional<cpu::Isa> isa;
   // Breaks the inputs after encoding: (tensor name, flat index, value).
   std::optional<std::pair<std::string, std::pair<int64_t, float>>> poke;
+  // Asked between chunks of tiles (unary only).
+  StopCheck stop;
 };
 
 // The block of rows `rows` of a whole query-side tensor, in a stream
@@ -292,7 +294,7 @@ LibraryRun RunLibrary(const RefProjections& ref, const Extras& x = {}) {
       !rows.ok()) {
     result = rows.status();
   } else if (x.blocks.empty()) {
-    result = ComputeProjectionsLoss(backend, *problem, *rows, out);
+    result = ComputeProjectionsLoss(backend, *problem, *rows, out, x.stop);
   } else {
     result = ComputeInBlocks(backend, *problem, in, x.blocks, out);
   }
@@ -780,6 +782,99 @@ TEST(ProjectionsTest, OverflowingScoresAreRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(run.status)) << run.status;
   EXPECT_NE(run.status.message().find("indexer score"), std::string::npos)
       << run.status;
+}
+
+// A stop check is asked between chunks of tiles, not once: one that says go
+// on leaves the bits as they were, and the first status it returns ends the
+// computation with that status. The service's top-k uses 16-row tiles, so
+// 200 rows on one thread are 13 tiles, more than one chunk.
+TEST(ProjectionsTest, StopCheckEndsTheComputationBetweenTiles) {
+  RefProjections p = RandomProblem(22, 1, 200, 40, 1, 1, 4, 1, 4);
+  Extras x;
+  x.topk = 6;
+  x.threads = 1;
+  const LibraryRun plain = RunLibrary(p, x);
+  ASSERT_TRUE(plain.status.ok()) << plain.status;
+
+  int asked = 0;
+  x.stop = [&asked]() {
+    ++asked;
+    return absl::OkStatus();
+  };
+  const LibraryRun checked = RunLibrary(p, x);
+  ASSERT_TRUE(checked.status.ok()) << checked.status;
+  EXPECT_GE(asked, 2);
+  EXPECT_EQ(checked.raw_dq, plain.raw_dq);
+  EXPECT_EQ(checked.raw_dk, plain.raw_dk);
+  EXPECT_EQ(checked.raw_dw, plain.raw_dw);
+  EXPECT_EQ(checked.result.loss, plain.result.loss);
+
+  int before_stop = 0;
+  x.stop = [&before_stop]() {
+    return ++before_stop < 2 ? absl::OkStatus()
+                             : absl::DeadlineExceededError("out of time");
+  };
+  const LibraryRun stopped = RunLibrary(p, x);
+  EXPECT_EQ(stopped.status, absl::DeadlineExceededError("out of time"));
+  EXPECT_EQ(before_stop, 2);
+}
+
+// The logits form's gradient is at most |c * grad_scale| per entry, which the
+// options check keeps within the gradient dtype; the projections' gradients
+// also grow with the projections, and with the rows or keys they sum over.
+// One that leaves its dtype's range is refused, naming the output and the
+// first entry, wherever it is written: per tile (d_index_query,
+// d_index_weights) or at the end (d_index_key), unary or in blocks. The
+// gradients are linear in grad_scale, so the float64 reference at
+// grad_scale = 1 tells which scale takes which output past FP16's largest
+// value (values up to 65519 still round to 65504).
+TEST(ProjectionsTest, GradientsPastTheirDtypeAreRefusedNamingTheOutput) {
+  // 64 copies of one query row against 2 keys: d_index_key adds the row's
+  // part 64 times, the others sum over 2 keys.
+  RefProjections p = RandomProblem(21, 1, 64, 2, 1, 1, 4, 1, 4);
+  for (std::vector<double>* side :
+       {&p.query, &p.index_query, &p.index_weights}) {
+    const size_t width = side->size() / 64;
+    for (size_t i = width; i < side->size(); ++i)
+      (*side)[i] = (*side)[i % width];
+  }
+  p.options.reduction = RefReduction::kSum;
+  const klref::RefProjectionsResult unit =
+      klref::ComputeProjectionsReference(p);
+  ASSERT_TRUE(unit.kl.error.empty()) << unit.kl.error;
+  const double query_side =
+      std::max(MaxAbs(unit.d_index_query), MaxAbs(unit.d_index_weights));
+  const double key_side = MaxAbs(unit.d_index_key);
+  ASSERT_GT(key_side, 1.3 * query_side);  // the case is what it says
+
+  Extras fp16;
+  fp16.grad_dtype = DType::kFloat16;
+  // Only d_index_key past the range.
+  p.options.grad_scale = 70000 / key_side;
+  ASSERT_LT(p.options.grad_scale * query_side, 60000);
+  ExpectInvalid(p, fp16,
+                "d_index_key: the gradient must be finite in FP16 (lower "
+                "grad_scale or scaling_factor, or ask for a wider "
+                "grad_dtype), got NaN or infinity at (b=0, s=");
+  // Keys 100 times larger take the query side's outputs past it as well
+  // (|c * grad_scale| is at most 65504 in FP16); theirs, checked per tile,
+  // come first.
+  for (double& v : p.index_key) v = static_cast<float>(v * 100);
+  p.options.grad_scale = 1;
+  const klref::RefProjectionsResult large_keys =
+      klref::ComputeProjectionsReference(p);
+  ASSERT_TRUE(large_keys.kl.error.empty()) << large_keys.kl.error;
+  p.options.grad_scale = 65504;
+  ASSERT_GT(65504 * MaxAbs(large_keys.d_index_query), 70000);
+  ExpectInvalid(p, fp16, "d_index_");
+  const LibraryRun run = RunLibrary(p, fp16);
+  EXPECT_EQ(run.status.message().find("d_index_key"), std::string::npos)
+      << run.status;
+  Extras blocks = fp16;
+  blocks.blocks = {5, 3};
+  EXPECT_EQ(RunLibrary(p, blocks).status, run.status);
+  // In FP32 the same gradients are finite, and returned.
+  ExpectMatchesReference(p);
 }
 
 }  // namespace
