@@ -43,6 +43,20 @@ absl::StatusOr<bool> Answers(const std::string& path) {
       std::strerror(error), ")"));
 }
 
+// Creates the directories above `path` that do not exist yet.
+absl::Status CreateParentDirectories(const std::string& path) {
+  for (size_t slash = path.find('/', 1); slash != std::string::npos;
+       slash = path.find('/', slash + 1)) {
+    const std::string directory = path.substr(0, slash);
+    if (mkdir(directory.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(Quoted(path), ": cannot create the directory ",
+                       directory, ": ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string BindingPath(const std::string& path) {
@@ -52,7 +66,7 @@ std::string BindingPath(const std::string& path) {
 absl::Status ClaimSocketPath(const std::string& path) {
   struct stat info;
   if (lstat(path.c_str(), &info) != 0) {
-    if (errno == ENOENT) return absl::OkStatus();
+    if (errno == ENOENT) return CreateParentDirectories(path);
     return absl::FailedPreconditionError(
         absl::StrCat(Quoted(path), ": ", std::strerror(errno)));
   }

@@ -27,6 +27,9 @@ std::string BindingPath(const std::string& path);
 // Before binding `path`: UNAVAILABLE if a running server answers on it,
 // FAILED_PRECONDITION if something that is not a socket is there. A socket
 // nobody answers on is left over from a server that died, and is removed.
+// Missing directories above it are created (mode 0755, as systemd makes a
+// RuntimeDirectory), so that unix:/run/klserve/klserve.sock works on a fresh
+// host; one that cannot be is FAILED_PRECONDITION naming it.
 absl::Status ClaimSocketPath(const std::string& path);
 
 // A bound socket at its path, removed when this is destroyed if the path

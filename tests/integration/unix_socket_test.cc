@@ -176,6 +176,27 @@ TEST_F(UnixSocketTest, PathHoldingAFileIsRefusedAndKept) {
   EXPECT_EQ(text, "precious");
 }
 
+// unix:/run/klserve/klserve.sock works on a fresh host: the directories
+// above the socket are made when missing. A file where a directory should
+// be is a startup error.
+TEST_F(UnixSocketTest, MissingDirectoriesAboveTheSocketAreMade) {
+  const std::string deep = dir_ + "/run/klserve/klserve.sock";
+  ServerProcess& server = Start({.loopback = false, .sockets = {deep}});
+  EXPECT_EQ(server.target(), "unix:" + deep);
+  std::unique_ptr<Client> client = MakeClient("unix:" + deep);
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<v1::GetServerInfoResponse> info = client->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << Describe(info.status());
+  struct stat made;
+  ASSERT_EQ(stat((dir_ + "/run/klserve").c_str(), &made), 0);
+  EXPECT_TRUE(S_ISDIR(made.st_mode));
+
+  { std::ofstream(dir_ + "/file") << "not a directory"; }
+  const absl::Status status =
+      StartFails({.loopback = false, .sockets = {dir_ + "/file/klserve.sock"}});
+  EXPECT_TRUE(absl::StrContains(status.message(), "Not a directory")) << status;
+}
+
 TEST_F(UnixSocketTest, BadListenAddressesAreStartupErrors) {
   const struct {
     const char* listen;
