@@ -20,9 +20,11 @@ absl::Status EchoReactor::OnMessage() {
   const int64_t bytes = incoming_.reply_bytes();
   incoming_.Clear();
   if (bytes < 0 || bytes > context_.options->max_message_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("reply_bytes: must be in [0, ",
-                     context_.options->max_message_bytes, "], got ", bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reply_bytes: must be in [0, ", context_.options->max_message_bytes,
+        "] (--max_message_bytes; a reply that its framing takes "
+        "past the limit is RESOURCE_EXHAUSTED), got ",
+        bytes));
   }
   v1::EchoResponse reply;
   reply.mutable_payload()->resize(bytes);
