@@ -819,10 +819,12 @@ std::unique_ptr<v1::IndexerKl::Stub> MakeStub(const std::string& target) {
       target, grpc::InsecureChannelCredentials(), args));
 }
 
-RawStream OpenStream(v1::IndexerKl::Stub& stub, absl::Duration deadline) {
+RawStream OpenStream(v1::IndexerKl::Stub& stub, absl::Duration deadline,
+                     bool wait_for_ready) {
   RawStream raw;
   raw.context = std::make_unique<grpc::ClientContext>();
   raw.context->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  raw.context->set_wait_for_ready(wait_for_ready);
   raw.stream = stub.ComputeLossStream(raw.context.get());
   return raw;
 }

@@ -241,8 +241,12 @@ struct RawStream {
                                            v1::ComputeLossStreamResponse>>
       stream;
 };
+// With `wait_for_ready`, the call waits for the channel to connect instead
+// of failing at once when a first connection attempt does: for tests that
+// open many connections together to test the server, not the connecting.
 RawStream OpenStream(v1::IndexerKl::Stub& stub,
-                     absl::Duration deadline = kCallDeadline);
+                     absl::Duration deadline = kCallDeadline,
+                     bool wait_for_ready = false);
 
 // Writes the messages, closes the writing side, reads everything and
 // returns the final status with the messages read. For short streams whose

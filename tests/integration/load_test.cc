@@ -345,9 +345,12 @@ class HostileLoadTest : public LoadTest {
   }
 
   // Opens a stream, sends its header or nothing, and waits for the server
-  // to end it.
+  // to end it. The raw roles' calls wait for their channel to connect: 64
+  // clients connect at once, and a first attempt that fails (once in CI,
+  // every idle client's, UNAVAILABLE) is the test machine's, not the
+  // server's to answer for.
   void Idle(v1::IndexerKl::Stub& stub, int i) {
-    RawStream raw = OpenStream(stub);
+    RawStream raw = OpenStream(stub, kCallDeadline, /*wait_for_ready=*/true);
     if (i % 2 == 1) {
       v1::ComputeLossStreamRequest header;
       header.mutable_header()->mutable_indexer_scores()->set_dtype("FP32");
@@ -366,7 +369,7 @@ class HostileLoadTest : public LoadTest {
     const v1::ComputeLossRequest& request = cases_[i % cases_.size()].request;
     absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
     if (!slicer.ok()) return Fail(slicer.status().ToString());
-    RawStream raw = OpenStream(stub);
+    RawStream raw = OpenStream(stub, kCallDeadline, /*wait_for_ready=*/true);
     if (raw.stream->Write(HeaderMessage(*slicer)) &&
         raw.stream->Write(BlockMessage(*slicer, 0, 1))) {
       v1::ComputeLossStreamResponse first;
@@ -382,6 +385,7 @@ class HostileLoadTest : public LoadTest {
         kHostileMessageLimit + 1);
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
+    context.set_wait_for_ready(true);
     v1::ComputeLossResponse response;
     const grpc::Status status = stub.ComputeLoss(&context, request, &response);
     if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
