@@ -117,30 +117,51 @@ bool LossReporter::TakeTensorBoardRun(const std::string& run) {
   return false;
 }
 
+bool LossReporter::TensorBoardBytesLeft(const std::string& run) {
+  if (tensorboard_bytes_ < options_.max_tensorboard_bytes) return true;
+  if (!tensorboard_bytes_logged_) {
+    tensorboard_bytes_logged_ = true;
+    std::fprintf(stderr,
+                 "klserve: TensorBoard: the event files have taken %lld bytes "
+                 "(--max_tensorboard_bytes=%lld); from run \"%s\" on, steps "
+                 "get no event (Prometheus is unaffected; counted in "
+                 "klserve_tensorboard_skipped_steps_total)\n",
+                 static_cast<long long>(tensorboard_bytes_),
+                 static_cast<long long>(options_.max_tensorboard_bytes),
+                 run.c_str());
+  }
+  return false;
+}
+
 // Past --max_tensorboard_runs a new run's steps are skipped, not refused:
 // the loss still reaches Prometheus and the training job sees no error,
 // while a caller inventing run names cannot fill the disk with directories.
-// No directory is ever deleted to make room, so no researcher's data goes.
+// The same past --max_tensorboard_bytes, for a caller publishing steps
+// without end. No directory or file is ever deleted to make room, so no
+// researcher's data goes.
 void LossReporter::WriteTensorBoard(const FinishedStep& step) {
   absl::MutexLock lock(&mu_);
   auto it = writers_.find(step.run);
-  if (it == writers_.end()) {
-    if (!TakeTensorBoardRun(step.run)) {
-      metrics_->CountTensorBoardSkippedStep();
-      return;
-    }
-    it = writers_.emplace(step.run, nullptr).first;
+  if (!TensorBoardBytesLeft(step.run) ||
+      (it == writers_.end() && !TakeTensorBoardRun(step.run))) {
+    metrics_->CountTensorBoardSkippedStep();
+    return;
   }
+  if (it == writers_.end()) it = writers_.emplace(step.run, nullptr).first;
   std::unique_ptr<TensorBoardWriter>& writer = it->second;
   absl::Status status;
+  int64_t framed_before = 0;
   if (writer == nullptr) {
     absl::StatusOr<std::unique_ptr<TensorBoardWriter>> opened =
         TensorBoardWriter::Open(options_.tensorboard_dir, step.run);
     if (opened.ok()) {
       writer = *std::move(opened);
+      tensorboard_bytes_ += kEventFileCharge;
     } else {
       status = opened.status();
     }
+  } else {
+    framed_before = writer->framed_bytes();
   }
   if (writer != nullptr) {
     const absl::Time now = absl::Now();
@@ -156,6 +177,7 @@ void LossReporter::WriteTensorBoard(const FinishedStep& step) {
     if (step.mean_entropy_p) scalar("indexer_entropy_p", *step.mean_entropy_p);
     if (step.mean_entropy_q) scalar("indexer_entropy_q", *step.mean_entropy_q);
     if (step.topk_recall) scalar("indexer_topk_recall", *step.topk_recall);
+    tensorboard_bytes_ += writer->framed_bytes() - framed_before;
   }
   if (!status.ok()) {
     metrics_->CountTensorBoardError();

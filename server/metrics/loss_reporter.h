@@ -37,6 +37,14 @@ struct LossReporterOptions {
   // researchers' data, and a run evicted from the aggregator writes a new
   // event file into its own directory when it comes back.
   int max_tensorboard_runs = 1024;
+  // Disk space the event files of this process may take, all runs together:
+  // every record framed, plus kEventFileCharge for each file opened (a run
+  // evicted from the aggregator opens a new file when it returns). Once it
+  // is spent, steps reach Prometheus only (see WriteTensorBoard); the step
+  // that spends it is written whole, so the files may pass it by one step's
+  // records. Without it a caller publishing steps as fast as it can would
+  // fill the disk.
+  int64_t max_tensorboard_bytes = int64_t{16} << 30;
   // How often idle steps are finished and event files flushed.
   absl::Duration tick = absl::Seconds(1);
 };
@@ -48,6 +56,10 @@ struct LossReporterOptions {
 // failure is logged and counted, never returned to the RPC. Thread-safe.
 class LossReporter {
  public:
+  // What opening an event file counts against max_tensorboard_bytes: the
+  // block a file takes on disk, however little it holds.
+  static constexpr int64_t kEventFileCharge = 4096;
+
   LossReporter(Metrics* metrics, LossReporterOptions options);
   // Stops the background thread and publishes what is still open.
   ~LossReporter();
@@ -78,6 +90,9 @@ class LossReporter {
   // fewer than max_tensorboard_runs runs do (it then takes one).
   bool TakeTensorBoardRun(const std::string& run)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether max_tensorboard_bytes has room left; logs once when it has not.
+  bool TensorBoardBytesLeft(const std::string& run)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Tick();
 
   Metrics* const metrics_;
@@ -92,6 +107,9 @@ class LossReporter {
   // keeps its directory.
   absl::flat_hash_set<std::string> tensorboard_runs_ ABSL_GUARDED_BY(mu_);
   bool tensorboard_limit_logged_ ABSL_GUARDED_BY(mu_) = false;
+  // What the event files have taken of max_tensorboard_bytes.
+  int64_t tensorboard_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool tensorboard_bytes_logged_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread ticker_;
 };

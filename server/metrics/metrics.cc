@@ -83,7 +83,8 @@ Metrics::Metrics(const MetricsOptions& options)
           CounterFamily(*registry_, "klserve_tensorboard_skipped_steps_total",
                         "Finished steps not written to TensorBoard: their "
                         "run came after --max_tensorboard_runs runs had a "
-                        "directory.")
+                        "directory, or the event files had taken "
+                        "--max_tensorboard_bytes.")
               .Add({})),
       runs_removed_(CounterFamily(*registry_,
                                   "klserve_indexer_runs_removed_total",

@@ -135,7 +135,8 @@ class Metrics {
 
   void CountTensorBoardError();
   // A finished step not written to TensorBoard: its run came after
-  // --max_tensorboard_runs runs had been given a directory.
+  // --max_tensorboard_runs runs had been given a directory, or the event
+  // files had taken --max_tensorboard_bytes.
   void CountTensorBoardSkippedStep();
 
  private:

@@ -132,6 +132,8 @@ absl::Status ValidateOptions(const ServerOptions& options) {
       at_least("max_layers_per_run", options.max_layers_per_run, 1));
   RETURN_IF_ERROR(
       at_least("max_tensorboard_runs", options.max_tensorboard_runs, 1));
+  RETURN_IF_ERROR(
+      at_least("max_tensorboard_bytes", options.max_tensorboard_bytes, 1));
   if (options.max_regions < 1 || options.max_regions > kMaxGuardedMappings) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_regions: must be in [1, ", kMaxGuardedMappings,
@@ -194,6 +196,7 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   reporting.max_layers_per_run = options.max_layers_per_run;
   reporting.tensorboard_dir = options.tensorboard_dir;
   reporting.max_tensorboard_runs = options.max_tensorboard_runs;
+  reporting.max_tensorboard_bytes = options.max_tensorboard_bytes;
   s->reporter_ =
       std::make_unique<LossReporter>(s->metrics_.get(), std::move(reporting));
   s->requests_ = std::make_unique<Admission>(

@@ -108,6 +108,9 @@ ABSL_FLAG(int, max_layers_per_run, Defaults().max_layers_per_run,
 ABSL_FLAG(int, max_tensorboard_runs, Defaults().max_tensorboard_runs,
           "runs given a TensorBoard directory while the server runs; later "
           "new runs get Prometheus metrics but no event file");
+ABSL_FLAG(int64_t, max_tensorboard_bytes, Defaults().max_tensorboard_bytes,
+          "disk space the TensorBoard event files may take, all runs "
+          "together; later steps get Prometheus metrics but no event");
 ABSL_FLAG(absl::Duration, step_idle_timeout, Defaults().step_idle_timeout,
           "a step with no request for this long is finished and published");
 
@@ -198,6 +201,7 @@ int main(int argc, char** argv) {
   options.max_runs = absl::GetFlag(FLAGS_max_runs);
   options.max_layers_per_run = absl::GetFlag(FLAGS_max_layers_per_run);
   options.max_tensorboard_runs = absl::GetFlag(FLAGS_max_tensorboard_runs);
+  options.max_tensorboard_bytes = absl::GetFlag(FLAGS_max_tensorboard_bytes);
   options.step_idle_timeout = absl::GetFlag(FLAGS_step_idle_timeout);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);

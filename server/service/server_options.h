@@ -104,6 +104,9 @@ struct ServerOptions {
   // Runs given a TensorBoard directory over the process's lifetime; later
   // new runs get Prometheus series only (LossReporterOptions).
   int max_tensorboard_runs = 1024;
+  // Disk space the event files may take, all runs together; later steps
+  // get Prometheus series only (LossReporterOptions).
+  int64_t max_tensorboard_bytes = int64_t{16} << 30;
   // A step with no request for this long is finished and published.
   absl::Duration step_idle_timeout = absl::Minutes(5);
 

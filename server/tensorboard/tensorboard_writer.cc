@@ -277,6 +277,7 @@ void TensorBoardWriter::AppendRecordLocked(absl::string_view event) {
   buffer_ += header;
   buffer_.append(event.data(), event.size());
   PutLittleEndian(&buffer_, MaskedCrc32c(event), 4);
+  framed_bytes_ += static_cast<int64_t>(header.size() + event.size() + 4);
 }
 
 absl::Status TensorBoardWriter::FlushLocked() {

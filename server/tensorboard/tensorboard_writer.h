@@ -76,6 +76,15 @@ class TensorBoardWriter {
   // The event file's full path.
   const std::string& path() const { return path_; }
 
+  // Bytes of every record framed since Open, the file_version record
+  // included, whether written yet or not, and whether a failed write later
+  // dropped them: what this writer has asked of the disk, for callers that
+  // bound the disk space their files take.
+  int64_t framed_bytes() const {
+    absl::MutexLock lock(&mu_);
+    return framed_bytes_;
+  }
+
  private:
   TensorBoardWriter(std::string path, int fd)
       : path_(std::move(path)), fd_(fd) {}
@@ -86,9 +95,10 @@ class TensorBoardWriter {
   absl::Status FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   int fd_ ABSL_GUARDED_BY(mu_);  // -1 once closed
   std::string buffer_ ABSL_GUARDED_BY(mu_);
+  int64_t framed_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Bytes of whole records in the file; writes go here with pwrite, and a
   // failed write is cut back to it.
   int64_t file_size_ ABSL_GUARDED_BY(mu_) = 0;

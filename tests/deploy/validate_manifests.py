@@ -73,6 +73,15 @@ def parse_duration(text):
     return sum(float(n) * units[u] for n, u in parts)
 
 
+def parse_quantity(text):
+    """Bytes in a Kubernetes quantity like 10Gi, 512Mi, 1G or 1000."""
+    units = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    match = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?", str(text))
+    assert match, text
+    return int(match.group(1)) * units[match.group(2) or ""]
+
+
 def flag(args, name):
     """The value of --name=VALUE in args, or None."""
     values = [a.split("=", 1)[1] for a in args
@@ -206,6 +215,28 @@ def test_deployment_runs_as_non_root():
         assert tb in mounts, f"--tensorboard_dir={tb} is not a volume"
         volume = next(v for v in pod["volumes"] if v["name"] == mounts[tb])
         assert "emptyDir" in volume or "persistentVolumeClaim" in volume
+
+
+def assert_tensorboard_bytes_fit_the_volume(pod, c, args):
+    """The kubelet evicts a pod whose emptyDir passes its sizeLimit, so the
+    event files' bound (one step's records and a few blocks past it) must
+    leave room below the limit."""
+    tb = last_flag(args, "tensorboard_dir")
+    if not tb:
+        return
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volume = next(v for v in pod["volumes"] if v["name"] == mounts[tb])
+    limit = volume.get("emptyDir", {}).get("sizeLimit")
+    if limit is None:
+        return
+    bound = last_flag(args, "max_tensorboard_bytes")
+    bound = int(bound) if bound else 16 * 2**30  # klserve's default
+    assert bound <= 0.9 * parse_quantity(limit), (bound, limit)
+
+
+def test_tensorboard_bytes_fit_the_volume():
+    pod = one("Deployment", "klserve")["spec"]["template"]["spec"]
+    assert_tensorboard_bytes_fit_the_volume(pod, container(), all_args())
 
 
 def test_service_is_headless_and_selects_the_pods():
@@ -438,6 +469,11 @@ def test_sidecar_flags():
         assert arg in c["args"], arg
     threads = int(last_flag(args, "threads"))
     assert threads == int(c["resources"]["limits"]["cpu"])
+
+
+def test_sidecar_tensorboard_bytes_fit_the_volume():
+    assert_tensorboard_bytes_fit_the_volume(sidecar_pod(), sidecar_klserve(),
+                                            sidecar_args())
 
 
 def test_sidecar_shares_dev_shm_and_the_socket():

@@ -5,6 +5,8 @@
 // - at most --max_tensorboard_runs runs get a TensorBoard directory; later
 //   runs keep their Prometheus series, and no directory is deleted (an
 //   evicted run that comes back writes into its own directory again);
+// - the event files take at most --max_tensorboard_bytes (and one step);
+//   later steps keep their Prometheus series;
 // - run names are checked, not rewritten: a name outside the alphabet is
 //   refused, and names that sanitising used to merge ("dir/x", "dir_x") get
 //   a series and a directory each;
@@ -193,6 +195,30 @@ TEST(LayerBoundTest, ANonPositiveBoundDoesNotStart) {
       << result.err;
 }
 
+// One request of `run` at `step`, layer 0, and the step finished.
+void FinishOneStep(Reporting& r, const std::string& run, int64_t step) {
+  ASSERT_TRUE(r.client->ComputeLossUnary(TaggedRequest(run, step, 0)).ok());
+  ASSERT_TRUE(r.client->FinishStep(run, step).ok()) << run;
+}
+
+// `skipped` steps left out of TensorBoard by a bound, none by an error.
+void ExpectSkippedStepsWithoutErrors(const std::string& exposition,
+                                     const std::string& skipped) {
+  EXPECT_TRUE(
+      HasSample(exposition, "klserve_tensorboard_skipped_steps_total", skipped))
+      << exposition;
+  EXPECT_TRUE(
+      HasSample(exposition, "klserve_tensorboard_write_errors_total", "0"))
+      << exposition;
+}
+
+// The log names `flag` once, however often its bound was met.
+void ExpectSaidOnce(const std::string& log, const std::string& flag) {
+  const size_t said = log.find(flag);
+  ASSERT_NE(said, std::string::npos) << log;
+  EXPECT_EQ(log.find(flag, said + 1), std::string::npos) << log;
+}
+
 // ---------------------------------------------------------------------------
 // --max_tensorboard_runs
 
@@ -205,12 +231,8 @@ TEST(TensorBoardBoundTest, RunsPastTheBoundGetMetricsButNoDirectory) {
       StartReporting({"--tensorboard_dir=" + tb_dir, "--max_runs=2",
                       "--max_tensorboard_runs=2"});
   ASSERT_TRUE(r.has_value());
-  const auto finish_one = [&](const std::string& run, int64_t step) {
-    ASSERT_TRUE(r->client->ComputeLossUnary(TaggedRequest(run, step, 0)).ok());
-    ASSERT_TRUE(r->client->FinishStep(run, step).ok()) << run;
-  };
-  for (const char* run : {"a", "b", "c", "d"}) finish_one(run, 1);
-  finish_one("a", 2);
+  for (const char* run : {"a", "b", "c", "d"}) FinishOneStep(*r, run, 1);
+  FinishOneStep(*r, "a", 2);
 
   // Prometheus has every run that is still tracked, past the bound or not.
   const std::string exposition = ScrapeMetrics(r->metrics_port);
@@ -221,12 +243,7 @@ TEST(TensorBoardBoundTest, RunsPastTheBoundGetMetricsButNoDirectory) {
       HasSample(exposition, "klserve_indexer_last_step{run=\"d\"}", "1"))
       << exposition;
   // c and d: one skipped step each.
-  EXPECT_TRUE(
-      HasSample(exposition, "klserve_tensorboard_skipped_steps_total", "2"))
-      << exposition;
-  EXPECT_TRUE(
-      HasSample(exposition, "klserve_tensorboard_write_errors_total", "0"))
-      << exposition;
+  ExpectSkippedStepsWithoutErrors(exposition, "2");
 
   ASSERT_NO_FATAL_FAILURE(DrainAndExit(*r->server));
   EXPECT_EQ(Entries(tb_dir), (std::set<std::string>{"a", "b"}));
@@ -236,12 +253,52 @@ TEST(TensorBoardBoundTest, RunsPastTheBoundGetMetricsButNoDirectory) {
   EXPECT_EQ(a.steps, (std::set<int64_t>{1, 2}));
   EXPECT_EQ(ReadRun(fs::path(tb_dir) / "b").steps, (std::set<int64_t>{1}));
   // Said once, whatever the number of runs past the bound.
-  const std::string log = r->server->Log();
-  const size_t said = log.find("--max_tensorboard_runs");
-  ASSERT_NE(said, std::string::npos) << log;
-  EXPECT_EQ(log.find("--max_tensorboard_runs", said + 1), std::string::npos)
-      << log;
+  ExpectSaidOnce(r->server->Log(), "--max_tensorboard_runs");
   fs::remove_all(tb_dir);
+}
+
+// ---------------------------------------------------------------------------
+// --max_tensorboard_bytes
+
+TEST(TensorBoardBoundTest, StepsPastTheByteBoundGetMetricsButNoEvent) {
+  const std::string tb_dir = MakeTempDir();
+  ASSERT_FALSE(tb_dir.empty());
+  // Opening the event file of "a" takes 4096 of the 4097 bytes, and its first
+  // step's records pass the rest: that step is written whole, and nothing
+  // after it, from "a" or from a new run, whatever its size.
+  std::optional<Reporting> r = StartReporting(
+      {"--tensorboard_dir=" + tb_dir, "--max_tensorboard_bytes=4097"});
+  ASSERT_TRUE(r.has_value());
+  FinishOneStep(*r, "a", 1);
+  FinishOneStep(*r, "a", 2);
+  FinishOneStep(*r, "b", 1);
+  FinishOneStep(*r, "a", 3);
+
+  const std::string exposition = ScrapeMetrics(r->metrics_port);
+  EXPECT_TRUE(
+      HasSample(exposition, "klserve_indexer_last_step{run=\"a\"}", "3"))
+      << exposition;
+  EXPECT_TRUE(
+      HasSample(exposition, "klserve_indexer_last_step{run=\"b\"}", "1"))
+      << exposition;
+  ExpectSkippedStepsWithoutErrors(exposition, "3");
+
+  ASSERT_NO_FATAL_FAILURE(DrainAndExit(*r->server));
+  EXPECT_EQ(Entries(tb_dir), (std::set<std::string>{"a"}));
+  const RunEvents a = ReadRun(fs::path(tb_dir) / "a");
+  EXPECT_EQ(a.files, 1);
+  EXPECT_EQ(a.steps, (std::set<int64_t>{1}));
+  ExpectSaidOnce(r->server->Log(), "--max_tensorboard_bytes");
+  fs::remove_all(tb_dir);
+}
+
+TEST(TensorBoardBoundTest, ANonPositiveByteBoundDoesNotStart) {
+  const CommandResult result =
+      RunCommand({KLSERVE_BIN, "--listen=127.0.0.1:0",
+                  "--metrics_listen=", "--max_tensorboard_bytes=0"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(result.err, "--max_tensorboard_bytes"))
+      << result.err;
 }
 
 // ---------------------------------------------------------------------------

@@ -186,6 +186,25 @@ TEST_F(TensorBoardWriterTest, LargeBufferIsWrittenWithoutFlush) {
   }
 }
 
+// framed_bytes() counts what the file will hold, buffered records included:
+// the file's size once flushed.
+TEST_F(TensorBoardWriterTest, FramedBytesAreTheFileSizeOnceFlushed) {
+  auto writer = OpenOrDie("sized");
+  ASSERT_NE(writer, nullptr);
+  EXPECT_EQ(writer->framed_bytes(),
+            static_cast<int64_t>(fs::file_size(writer->path())));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        writer->AddScalar("indexer_loss/layer_7", i, 0.125 * i, kWallTime)
+            .ok());
+  }
+  const int64_t framed = writer->framed_bytes();
+  EXPECT_GT(framed, static_cast<int64_t>(fs::file_size(writer->path())));
+  const std::string path = writer->path();
+  ASSERT_TRUE(writer->Close().ok());
+  EXPECT_EQ(framed, static_cast<int64_t>(fs::file_size(path)));
+}
+
 TEST_F(TensorBoardWriterTest, TwoWritersOfOneRunGetTwoFiles) {
   auto a = OpenOrDie("same");
   auto b = OpenOrDie("same");
