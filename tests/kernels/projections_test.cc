@@ -784,6 +784,64 @@ TEST(ProjectionsTest, OverflowingScoresAreRefused) {
       << run.status;
 }
 
+// A product that overflows float32 only at a key masked for its row takes
+// no part in the loss, whichever mask hides the key: the answer is the
+// float64 one, where nothing overflows. Row 0's key 3 has an indexer dot
+// product (then, separately, a main logit) of 1e40; every other row's
+// products with key 3 are small.
+TEST(ProjectionsTest, OverflowAtAMaskedKeyIsNoError) {
+  const float huge = 1e20f;
+  std::vector<std::pair<std::string, RefProjections>> cases;
+  {
+    RefProjections p = RandomProblem(23, 1, 4, 4, 1, 1, 4, 1, 2);
+    // Row 0 sees keys 0-2 only under each mask below.
+    std::vector<std::pair<std::string, RefProjections>> masked;
+    RefProjections m = p;
+    m.options.causal = true;
+    m.options.q_offset = 0;
+    masked.emplace_back("causal", m);
+    m = p;
+    m.options.key_padding_mask = {1, 1, 1, 0};
+    masked.emplace_back("key_padding_mask", m);
+    m = p;
+    m.options.attention_mask.assign(16, 1);
+    m.options.attention_mask[3] = 0;
+    masked.emplace_back("attention_mask", m);
+    m = p;
+    m.options.segment_ids_q = {0, 1, 1, 1};
+    m.options.segment_ids_kv = {0, 0, 0, 1};
+    masked.emplace_back("segments", m);
+    for (auto& [name, q] : masked) {
+      // index_query row 0 and index_key 3 meet in their dimension 0 only.
+      RefProjections indexer = q;
+      for (int64_t t = 0; t < 4; ++t) {
+        indexer.index_query[t * 2] = t == 0 ? huge : 0.0;
+        indexer.index_query[t * 2 + 1] =
+            std::abs(indexer.index_query[t * 2 + 1]);
+      }
+      for (int64_t s = 0; s < 4; ++s)
+        indexer.index_key[s * 2] = s == 3 ? huge : 0.0;
+      cases.emplace_back(name + ", indexer", indexer);
+      RefProjections logit = q;
+      for (int64_t t = 0; t < 4; ++t) logit.query[t * 4] = t == 0 ? huge : 0.0;
+      for (int64_t s = 0; s < 4; ++s) logit.key[s * 4] = s == 3 ? huge : 0.0;
+      cases.emplace_back(name + ", main logit", logit);
+    }
+  }
+  for (const auto& [name, p] : cases) {
+    SCOPED_TRACE(name);
+    ExpectMatchesReference(p);
+  }
+  // The sparse stage takes only valid slots; -inf main logits there are
+  // probability 0, as in the dense stage.
+  RefProjections sparse = RandomProblem(24, 1, 2, 4, 1, 1, 4, 1, 2);
+  sparse.K = 3;
+  sparse.topk_indices = {0, 1, 3, 0, 2, 3};
+  for (int64_t t = 0; t < 2; ++t) sparse.query[t * 4] = t == 0 ? huge : 0.0;
+  for (int64_t s = 0; s < 4; ++s) sparse.key[s * 4] = s == 3 ? -huge : 0.0;
+  ExpectMatchesReference(sparse);
+}
+
 // A stop check is asked between chunks of tiles, not once: one that says go
 // on leaves the bits as they were, and the first status it returns ends the
 // computation with that status. The service's top-k uses 16-row tiles, so

@@ -161,12 +161,13 @@ class DenseTile : private TileBase {
     return std::clamp<int64_t>(v.limit - s0, 0, sk);
   }
 
-  // The error for a NaN or +inf among row i's logits of head h in the key
-  // tile at s0 (`limit` of them computed).
+  // The error for a NaN or +inf among row i's valid logits of head h in the
+  // key tile at s0 (`limit` of them computed, valid where `bytes` is nonzero
+  // when given).
   absl::Status LogitOverflow(int64_t i, int64_t h, int64_t s0, const float* a,
-                             int64_t limit) const {
+                             int64_t limit, const uint8_t* bytes) const {
     int64_t k = 0;
-    while (k + 1 < limit && a[k] < kInf) ++k;
+    while (k + 1 < limit && (a[k] < kInf || (bytes && !bytes[k]))) ++k;
     return OverflowError("query, key: the main logit", tile_.b,
                          tile_.t_begin + i, h, s0 + k, a[k]);
   }
@@ -220,12 +221,10 @@ class DenseTile : private TileBase {
             if (v.count == 0 || limit == 0) continue;
             const float* a = logits + i * sk;
             const uint8_t* bytes = v.bytes ? v.bytes + s0 : nullptr;
-            const ScanResult scan =
-                bytes ? ScanLogits<true>(a, limit, limit, bytes)
-                      : ScanLogits<false>(a, limit, limit, nullptr);
+            const ScanResult scan = ScanComputedLogits(a, limit, bytes);
             if (scan.any_bad) {
               failed_row = r0_ + i;
-              return LogitOverflow(i, h, s0, a, limit);
+              return LogitOverflow(i, h, s0, a, limit, bytes);
             }
             if (scan.max == -kInf) continue;  // no finite valid logit here
             float& m = max[i * H + h];
@@ -247,10 +246,7 @@ class DenseTile : private TileBase {
         for (int64_t h = 0; h < H; ++h) {
           if (tv_.rows[i].count > 0 && max[i * H + h] == -kInf) {
             failed_row = r0_ + i;
-            return absl::InvalidArgumentError(absl::StrCat(
-                "query, key: every valid main logit of row (b=", tile_.b,
-                ", t=", tile_.t_begin + i, "), head ", h,
-                " is -inf in float32 (the projections overflow)"));
+            return AllLogitsMinusInfError(tile_.b, tile_.t_begin + i, h);
           }
         }
       }
@@ -273,12 +269,10 @@ class DenseTile : private TileBase {
           const uint8_t* bytes = v.bytes ? v.bytes + s0 : nullptr;
           const float head_shift = shift[i * H + h];
           if (p_.has_lse) {  // not yet checked: there was no first pass
-            const ScanResult scan =
-                bytes ? ScanLogits<true>(a, limit, limit, bytes)
-                      : ScanLogits<false>(a, limit, limit, nullptr);
+            const ScanResult scan = ScanComputedLogits(a, limit, bytes);
             if (scan.any_bad) {
               failed_row = r0_ + i;
-              return LogitOverflow(i, h, s0, a, limit);
+              return LogitOverflow(i, h, s0, a, limit, bytes);
             }
             if (MassBeyondExpDomain(scan.max, head_shift)) {
               mass[i * H + h] = std::numeric_limits<double>::infinity();

@@ -115,6 +115,13 @@ inline absl::Status OverflowError(const char* what, int64_t b, int64_t t,
       value));
 }
 
+// A head whose every valid main logit is -inf in float32 has no softmax.
+inline absl::Status AllLogitsMinusInfError(int64_t b, int64_t t, int64_t h) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "query, key: every valid main logit of row (b=", b, ", t=", t, "), head ",
+      h, " is -inf in float32 (the projections overflow)"));
+}
+
 // The validity of each row of a tile, copied out of the row scratch.
 struct TileValidity {
   std::vector<RowValidity> rows;
@@ -180,7 +187,10 @@ inline void IndexerScores(const float* u, int64_t ld, const float* w,
 
 // From the row gradient g (dL/dI, n slots) and u: e[j, s] = g[s] w[j]
 // relu'(u[j, s]) into `e` (rows `ld` apart), and
-// dw[j] += sum_s g[s] relu(u[j, s]).
+// dw[j] += sum_s g[s] relu(u[j, s]). Slots with g = 0 add nothing to the
+// sum: a masked key's u may have overflowed (it takes no part in the loss,
+// and 0 * inf would be NaN), and on the other slots, where u is finite,
+// their +-0 would change no bit of it.
 inline void IndexerGrads(const float* u, int64_t ld, const float* w,
                          int64_t heads, int64_t n, bool use_relu,
                          const float* g, float* e, double* dw) {
@@ -189,17 +199,10 @@ inline void IndexerGrads(const float* u, int64_t ld, const float* w,
     float* ej = e + j * ld;
     const float wj = w[j];
     float sum = 0;
-    if (use_relu) {
-      for (int64_t s = 0; s < n; ++s) {
-        const bool on = uj[s] > 0.0f;
-        ej[s] = on ? g[s] * wj : 0.0f;
-        sum += on ? g[s] * uj[s] : 0.0f;
-      }
-    } else {
-      for (int64_t s = 0; s < n; ++s) {
-        ej[s] = g[s] * wj;
-        sum += g[s] * uj[s];
-      }
+    for (int64_t s = 0; s < n; ++s) {
+      const bool on = !use_relu || uj[s] > 0.0f;
+      ej[s] = on ? g[s] * wj : 0.0f;
+      sum += on && g[s] != 0.0f ? g[s] * uj[s] : 0.0f;
     }
     dw[j] += sum;
   }

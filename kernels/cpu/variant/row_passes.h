@@ -93,6 +93,13 @@ struct LogitsCheck {
     bad |= OrOfParts(NotBelow(v, Splat(kInf)));
     max = MaxRegister(max, MaxOfParts(Select(in, v, Splat(-kInf))));
   }
+  // Values this service computed (the projections form's logits): a NaN or
+  // +inf counts only on the lanes `in`, since a masked key's product takes
+  // no part in the loss, whichever mask hides it.
+  void AddComputed(VecF v, VecI in) {
+    bad |= OrOfParts(NotBelow(v, Splat(kInf)) & in);
+    max = MaxRegister(max, MaxOfParts(Select(in, v, Splat(-kInf))));
+  }
   // Every lane valid.
   void Add(VecF v) {
     bad |= OrOfParts(NotBelow(v, Splat(kInf)));
@@ -116,6 +123,20 @@ ScanResult ScanLogits(const float* x, int64_t n, int64_t limit,
                       const uint8_t* valid) {
   LogitsCheck check;
   ScanLogitsRange<kMasked>(x, 0, n, limit, valid, check);
+  return check.Result();
+}
+
+// ScanLogits of the n computed values x (LogitsCheck::AddComputed): every
+// slot below n is valid when `valid` is null, else where its byte is nonzero.
+inline ScanResult ScanComputedLogits(const float* x, int64_t n,
+                                     const uint8_t* valid) {
+  LogitsCheck check;
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t count = LanesAt(i, n);
+    const VecF v = LoadAt(x, i, count, 0.0f);
+    check.AddComputed(
+        v, valid != nullptr ? ValidLanes<true>(valid, i, n) : LanesBelow(i, n));
+  }
   return check.Result();
 }
 

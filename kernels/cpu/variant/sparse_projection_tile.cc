@@ -173,9 +173,10 @@ class SparseTile : private TileBase {
       for (int64_t y = 0; y < gs; ++y) {
         const int64_t h = g * gs + y;
         float* a = logits.data() + y * nv;
+        // -inf is probability 0, as in the logits form.
         float m = -kInf;
         for (int64_t x = 0; x < nv; ++x) {
-          if (!std::isfinite(a[x])) {
+          if (!(a[x] < kInf)) {
             failed_row = r;
             return OverflowError("query, key: the main logit", tile_.b, t, h,
                                  keys[x], a[x]);
@@ -185,6 +186,9 @@ class SparseTile : private TileBase {
         float shift = m;
         if (p_.has_lse) {
           std::memcpy(&shift, data_.lse.Row(r, p_.T, h), sizeof(float));
+        } else if (m == -kInf) {
+          failed_row = r;
+          return AllLogitsMinusInfError(tile_.b, t, h);
         }
         // The kernels' exp, in place: libm's expf is chosen by CPU at run
         // time (an FMA version where there is FMA), so it could give other
