@@ -4,10 +4,12 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "kernels/status_macros.h"
 #include "proto/request_tensors.h"
 #include "server/codec/grpc_status.h"
@@ -17,6 +19,22 @@ namespace {
 
 constexpr DType kWireDTypes[] = {DType::kFloat32, DType::kBFloat16,
                                  DType::kFloat16, DType::kInt32, DType::kBool};
+constexpr DType kGradDTypes[] = {DType::kFloat32, DType::kBFloat16,
+                                 DType::kFloat16};
+
+// `name` as one of `allowed`; INVALID_ARGUMENT naming `field` and them.
+absl::StatusOr<DType> ParseDTypeOf(absl::string_view field,
+                                   absl::string_view name,
+                                   absl::Span<const DType> allowed) {
+  for (DType dtype : allowed) {
+    if (name == DTypeName(dtype)) return dtype;
+  }
+  std::vector<std::string> names;
+  for (DType dtype : allowed) names.emplace_back(DTypeName(dtype));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": must be one of ", absl::StrJoin(names, ", "),
+                   ", got ", QuoteForMessage(name)));
+}
 
 // A shape-only view for a tensor whose bytes come in blocks.
 absl::StatusOr<TensorView> SpecView(absl::string_view field,
@@ -130,12 +148,7 @@ absl::Status CheckNoProjectionsOptions(const v1::LossOptions& o) {
 
 absl::StatusOr<DType> ParseDType(absl::string_view field,
                                  absl::string_view name) {
-  for (DType dtype : kWireDTypes) {
-    if (name == DTypeName(dtype)) return dtype;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": must be one of FP32, BF16, FP16, INT32, BOOL, got ",
-      QuoteForMessage(name)));
+  return ParseDTypeOf(field, name, kWireDTypes);
 }
 
 absl::StatusOr<TensorView> ViewOf(absl::string_view field,
@@ -231,7 +244,7 @@ absl::StatusOr<IndexerKlOptions> LossOptionsFrom(const v1::LossOptions& o) {
   options.want_grad = !o.skip_grad();
   if (!o.grad_dtype().empty()) {
     ASSIGN_OR_RETURN(options.grad_dtype,
-                     ParseDType("grad_dtype", o.grad_dtype()));
+                     ParseDTypeOf("grad_dtype", o.grad_dtype(), kGradDTypes));
   }
   options.want_row_kl = o.want_row_kl();
   options.want_diagnostics = o.want_diagnostics();

@@ -569,21 +569,21 @@ std::vector<BadCase> BadCases() {
          r.mutable_options()->set_grad_dtype("INT32");
          return r;
        },
-       "grad_dtype"},
+       "grad_dtype: must be one of FP32, BF16, FP16, got"},
       {"GradDtypeBool",
        [] {
          R r = DensePerHead();
          r.mutable_options()->set_grad_dtype("BOOL");
          return r;
        },
-       "grad_dtype"},
+       "grad_dtype: must be one of FP32, BF16, FP16, got"},
       {"GradDtypeUnknown",
        [] {
          R r = DensePerHead();
          r.mutable_options()->set_grad_dtype("FP64");
          return r;
        },
-       "grad_dtype"},
+       "grad_dtype: must be one of FP32, BF16, FP16, got"},
       {"QOffsetOutOfRange",
        [] {
          R r = DensePerHead();
