@@ -26,6 +26,15 @@ absl::Status ExplainUnavailable(const absl::Status& status, bool tls,
                          absl::StrContains(message, "Connection reset") ||
                          absl::StrContains(message, "failed to connect");
   if (!transport) return status;
+  // Refused (TCP) or no such file (a Unix socket): nothing listens there, so
+  // TLS is not the question.
+  if (absl::StrContains(message, "Connection refused") ||
+      absl::StrContains(message, "No such file or directory")) {
+    return absl::UnavailableError(
+        absl::StrCat(message,
+                     " (nothing listens at this address: is the server up, "
+                     "and is the target right?)"));
+  }
   const char* hint =
       !tls ? "if the server speaks TLS, give the client the CA that signed "
              "its certificate (klctl --tls_ca, ClientOptions::tls_ca_file, "
@@ -37,8 +46,8 @@ absl::Status ExplainUnavailable(const absl::Status& status, bool tls,
           : "check that the server speaks TLS, that its certificate names "
             "the target's host (or set tls_server_name), and that it trusts "
             "the CA of the client certificate";
-  return absl::UnavailableError(absl::StrCat(
-      message, " (is the server up at this address? ", hint, ")"));
+  return absl::UnavailableError(
+      absl::StrCat(message, " (is the server up at this address? ", hint, ")"));
 }
 
 }  // namespace klserve

@@ -42,8 +42,10 @@ struct ClientOptions {
   // The channel's send and receive message limits (gRPC's default receive
   // limit is 4 MiB). At most 2 GiB - 1, since no message can be larger.
   int64_t max_message_bytes = 1 << 30;
-  // Attempts per call when the server answers UNAVAILABLE; >= 1.
-  int max_attempts = 5;
+  // Attempts per call when the server answers UNAVAILABLE; >= 1. Ten, with
+  // the backoff below, wait about 5 to 9 s in all: long enough for a server
+  // (a sidecar, a pod) that restarts, so that a training step rides it out.
+  int max_attempts = 10;
   // Wait before the first retry; doubled after each one up to max_backoff.
   // Each wait is jittered to between half and all of its value.
   absl::Duration initial_backoff = absl::Milliseconds(50);

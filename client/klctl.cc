@@ -46,7 +46,8 @@ ABSL_FLAG(std::string, target, "localhost:50051",
           "Unix-domain socket");
 ABSL_FLAG(absl::Duration, deadline, absl::Seconds(120),
           "Time limit of each call, retries included");
-ABSL_FLAG(int, max_attempts, 5, "Attempts per call while UNAVAILABLE");
+ABSL_FLAG(int, max_attempts, klserve::ClientOptions().max_attempts,
+          "Attempts per call while UNAVAILABLE");
 ABSL_FLAG(std::string, stream, "auto",
           "loss, bench: auto (stream above --stream_threshold), always, never");
 ABSL_FLAG(int64_t, stream_threshold, int64_t{64} << 20,

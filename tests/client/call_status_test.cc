@@ -1,5 +1,6 @@
 #include "client/call_status.h"
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 
 namespace klserve {
@@ -31,6 +32,31 @@ TEST(StatusFromCall, OtherCancelsStayCancelled) {
                                         "client or its deadline"))
                 .code(),
             absl::StatusCode::kCancelled);
+}
+
+// What gRPC reports when nothing listens (TCP, then a Unix socket), and
+// when something does but the connection fails below the call.
+TEST(ExplainUnavailable, NothingListeningIsNotATlsQuestion) {
+  for (const char* message :
+       {"failed to connect to all addresses; last error: UNKNOWN: "
+        "ipv4:127.0.0.1:1: Failed to connect to remote host: Connection "
+        "refused",
+        "failed to connect to all addresses; last error: UNKNOWN: "
+        "unix:/tmp/x.sock: No such file or directory"}) {
+    const absl::Status s =
+        ExplainUnavailable(absl::UnavailableError(message), false, false);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(s.message().find("nothing listens at this address"),
+              absl::string_view::npos)
+        << s;
+    EXPECT_EQ(s.message().find("TLS"), absl::string_view::npos) << s;
+  }
+  const absl::Status closed =
+      ExplainUnavailable(absl::UnavailableError("Socket closed"), false, false);
+  EXPECT_NE(closed.message().find("tls_ca_file"), absl::string_view::npos)
+      << closed;
+  const absl::Status other = absl::UnavailableError("draining");
+  EXPECT_EQ(ExplainUnavailable(other, false, false), other);
 }
 
 }  // namespace

@@ -283,28 +283,43 @@ def test_unavailable_is_retried_then_raised():
             c.health()
         assert info.value.code == grpc.StatusCode.UNAVAILABLE
         assert time.monotonic() - start < 5.0
+        # Nothing listens there: the message says so, and no TLS hint.
+        assert "nothing listens at this address" in info.value.details
+        assert "TLS" not in info.value.details
 
 
-def test_retry_reaches_a_server_that_comes_up_late():
+def reaches_a_server_that_starts_after(delay, seed, **client_options):
+    """Whether a call made now reaches a server that starts `delay` s
+    later, on the port the call names."""
     port = free_port()
     servers = []
 
     def start_later():
-        time.sleep(0.5)
+        time.sleep(delay)
         servers.append(Server(listen="127.0.0.1:%d" % port))
 
     thread = threading.Thread(target=start_later)
     thread.start()
     try:
-        with klserve.Client("127.0.0.1:%d" % port, deadline=30.0,
-                            max_attempts=20, initial_backoff=0.05,
-                            max_backoff=0.5) as c:
-            assert c.health()
-            assert c.compute_loss(**dense_problem(14)).loss > 0
+        with klserve.Client("127.0.0.1:%d" % port, **client_options) as c:
+            return (c.health() and
+                    c.compute_loss(**dense_problem(seed)).loss > 0)
     finally:
         thread.join()
         for s in servers:
             assert s.stop() == 0
+
+
+def test_default_retries_ride_out_a_server_that_restarts():
+    # A server (a sidecar, a pod) that takes 2 s to come back: a call with
+    # the default retry policy waits for it rather than failing the step.
+    assert reaches_a_server_that_starts_after(2.0, 15, deadline=60.0)
+
+
+def test_retry_reaches_a_server_that_comes_up_late():
+    assert reaches_a_server_that_starts_after(
+        0.5, 14, deadline=30.0, max_attempts=20, initial_backoff=0.05,
+        max_backoff=0.5)
 
 
 def test_tags_and_finish_step(client):

@@ -4,8 +4,11 @@ of the same loss."""
 
 import time
 
+import grpc
 import numpy as np
 import pytest
+
+import klserve
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
@@ -192,6 +195,44 @@ def test_traced_step_tag_under_jit(client):
     assert published.indexer_loss == pytest.approx(float(loss), rel=1e-6)
 
 
+def test_traced_float_options_under_jit(client):
+    # MaxText's grad_scale is 1 / total_weights, a traced value in a jitted
+    # step; scaling_factor may be one too.
+    scores, logits = problem(8)
+
+    @jax.jit
+    def step(s, grad_scale, c):
+        return jax.value_and_grad(lambda s: indexer_kl_loss(
+            s, attention_logits=logits, causal=True, client=client,
+            grad_scale=grad_scale, scaling_factor=c))(s)
+
+    loss, grad = step(scores, jnp.float32(0.25), jnp.float32(0.5))
+    direct = client.compute_loss(np.asarray(scores),
+                                 attention_logits=np.asarray(logits),
+                                 causal=True, grad_scale=0.25,
+                                 scaling_factor=0.5)
+    assert float(loss) == float(np.float32(direct.loss))
+    np.testing.assert_array_equal(np.asarray(grad), direct.grad)
+
+
+def test_fp16_scores_keep_a_loss_scaled_gradient(client):
+    # fp16 training scales the loss (2^16 here) so that small gradients
+    # survive fp16: the wrapper must multiply before it rounds to fp16.
+    rng = np.random.default_rng(9)
+    scores = rng.standard_normal((1, 2048, 64)).astype(np.float16)
+    logits = rng.standard_normal((1, 1, 2048, 64)).astype(np.float32)
+    loss_scale = 65536.0
+    grad = jax.grad(lambda s: loss_scale * indexer_kl_loss(
+        s, attention_logits=logits, scaling_factor=0.01, client=client))(
+            jnp.asarray(scores))
+    assert grad.dtype == jnp.float16
+    want = loss_scale * client.compute_loss(
+        scores, attention_logits=logits, scaling_factor=0.01,
+        grad_dtype="fp32").grad.astype(np.float64)
+    np.testing.assert_array_equal(np.asarray(grad),
+                                  want.astype(np.float32).astype(np.float16))
+
+
 def test_vmap_one_request_per_element(client):
     scores, logits = problem(6, batch=3)
     per_element = jax.vmap(lambda s, a: indexer_kl_loss(
@@ -208,9 +249,21 @@ def test_vmap_one_request_per_element(client):
 def test_errors_surface_through_jax(client):
     scores, logits = problem(7)
     scores = scores.at[0, 0, 0].set(jnp.nan)
+    # Eager: the client's own error, code and details.
+    for call in (
+            lambda s: indexer_kl_loss(s, attention_logits=logits,
+                                      client=client),
+            jax.grad(lambda s: indexer_kl_loss(s, attention_logits=logits,
+                                               client=client))):
+        with pytest.raises(klserve.KlserveError) as info:
+            jax.block_until_ready(call(scores))
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details.startswith("indexer_scores")
+    # Under jit: JAX's error, with the client's text.
     with pytest.raises(Exception) as info:
-        jax.block_until_ready(indexer_kl_loss(
-            scores, attention_logits=logits, client=client))
+        jax.block_until_ready(jax.jit(lambda s: indexer_kl_loss(
+            s, attention_logits=logits, client=client))(scores))
+    assert "INVALID_ARGUMENT" in str(info.value)
     assert "indexer_scores" in str(info.value)
     with pytest.raises(TypeError):
         indexer_kl_loss(scores, attention_logits=logits, client=client,

@@ -4,6 +4,7 @@ shared memory: the answers equal the inline ones and the float64 reference,
 the outputs land in the client's region, regions are reused, refusals fall
 back inline with one log line, and an expired lease is registered again."""
 
+import gc
 import logging
 import mmap
 import os
@@ -327,6 +328,22 @@ def test_close_unregisters_and_removes_the_regions(shm_server):
         assert region.key not in region_names(other)
     # The caller's outputs stay readable: the mapping goes with them.
     assert np.isfinite(result.grad).all()
+
+
+def test_a_client_dropped_without_close_unregisters_its_regions(shm_server):
+    # Otherwise the server keeps each for its lease, against --max_regions,
+    # which every job on the host shares.
+    client = shm_server.client(shared_memory=True)
+    client.compute_loss(**weights_problem(12))
+    layout = own_region(client)
+    mine = klserve.SharedMemoryRegion(64)
+    mine.register(client, name="dropped-" + mine.key)
+    names = {layout.key, "dropped-" + mine.key}
+    with shm_server.client() as other:
+        assert names <= set(region_names(other))
+        del client, layout, mine
+        gc.collect()
+        assert not names & set(region_names(other))
 
 
 def test_callers_own_region_goes_by_reference(shm_server, shm_client):

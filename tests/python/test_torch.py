@@ -51,6 +51,45 @@ def test_backward_matches_pure_torch(client):
                                atol=2e-6 * scale)
 
 
+def test_fp16_scores_keep_a_loss_scaled_gradient(client):
+    # fp16 training scales the loss (a GradScaler's 2^16) so that small
+    # gradients survive fp16: backward multiplies before it rounds to fp16,
+    # and an explicit grad_dtype is kept until then.
+    rng = np.random.default_rng(9)
+    scores = torch.tensor(rng.standard_normal((1, 2048, 64)),
+                          dtype=torch.float16)
+    logits = torch.tensor(rng.standard_normal((1, 1, 2048, 64)),
+                          dtype=torch.float32)
+    loss_scale = 65536.0
+    want = loss_scale * client.compute_loss(
+        scores.numpy(), attention_logits=logits.numpy(), scaling_factor=0.01,
+        grad_dtype="fp32").grad.astype(np.float64)
+    want16 = torch.from_numpy(want.astype(np.float32)).half()
+    for options in ({}, {"grad_dtype": "fp32"}):
+        s = scores.clone().requires_grad_()
+        loss = indexer_kl_loss(s, attention_logits=logits, scaling_factor=0.01,
+                               client=client, **options)
+        (loss_scale * loss).backward()
+        assert s.grad.dtype == torch.float16
+        torch.testing.assert_close(s.grad, want16, rtol=0, atol=0)
+
+
+def test_torch_compile_runs_the_call_outside_the_graph(client):
+    scores, logits = problem(3)
+
+    @torch.compile(backend="eager")
+    def step(s):
+        return 2.0 * indexer_kl_loss(s, attention_logits=logits, causal=True,
+                                     client=client)
+
+    s = scores.clone().requires_grad_()
+    step(s).backward()
+    direct = client.compute_loss(scores.numpy(),
+                                 attention_logits=logits.numpy(), causal=True)
+    torch.testing.assert_close(s.grad, torch.from_numpy(2.0 * direct.grad),
+                               rtol=0, atol=0)
+
+
 def test_bf16_and_no_grad(client):
     scores, logits = problem(2)
     s = scores.bfloat16().requires_grad_()

@@ -2,6 +2,7 @@
 
     import klserve
     client = klserve.Client("localhost:50051")
+    # causal: q_offset defaults to S - T; MaxText and Megatron want 0.
     result = client.compute_loss(scores, attention_logits=logits, causal=True)
     result.loss, result.grad
 

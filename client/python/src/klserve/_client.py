@@ -8,8 +8,9 @@ import logging
 import random
 import threading
 import time
+import weakref
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
-                    Tuple, TypeVar)
+                    Set, Tuple, TypeVar)
 
 import grpc
 import numpy as np
@@ -194,13 +195,42 @@ def _token_metadata(token: Optional[str]) -> Tuple[Tuple[str, str], ...]:
     return (("authorization", "Bearer " + token),)
 
 
+def _unregister_quietly(stub, metadata, name: str, timeout: float) -> None:
+    """UnregisterRegion, best effort: a server that is gone (or a call
+    still using the region) leaves it to the lease."""
+    try:
+        stub.UnregisterRegion(pb2.UnregisterRegionRequest(name=name),
+                              timeout=timeout, metadata=metadata)
+    except grpc.RpcError:
+        pass
+
+
+def _release(channel, stub, metadata, registered: Set[str],
+             lock: threading.Lock) -> None:
+    """A client's end (close(), garbage collection or the interpreter's
+    exit): unregisters what it still has registered, within 2 s in all,
+    and closes its channel."""
+    with lock:
+        names = sorted(registered)
+        registered.clear()
+    end = time.monotonic() + 2.0
+    for name in names:
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        _unregister_quietly(stub, metadata, name, left)
+    channel.close()
+
+
 class Client:
     """A blocking client of klserve.
 
     Every call runs under `deadline` seconds, counted from its start and
     covering its retries. UNAVAILABLE is retried up to `max_attempts` times
     with exponential backoff (from `initial_backoff` seconds, doubling up to
-    `max_backoff`, each wait jittered to between half and all of it); every
+    `max_backoff`, each wait jittered to between half and all of it: the
+    defaults wait about 5 to 9 s in all, so that a step rides out a server
+    that restarts, and a dead server is reported after that); every
     other error raises KlserveError at once with the server's code and
     message. compute_loss sends a request whose tensors exceed
     `stream_threshold_bytes` through ComputeLossStream in blocks of about
@@ -242,7 +272,7 @@ class Client:
 
     def __init__(self, target: str = "localhost:50051", *,
                  deadline: float = 120.0, max_message_bytes: int = 1 << 30,
-                 max_attempts: int = 5, initial_backoff: float = 0.05,
+                 max_attempts: int = 10, initial_backoff: float = 0.05,
                  max_backoff: float = 2.0,
                  stream_threshold_bytes: int = 64 << 20,
                  block_bytes: int = 4 << 20,
@@ -320,6 +350,15 @@ class Client:
         # The caller's regions registered through this client, by name:
         # arrays in them travel by reference.
         self._user_regions: Dict[str, SharedMemoryRegion] = {}
+        # Every name this client registered and has not unregistered. A
+        # client dropped without close() (garbage collection, the
+        # interpreter's exit) unregisters them too: the server would
+        # otherwise keep each for its lease, against --max_regions, which
+        # other jobs share. The finalizer holds no reference to the client.
+        self._registered: Set[str] = set()
+        self._finalizer = weakref.finalize(
+            self, _release, self._channel, self._stub, self._metadata,
+            self._registered, self._shm_lock)
 
     # -- lifetime ----------------------------------------------------------
 
@@ -334,7 +373,7 @@ class Client:
             name = region.name
             region._registration = None  # pylint: disable=protected-access
             self._drop_region(region, name)
-        self._channel.close()
+        self._finalizer()  # what is left registered, then the channel
 
     def __enter__(self) -> "Client":
         return self
@@ -429,6 +468,8 @@ class Client:
                                             byte_size=int(byte_size))
         r = self._with_retries(lambda timeout, _: self._stub.RegisterRegion(
             request, timeout=timeout, metadata=self._metadata))
+        with self._shm_lock:
+            self._registered.add(name)
         return int(r.lease_seconds)
 
     def unregister_region(self, name: str) -> None:
@@ -437,6 +478,8 @@ class Client:
         request = pb2.UnregisterRegionRequest(name=name)
         self._with_retries(lambda timeout, _: self._stub.UnregisterRegion(
             request, timeout=timeout, metadata=self._metadata))
+        with self._shm_lock:
+            self._registered.discard(name)
 
     def list_regions(self) -> RegionList:
         """ListRegions: every region the server holds, any client's."""
@@ -468,12 +511,8 @@ class Client:
         with self._shm_lock:
             if self._user_regions.get(name) is region:
                 del self._user_regions[name]
-        try:
-            self._stub.UnregisterRegion(
-                pb2.UnregisterRegionRequest(name=name), timeout=2.0,
-                metadata=self._metadata)
-        except grpc.RpcError:
-            pass
+            self._registered.discard(name)
+        _unregister_quietly(self._stub, self._metadata, name, 2.0)
 
     def _close_layout(self, layout: Layout) -> None:
         self._drop_region(layout.region, layout.name)

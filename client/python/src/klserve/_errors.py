@@ -61,6 +61,9 @@ class KlserveError(grpc.RpcError):
 # mismatch looks like from the client.
 _TRANSPORT_FAILURES = ("Socket closed", "handshake", "Connection reset",
                        "failed to connect")
+# ... and its words for an address where nothing listens (TCP, then a Unix
+# socket): TLS is not the question there.
+_NOTHING_LISTENS = ("Connection refused", "No such file or directory")
 
 
 def explain_unavailable(error, tls, client_certificate):
@@ -71,6 +74,11 @@ def explain_unavailable(error, tls, client_certificate):
     if error.code != grpc.StatusCode.UNAVAILABLE or not any(
             words in error.details for words in _TRANSPORT_FAILURES):
         return error
+    if any(words in error.details for words in _NOTHING_LISTENS):
+        return KlserveError(
+            error.code,
+            "%s (nothing listens at this address: is the server up, and is "
+            "the target right?)" % error.details, error.debug_error_string)
     if not tls:
         hint = ("if the server speaks TLS, give the client the CA that "
                 "signed its certificate (Client(tls_ca_file=...))")

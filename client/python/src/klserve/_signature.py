@@ -27,7 +27,9 @@ class ComputeLossOptions:
     (docs/spec.md defines what they do to the loss).
 
     causal: the causal cut, key s visible to query t when
-        s <= t + q_offset; q_offset defaults to S - T.
+        s <= t + q_offset; q_offset defaults to S - T (the last query
+        sees the last key). MaxText's and Megatron's masks align the first
+        query with the first key: their jobs send q_offset=0 when T != S.
     num_keys: S; required with topk_indices (the sparse stage).
     softmax_scale: multiplies the attention logits (default 1); in the
         projections form, query . key.

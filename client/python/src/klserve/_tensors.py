@@ -36,6 +36,21 @@ def wire_name_of_float(dtype):
     return None
 
 
+def wrapper_grad_name(input_names):
+    """The gradient dtype a JAX or torch wrapper asks the service for when
+    its caller names none, from the wire names (None for float64) of the
+    inputs it differentiates: theirs when they share FP32 or BF16, else
+    FP32. Not FP16: a wrapper keeps the gradient from the forward pass and
+    multiplies it by the cotangent only in backward, and fp16 training
+    scales the loss there (a GradScaler's 2^16), so an FP16 c / N (q - p)
+    would underflow to 0 before the scale could lift it. The wrapper casts
+    the product to the input's dtype."""
+    names = set(input_names)
+    if len(names) == 1 and names <= {"FP32", "BF16"}:
+        return names.pop()
+    return "FP32"
+
+
 def grad_wire_name(grad_dtype):
     """"FP32", "BF16" or "FP16" from a NumPy dtype or a name such as "bf16"."""
     if grad_dtype is None:

@@ -5,7 +5,8 @@
     def loss_fn(params, batch):
         scores = indexer(params, batch)                     # [B, T, S]
         return indexer_kl_loss(scores, attention_logits=batch["logits"],
-                               causal=True, scaling_factor=0.01,
+                               causal=True, q_offset=0,  # MaxText's mask
+                               scaling_factor=0.01,
                                run="exp1", step=batch["step"], layer=3)
 
     loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params, batch)
@@ -52,15 +53,17 @@ import numpy as np
 import numpy.typing as npt
 
 from klserve._client import Client, default_client, set_default_client
+from klserve._errors import KlserveError
 from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
                                 PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
                                 projections_wrapper_signature, split_arguments,
                                 wrapper_signature)
 from klserve._tensor_table import INDEXER_GRADS, PROJECTIONS
-from klserve._tensors import FLOAT_DTYPES, grad_wire_name, wire_name_of_float
+from klserve._tensors import (FLOAT_DTYPES, grad_wire_name, wire_name_of_float,
+                              wrapper_grad_name)
 
-# Integer tags that may be traced values (e.g. the step inside a jitted
-# train step); they travel through the callback as operands.
+# Integer tags, which are often traced values (the step inside a jitted
+# train step): they always travel through the callback as operands.
 _TRACEABLE_TAGS = ("step", "layer", "microbatch")
 
 
@@ -76,20 +79,55 @@ def _pure_callback(callback, result_shapes, *args):
         return jax.pure_callback(callback, result_shapes, *args)
 
 
-def _take_tags(options):
-    """(run, {tag: JAX scalar}) out of the options: the integer tags travel
-    as operands so that they may be traced."""
+def _take_operands(options):
+    """(run, {name: JAX scalar}) out of the options: the integer tags, and
+    any other option given as a JAX array (a traced grad_scale of
+    1 / total_weights, say), travel through the callback as operands, so
+    that they may be traced; the rest stay static."""
     run = options.pop("run", None)
-    tags = {}
-    for name in _TRACEABLE_TAGS:
-        value = options.pop(name, None)
-        if value is not None:
-            tags[name] = jnp.asarray(value)
-    return run, tags
+    operands = {}
+    for name in list(options):
+        value = options[name]
+        if value is None:
+            continue
+        if name in _TRACEABLE_TAGS or isinstance(value, jax.Array):
+            operands[name] = jnp.asarray(options.pop(name))
+    return run, operands
 
 
-def _tag_values(tags_np):
-    return {k: int(np.asarray(v)) for k, v in tags_np.items()}
+def _operand_values(operands_np):
+    """The operands as the Python scalars the client takes."""
+    return {k: np.asarray(v).item() for k, v in operands_np.items()}
+
+
+class _ServiceErrors:
+    """The client's last KlserveError in a wrapper's callback.
+    jax.pure_callback turns it into a runtime error of JAX's own; an eager
+    call raises the KlserveError itself instead (code, details). Under
+    jax.jit the error reaches the caller from the compiled call, as JAX's
+    error with the KlserveError's text."""
+
+    def __init__(self):
+        self._last = None
+
+    def call(self, fn, *args, **kwargs):
+        """fn(...) in the callback, keeping its KlserveError."""
+        try:
+            return fn(*args, **kwargs)
+        except KlserveError as e:
+            self._last = e
+            raise
+
+    def run(self, fn, *args):
+        """fn(...) in the wrapper, raising the kept KlserveError for JAX's."""
+        try:
+            return fn(*args)
+        except KlserveError:
+            raise
+        except Exception as e:  # JAX's wrapper of the callback's error
+            if self._last is not None:
+                raise self._last from e
+            raise
 
 
 def _float_array(name, value):
@@ -108,32 +146,42 @@ def indexer_kl_loss(indexer_scores: npt.ArrayLike, *,
     Keyword arguments as in klserve.Client.compute_loss (the tensors, JAX or
     NumPy arrays, and the fields of klserve.ComputeLossOptions), except
     want_grad, want_row_kl, want_diagnostics and recall_k, which are
-    decided here; grad_dtype defaults to the scores' dtype (float32 for
-    float64 scores). `run` is a static string; `step`, `layer` and
-    `microbatch` may be Python ints or traced integer scalars. The loss is
-    float32 (float64 for float64 scores); differentiating it gives
-    dL/d indexer_scores in their dtype. Without `client`,
-    klserve.default_client().
+    decided here; grad_dtype defaults to the scores' dtype, but float32
+    for float16 and float64 scores (_tensors.wrapper_grad_name: the
+    gradient is multiplied by the cotangent, a loss scale say, before it
+    is cast to the scores' dtype). `run` is a static string; `step`,
+    `layer` and `microbatch` may be Python ints or traced integer scalars,
+    and the float options (grad_scale, scaling_factor, ...) Python floats
+    or traced scalars. The loss is float32 (float64 for float64 scores);
+    differentiating it gives dL/d indexer_scores in their dtype. Without
+    `client`, klserve.default_client().
+
+    The service's errors raise klserve.KlserveError in an eager call.
+    Under jax.jit they reach the caller from the compiled call as JAX's
+    runtime error (jax.errors.JaxRuntimeError), whose message holds the
+    KlserveError's code and details.
     """
     arrays, options = split_arguments(
         "indexer_kl_loss", arguments,
         DECIDED_BY_WRAPPERS | PROJECTIONS_OPTIONS, LOGITS_ARGUMENTS)
-    run, tags = _take_tags(options)
+    run, operands = _take_operands(options)
     scores = _float_array("indexer_scores", indexer_scores)
     loss_dtype = jnp.result_type(scores.dtype, jnp.float32)
     grad_name = options.pop("grad_dtype", None)
     if grad_name is None:
-        grad_name = wire_name_of_float(scores.dtype) or "FP32"
+        grad_name = wrapper_grad_name([wire_name_of_float(scores.dtype)])
     grad_name = grad_wire_name(grad_name)
     grad_dtype = FLOAT_DTYPES[grad_name]
     client = client if client is not None else default_client()
 
-    def call_service(want_grad, scores_np, arrays_np, tags_np):
-        result = client.compute_loss(
-            np.asarray(scores_np), **{k: np.asarray(v)
-                                      for k, v in arrays_np.items()},
+    errors = _ServiceErrors()
+
+    def call_service(want_grad, scores_np, arrays_np, operands_np):
+        result = errors.call(
+            client.compute_loss, np.asarray(scores_np),
+            **{k: np.asarray(v) for k, v in arrays_np.items()},
             run=run, grad_dtype=grad_name, want_grad=want_grad,
-            **_tag_values(tags_np), **options)
+            **_operand_values(operands_np), **options)
         loss = np.asarray(result.loss, dtype=loss_dtype)
         if not want_grad:
             return loss
@@ -162,13 +210,13 @@ def indexer_kl_loss(indexer_scores: npt.ArrayLike, *,
         return loss, grad
 
     def loss_fn_bwd(grad, cotangent):
-        d_scores = (grad.astype(jnp.float32) *
-                    cotangent.astype(jnp.float32)).astype(scores.dtype)
+        d_scores = (grad.astype(loss_dtype) *
+                    cotangent.astype(loss_dtype)).astype(scores.dtype)
         # None: zero cotangents for the targets, masks and tags.
         return d_scores, None, None
 
     loss_fn.defvjp(loss_fn_fwd, loss_fn_bwd)
-    return loss_fn(scores, arrays, tags)
+    return errors.run(loss_fn, scores, arrays, operands)
 
 
 indexer_kl_loss.__signature__ = wrapper_signature(  # type: ignore
@@ -185,16 +233,17 @@ def indexer_kl_loss_from_projections(
     index_weights, with the service's gradients; query, key and every
     other input get zero cotangents. Keywords as there, except want_grad,
     want_row_kl, want_diagnostics and recall_k, which are decided here;
-    grad_dtype defaults to the indexer inputs' dtype when they share one,
-    else float32 (each gradient is then cast to its input's dtype). Tags
-    as in indexer_kl_loss. The loss is float32 (float64 when the indexer
+    grad_dtype defaults to the indexer inputs' dtype when they share
+    float32 or bfloat16, else float32 (each gradient is multiplied by the
+    cotangent, then cast to its input's dtype). Tags, float options and
+    errors as in indexer_kl_loss. The loss is float32 (float64 when the indexer
     inputs are). The service's own top-k selection (topk = K) is used but
     not returned here: Client.compute_loss_from_projections returns it.
     """
     arrays, options = split_arguments(
         "indexer_kl_loss_from_projections", arguments, DECIDED_BY_WRAPPERS,
         PROJECTIONS_ARGUMENTS)
-    run, tags = _take_tags(options)
+    run, operands = _take_operands(options)
     query, key, *indexer = (
         _float_array(name, value) for name, value in zip(
             PROJECTIONS, (query, key, index_query, index_key, index_weights)))
@@ -202,20 +251,21 @@ def indexer_kl_loss_from_projections(
     loss_dtype = jnp.result_type(*(x.dtype for x in indexer), jnp.float32)
     grad_name = options.pop("grad_dtype", None)
     if grad_name is None:
-        # float64 has no wire name (None): FP32, as for mixed dtypes.
-        wire_names = {wire_name_of_float(x.dtype) for x in indexer}
-        grad_name = (wire_names.pop() or "FP32" if len(wire_names) == 1
-                     else "FP32")
+        grad_name = wrapper_grad_name(
+            [wire_name_of_float(x.dtype) for x in indexer])
     grad_name = grad_wire_name(grad_name)
     grad_dtype = FLOAT_DTYPES[grad_name]
     client = client if client is not None else default_client()
 
-    def call_service(want_grad, q, k, indexer_np, arrays_np, tags_np):
-        result = client.compute_loss_from_projections(
-            np.asarray(q), np.asarray(k), *map(np.asarray, indexer_np),
+    errors = _ServiceErrors()
+
+    def call_service(want_grad, q, k, indexer_np, arrays_np, operands_np):
+        result = errors.call(
+            client.compute_loss_from_projections, np.asarray(q),
+            np.asarray(k), *map(np.asarray, indexer_np),
             **{name: np.asarray(v) for name, v in arrays_np.items()},
             run=run, grad_dtype=grad_name, want_grad=want_grad,
-            **_tag_values(tags_np), **options)
+            **_operand_values(operands_np), **options)
         loss = np.asarray(result.loss, dtype=loss_dtype)
         if not want_grad:
             return loss
@@ -239,14 +289,16 @@ def indexer_kl_loss_from_projections(
             (loss_shape, grad_shapes), q, k, ix, a, t)
 
     def loss_fn_bwd(grads, cotangent):
-        cotangent = cotangent.astype(jnp.float32)
-        d_indexer = tuple((g.astype(jnp.float32) * cotangent).astype(x.dtype)
+        def times_cotangent(g, x):
+            wide = jnp.result_type(x.dtype, jnp.float32)
+            return (g.astype(wide) * cotangent.astype(wide)).astype(x.dtype)
+        d_indexer = tuple(times_cotangent(g, x)
                           for g, x in zip(grads, indexer))
         # None: zero cotangents for query, key, lse, the masks and tags.
         return None, None, d_indexer, None, None
 
     loss_fn.defvjp(loss_fn_fwd, loss_fn_bwd)
-    return loss_fn(query, key, indexer, arrays, tags)
+    return errors.run(loss_fn, query, key, indexer, arrays, operands)
 
 
 indexer_kl_loss_from_projections.__signature__ = (  # type: ignore

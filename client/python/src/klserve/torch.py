@@ -2,6 +2,7 @@
 
     from klserve.torch import indexer_kl_loss
 
+    # causal: q_offset defaults to S - T; MaxText and Megatron want 0.
     loss = indexer_kl_loss(scores, attention_logits=logits, causal=True,
                            scaling_factor=0.01, run="exp1", step=step)
     loss.backward()      # scores.grad = the service's dL/d indexer_scores
@@ -15,6 +16,10 @@ get no gradient, as in the spec, where no gradient flows into p.
 With a Client(shared_memory=True) the tensors travel through its
 shared-memory regions; the gradients it returns there (views that its next
 call of the same shapes overwrites) are copied into the saved tensors.
+
+indexer_kl_loss and indexer_kl_loss_from_projections run outside
+torch.compile's graphs (a graph break): the call goes to the host and the
+service.
 
 IndexerKlLossFromProjections (indexer_kl_loss_from_projections) is the
 projections form: from the main attention's query and key and the
@@ -36,10 +41,36 @@ from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
                                 projections_wrapper_signature, split_arguments,
                                 wrapper_signature)
 from klserve._tensor_table import INDEXER_GRADS
-from klserve._tensors import grad_wire_name
+from klserve._tensors import grad_wire_name, wrapper_grad_name
 
-_TORCH_GRAD_NAMES = {torch.float32: "FP32", torch.bfloat16: "BF16",
-                     torch.float16: "FP16", torch.float64: "FP32"}
+# Wire names of the torch dtypes the service takes and returns.
+_TORCH_WIRE_NAMES = {torch.float32: "FP32", torch.bfloat16: "BF16",
+                     torch.float16: "FP16"}
+_TORCH_DTYPES = {name: dtype for dtype, name in _TORCH_WIRE_NAMES.items()}
+
+
+def _grad_name(options, inputs):
+    """The gradient dtype to ask for: the caller's, else
+    wrapper_grad_name's for the differentiable inputs."""
+    name = options.pop("grad_dtype", None)
+    if name is None:
+        name = wrapper_grad_name(
+            [_TORCH_WIRE_NAMES.get(x.dtype) for x in inputs])
+    return grad_wire_name(name)
+
+
+def _times(grad, grad_output, dtype):
+    """The service's gradient times the incoming one, in float32 (float64
+    for float64 inputs), as `dtype`."""
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    return (grad.to(wide) * grad_output.to(wide)).to(dtype)
+
+
+def _outside_compiled_graphs(fn):
+    """torch.compile must not trace into a call of the service (host
+    arrays, gRPC): the graph breaks there, and the call runs eagerly."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return disable(fn) if disable is not None else fn
 
 
 def to_numpy(value: Any) -> np.ndarray:
@@ -95,8 +126,9 @@ class IndexerKlLoss(torch.autograd.Function):
     arrays; `client`: a klserve.Client (None: klserve.default_client());
     `options`: dict of fields of klserve.ComputeLossOptions but want_grad,
     want_row_kl, want_diagnostics and recall_k, which are decided here
-    (grad_dtype defaults to the scores' dtype). The loss is a 0-d float32
-    tensor (float64 for float64 scores) on the scores' device.
+    (grad_dtype defaults to the scores' dtype, but float32 for float16
+    and float64 scores: see _tensors.wrapper_grad_name). The loss is a 0-d
+    float32 tensor (float64 for float64 scores) on the scores' device.
     """
 
     @staticmethod
@@ -109,10 +141,7 @@ class IndexerKlLoss(torch.autograd.Function):
         if client is None:
             client = default_client()
         want_grad = bool(ctx.needs_input_grad[0])
-        grad_name = options.pop("grad_dtype", None)
-        grad_name = grad_wire_name(
-            grad_name if grad_name is not None
-            else _TORCH_GRAD_NAMES.get(indexer_scores.dtype, "FP32"))
+        grad_name = _grad_name(options, [indexer_scores])
         result = client.compute_loss(
             to_numpy(indexer_scores),
             **{k: to_numpy(v) for k, v in arrays.items()},
@@ -120,9 +149,11 @@ class IndexerKlLoss(torch.autograd.Function):
         loss_dtype = (torch.float64 if indexer_scores.dtype == torch.float64
                       else torch.float32)
         if want_grad:
+            # In the service's dtype until backward has multiplied it.
             ctx.save_for_backward(from_numpy(
-                result.grad, indexer_scores.dtype, indexer_scores.device,
+                result.grad, _TORCH_DTYPES[grad_name], indexer_scores.device,
                 copy=_region_views(result, client)))
+            ctx.scores_dtype = indexer_scores.dtype
         ctx.result = result  # loss, N, diagnostics for the curious
         return torch.tensor(result.loss, dtype=loss_dtype,
                             device=indexer_scores.device)
@@ -130,10 +161,10 @@ class IndexerKlLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
         (grad,) = ctx.saved_tensors
-        d_scores = (grad.float() * grad_output.float()).to(grad.dtype)
-        return d_scores, None, None, None
+        return _times(grad, grad_output, ctx.scores_dtype), None, None, None
 
 
+@_outside_compiled_graphs
 def indexer_kl_loss(indexer_scores: torch.Tensor, *,
                     client: Optional[Client] = None,
                     **arguments: Any) -> torch.Tensor:
@@ -162,11 +193,11 @@ class IndexerKlLossFromProjections(torch.autograd.Function):
     The projections form (klserve.Client.compute_loss_from_projections).
     `inputs`: dict of the form's other tensors (lse, topk_indices, masks,
     key bounds); `client` and `options` as in IndexerKlLoss (grad_dtype
-    defaults to the indexer inputs' dtype when they share one, else
-    float32). The service's gradients are asked for when any of
-    index_query, index_key and index_weights requires one; query and key
-    get none. The loss is a 0-d float32 tensor (float64 when the indexer
-    inputs are) on index_query's device.
+    defaults to the indexer inputs' dtype when they share float32 or
+    bfloat16, else float32). The service's gradients are asked for when
+    any of index_query, index_key and index_weights requires one; query
+    and key get none. The loss is a 0-d float32 tensor (float64 when the
+    indexer inputs are) on index_query's device.
     """
 
     @staticmethod
@@ -183,22 +214,19 @@ class IndexerKlLossFromProjections(torch.autograd.Function):
             client = default_client()
         indexer = (index_query, index_key, index_weights)
         want_grad = any(ctx.needs_input_grad[2:5])
-        grad_name = options.pop("grad_dtype", None)
-        if grad_name is None:
-            dtypes = {x.dtype for x in indexer}
-            grad_name = (_TORCH_GRAD_NAMES.get(dtypes.pop(), "FP32")
-                         if len(dtypes) == 1 else "FP32")
+        grad_name = _grad_name(options, indexer)
         result = client.compute_loss_from_projections(
             to_numpy(query), to_numpy(key),
             *(to_numpy(x) for x in indexer),
             **{k: to_numpy(v) for k, v in arrays.items()},
-            grad_dtype=grad_wire_name(grad_name), want_grad=want_grad,
-            **options)
+            grad_dtype=grad_name, want_grad=want_grad, **options)
         if want_grad:
+            # In the service's dtype until backward has multiplied them.
             ctx.save_for_backward(*(
-                from_numpy(getattr(result, field), x.dtype, x.device,
-                           copy=_region_views(result, client))
+                from_numpy(getattr(result, field), _TORCH_DTYPES[grad_name],
+                           x.device, copy=_region_views(result, client))
                 for field, x in zip(INDEXER_GRADS, indexer)))
+            ctx.indexer_dtypes = tuple(x.dtype for x in indexer)
         ctx.result = result  # loss, N, topk_indices for the curious
         loss_dtype = (torch.float64 if all(x.dtype == torch.float64
                                            for x in indexer)
@@ -208,14 +236,15 @@ class IndexerKlLossFromProjections(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
-        scale = grad_output.float()
         d_indexer = tuple(
-            (grad.float() * scale).to(grad.dtype) if needed else None
-            for grad, needed in zip(ctx.saved_tensors,
-                                    ctx.needs_input_grad[2:5]))
+            _times(grad, grad_output, dtype) if needed else None
+            for grad, dtype, needed in zip(ctx.saved_tensors,
+                                           ctx.indexer_dtypes,
+                                           ctx.needs_input_grad[2:5]))
         return (None, None, *d_indexer, None, None, None)
 
 
+@_outside_compiled_graphs
 def indexer_kl_loss_from_projections(
         query: torch.Tensor, key: torch.Tensor, index_query: torch.Tensor,
         index_key: torch.Tensor, index_weights: torch.Tensor, *,
