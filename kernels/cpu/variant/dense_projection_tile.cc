@@ -208,7 +208,7 @@ class DenseTile : private TileBase {
     } else {
       std::vector<float>& max = shift;
       std::fill(max.begin(), max.end(), -kInf);
-      std::vector<double> sum(n_ * H, 0.0);
+      std::vector<double> sum(n_ * H);
       for (int64_t s0 = lo_; s0 < hi_; s0 += kKeyTile) {
         const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
         const float* keys = KeyTile(s0, s1);
@@ -340,7 +340,7 @@ class DenseTile : private TileBase {
   void Gradients() {
     const int64_t M = n_ * p_.H_I;
     std::vector<float> dq(M * p_.D_I, 0.0f);
-    std::vector<double> dw(M, 0.0);
+    std::vector<double> dw(M);
     KeyGradPartial& dk = *out_.key_grad;
     dk.count = hi_ - lo_;
     dk.rows.resize(dk.count * p_.D_I);
