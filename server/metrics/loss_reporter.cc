@@ -164,9 +164,13 @@ void LossReporter::WriteTensorBoard(const FinishedStep& step) {
     framed_before = writer->framed_bytes();
   }
   if (writer != nullptr) {
-    const absl::Time now = absl::Now();
+    // Stamped with the step's last sample, not the publishing: a step the
+    // idle timeout finishes is published minutes after its work.
     const auto scalar = [&](absl::string_view tag, double value) {
-      if (status.ok()) status = writer->AddScalar(tag, step.step, value, now);
+      if (status.ok()) {
+        status =
+            writer->AddScalar(tag, step.step, value, step.last_sample_time);
+      }
     };
     scalar("indexer_loss", step.loss);
     for (const LayerLoss& layer : step.layers) {

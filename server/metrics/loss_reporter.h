@@ -28,7 +28,7 @@ struct LossReporterOptions {
   // count of distinct layers: it is checked on the request alone, before
   // computing, with no state and no race between concurrent requests of a
   // run; layers are numbered 0..L-1 in practice (DeepSeek-V3: 61).
-  int max_layers_per_run = 256;
+  int max_layers_per_run = 128;
   // Where each run's TensorBoard event file goes; empty writes none.
   std::string tensorboard_dir;
   // Runs given a TensorBoard directory in this process's lifetime. A run

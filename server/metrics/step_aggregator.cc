@@ -62,10 +62,18 @@ absl::StatusOr<AddResult> StepAggregator::Add(const StepSample& sample,
   absl::MutexLock lock(&mu_);
   auto it = runs_.find(sample.run);
   if (it == runs_.end()) {
+    // A run that comes back after its eviction keeps its last finished step
+    // (taken before this arrival evicts another run, which may push it out).
+    std::optional<int64_t> last_finished_step;
+    if (auto kept = evicted_.find(sample.run); kept != evicted_.end()) {
+      last_finished_step = kept->second.last_finished_step;
+      evicted_.erase(kept);
+    }
     if (static_cast<int>(runs_.size()) >= std::max(options_.max_runs, 1)) {
       EvictOne(result);
     }
     it = runs_.emplace(sample.run, RunState{}).first;
+    it->second.last_finished_step = last_finished_step;
   }
   RunState& state = it->second;
   state.last_activity = now;
@@ -191,6 +199,21 @@ void StepAggregator::EvictOne(AddResult& result) {
         Close(victim->first, victim->second, FinishReason::kEvicted));
   }
   result.evicted_runs.push_back(victim->first);
+  if (victim->second.last_finished_step.has_value()) {
+    const int64_t order = ++evictions_;
+    evicted_[victim->first] = {*victim->second.last_finished_step, order};
+    evicted_order_.emplace_back(victim->first, order);
+    const size_t kept = static_cast<size_t>(kEvictedRunsKeptPerRun) *
+                        static_cast<size_t>(std::max(options_.max_runs, 1));
+    while (evicted_order_.size() > kept) {
+      const auto& [name, when] = evicted_order_.front();
+      if (auto stale = evicted_.find(name);
+          stale != evicted_.end() && stale->second.order == when) {
+        evicted_.erase(stale);
+      }
+      evicted_order_.pop_front();
+    }
+  }
   runs_.erase(victim);
 }
 

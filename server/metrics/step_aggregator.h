@@ -2,9 +2,11 @@
 #define KLSERVE_SERVER_METRICS_STEP_AGGREGATOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -127,11 +129,18 @@ struct StepAggregatorOptions {
 //
 // Each run has at most one open step. A sample of a later step finishes the
 // open one; a sample of an earlier step, or of a step at most the run's last
-// finished step, is late. A job resumed from an earlier checkpoint under the
-// same run name therefore has its samples counted late until it passes the
-// last step it reported; a resumed job should take a new run name.
+// finished step, is late. An evicted run's last finished step is kept (for
+// kEvictedRunsKeptPerRun * max_runs runs evicted last), so that a late sample
+// of a run that comes back is late too rather than publishing a step again. A
+// job resumed from an earlier checkpoint under the same run name therefore has
+// its samples counted late until it passes the last step it reported; a resumed
+// job should take a new run name.
 class StepAggregator {
  public:
+  // Evicted runs whose last finished step is kept, per tracked run: a few
+  // dozen bytes each, so 16 * max_runs of them stay small.
+  static constexpr int kEvictedRunsKeptPerRun = 16;
+
   explicit StepAggregator(StepAggregatorOptions options = {});
 
   StepAggregator(const StepAggregator&) = delete;
@@ -204,6 +213,17 @@ class StepAggregator {
   const StepAggregatorOptions options_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, RunState> runs_ ABSL_GUARDED_BY(mu_);
+  // The last finished step of each run evicted since, by name with the
+  // order of its eviction; evicted_order_ holds (name, order), oldest
+  // first, and an entry whose order is no longer the name's is stale.
+  struct EvictedRun {
+    int64_t last_finished_step = 0;
+    int64_t order = 0;
+  };
+  absl::flat_hash_map<std::string, EvictedRun> evicted_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<std::string, int64_t>> evicted_order_
+      ABSL_GUARDED_BY(mu_);
+  int64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace klserve::server

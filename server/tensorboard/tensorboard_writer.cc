@@ -196,7 +196,11 @@ absl::StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Open(
   std::string path;
   int fd = -1;
   for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    path = (run_dir / absl::StrCat(prefix, counter.fetch_add(1))).string();
+    // Zero-padded: TensorBoard reads a run's files in name order, and .10
+    // would come before .2.
+    path = (run_dir / absl::StrCat(prefix, absl::Dec(counter.fetch_add(1),
+                                                     absl::kZeroPad10)))
+               .string();
     fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0 && errno != EEXIST && errno != EINTR) break;
   }

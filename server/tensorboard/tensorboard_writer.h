@@ -21,7 +21,9 @@ namespace klserve::server {
 
 // One event file of one run. TensorBoard shows each subdirectory of the log
 // directory as a run, so `Open(log_dir, "exp1")` writes
-// `<log_dir>/exp1/events.out.tfevents.<unix seconds>.<host>.<pid>.<n>`.
+// `<log_dir>/exp1/events.out.tfevents.<unix seconds>.<host>.<pid>.<n>`, n
+// counting the files this process opened, in ten digits, so that names
+// sort in the order the files were opened.
 //
 // Thread-safe: one internal mutex serialises all calls, and a call that
 // writes holds it for the write (to the page cache, about kFlushBytes), so

@@ -110,6 +110,7 @@ std::set<std::string> Entries(const fs::path& dir) {
 struct RunEvents {
   int files = 0;
   std::set<int64_t> steps;
+  std::vector<double> loss_wall_times;  // of the indexer_loss points
 };
 RunEvents ReadRun(const fs::path& run_dir) {
   RunEvents out;
@@ -124,7 +125,11 @@ RunEvents ReadRun(const fs::path& run_dir) {
     for (const event_reader::ReadEvent& e : *events) {
       if (!e.summary.has_value() || !e.step.has_value()) continue;
       for (const event_reader::ReadValue& v : *e.summary) {
-        if (v.tag == "indexer_loss") out.steps.insert(*e.step);
+        if (v.tag != "indexer_loss") continue;
+        out.steps.insert(*e.step);
+        if (e.wall_time.has_value()) {
+          out.loss_wall_times.push_back(*e.wall_time);
+        }
       }
     }
   }
@@ -289,6 +294,30 @@ TEST(TensorBoardBoundTest, StepsPastTheByteBoundGetMetricsButNoEvent) {
   EXPECT_EQ(a.files, 1);
   EXPECT_EQ(a.steps, (std::set<int64_t>{1}));
   ExpectSaidOnce(r->server->Log(), "--max_tensorboard_bytes");
+  fs::remove_all(tb_dir);
+}
+
+// A step the idle timeout finishes is published seconds after its work;
+// its point carries the time of its last sample, so TensorBoard's time
+// axes show when the step ran.
+TEST(TensorBoardTimeTest, AStepIsStampedWithItsLastSample) {
+  const std::string tb_dir = MakeTempDir();
+  ASSERT_FALSE(tb_dir.empty());
+  std::optional<Reporting> r =
+      StartReporting({"--tensorboard_dir=" + tb_dir, "--step_idle_timeout=3s"});
+  ASSERT_TRUE(r.has_value());
+  const double before = absl::ToUnixMicros(absl::Now()) * 1e-6;
+  ASSERT_TRUE(r->client->ComputeLossUnary(TaggedRequest("timed", 1, 0)).ok());
+  const double after = absl::ToUnixMicros(absl::Now()) * 1e-6;
+  // Published by the idle timeout (checked every second), not by a drain.
+  absl::SleepFor(absl::Seconds(5));
+  EXPECT_TRUE(HasSample(ScrapeMetrics(r->metrics_port),
+                        "klserve_indexer_last_step{run=\"timed\"}", "1"));
+  ASSERT_NO_FATAL_FAILURE(DrainAndExit(*r->server));
+  const RunEvents timed = ReadRun(fs::path(tb_dir) / "timed");
+  ASSERT_EQ(timed.loss_wall_times.size(), 1u);
+  EXPECT_GE(timed.loss_wall_times[0], before - 0.01);
+  EXPECT_LE(timed.loss_wall_times[0], after + 0.01);
   fs::remove_all(tb_dir);
 }
 

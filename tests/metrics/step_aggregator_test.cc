@@ -326,12 +326,37 @@ TEST(StepAggregator, EvictsTheRunIdleLongest) {
   EXPECT_DOUBLE_EQ(r.finished[0].loss, 4.0);
   EXPECT_EQ(agg.num_runs(), 2);
   ExpectFinishNotFound(agg, "b", 4, "no samples received");
-  // An evicted run that comes back starts afresh (its step is not late).
-  const AddResult back =
+  // An evicted run that comes back remembers the step it published: a
+  // late sample of it is late, not a second point at step 4; a new step
+  // opens as usual.
+  const AddResult late =
       MustAdd(agg, Sample("b", 4, 0, 0, 2.0, 1), kT0 + absl::Seconds(4));
-  EXPECT_FALSE(back.late);
-  ASSERT_EQ(back.evicted_runs.size(), 1u);
-  EXPECT_EQ(back.evicted_runs[0], "a");
+  EXPECT_TRUE(late.late);
+  ASSERT_EQ(late.evicted_runs.size(), 1u);
+  EXPECT_EQ(late.evicted_runs[0], "a");
+  const AddResult next =
+      MustAdd(agg, Sample("b", 5, 0, 0, 2.0, 1), kT0 + absl::Seconds(5));
+  EXPECT_FALSE(next.late);
+  EXPECT_DOUBLE_EQ(MustFinish(agg, "b", 5).loss, 2.0);
+}
+
+// What an evicted run remembers is bounded: past kEvictedRunsKeptPerRun *
+// max_runs evictions the oldest is forgotten, and that run starts afresh.
+TEST(StepAggregator, EvictedRunsRememberedAreBounded) {
+  StepAggregator agg({.max_runs = 1, .idle_timeout = absl::Minutes(5)});
+  const int kept = StepAggregator::kEvictedRunsKeptPerRun;
+  absl::Time now = kT0;
+  for (int i = 0; i <= kept + 1; ++i) {
+    now += absl::Seconds(1);
+    MustAdd(agg, Sample("run" + std::to_string(i), 7, 0, 0, 1.0, 1), now);
+  }
+  // run0 .. run{kept} were evicted, run0 longest ago: forgotten.
+  now += absl::Seconds(1);
+  EXPECT_FALSE(MustAdd(agg, Sample("run0", 7, 0, 0, 1.0, 1), now).late);
+  // run0's return evicted run17, which pushed out run1; run2 is still
+  // remembered.
+  now += absl::Seconds(1);
+  EXPECT_TRUE(MustAdd(agg, Sample("run2", 7, 0, 0, 1.0, 1), now).late);
 }
 
 TEST(StepAggregator, EvictsARunWithoutAnOpenStep) {

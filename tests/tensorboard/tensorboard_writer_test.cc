@@ -215,6 +215,22 @@ TEST_F(TensorBoardWriterTest, TwoWritersOfOneRunGetTwoFiles) {
             fs::path(b->path()).parent_path());
 }
 
+// TensorBoard reads a run's files in name order: files opened one after
+// the other (an evicted run coming back, within one second) sort so. The
+// process counts its files: 100 of them cross a power of ten (9 to 10, or
+// 99 to 100) wherever the count stood.
+TEST_F(TensorBoardWriterTest, FileNamesSortInTheOrderOpened) {
+  std::vector<std::string> opened;
+  for (int i = 0; i < 100; ++i) {
+    auto writer = OpenOrDie("reopened");
+    ASSERT_NE(writer, nullptr);
+    opened.push_back(fs::path(writer->path()).filename().string());
+  }
+  std::vector<std::string> sorted = opened;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, opened);
+}
+
 TEST_F(TensorBoardWriterTest, ConcurrentAddScalarKeepsEveryRecordWhole) {
   auto writer = OpenOrDie("threads");
   ASSERT_NE(writer, nullptr);
