@@ -2,12 +2,12 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/usable_cpus.h"
+
 namespace klserve::cpu {
 
 ThreadPool::ThreadPool(int num_threads) {
-  if (num_threads <= 0) {
-    num_threads = std::max(1u, std::thread::hardware_concurrency());
-  }
+  if (num_threads <= 0) num_threads = UsableCpus();
   workers_.reserve(num_threads - 1);
   for (int i = 1; i < num_threads; ++i) {
     workers_.emplace_back([this] { WorkerLoop(); });

@@ -16,7 +16,8 @@ namespace klserve::cpu {
 // threads may call ParallelFor at once; their tasks share the workers.
 class ThreadPool {
  public:
-  // num_threads <= 0 means one per core. The caller counts as one of them,
+  // num_threads <= 0 means one per CPU this process may use (UsableCpus:
+  // its affinity and its cgroup's quota). The caller counts as one of them,
   // so num_threads - 1 workers are started.
   explicit ThreadPool(int num_threads);
   ~ThreadPool();

@@ -57,7 +57,9 @@ Metrics::Metrics(const MetricsOptions& options)
                         "RPCs finished, by method and gRPC status code.")),
       request_duration_(HistogramFamily(
           *registry_, "klserve_request_duration_seconds",
-          "Time from receiving an RPC to its final status, in seconds.")),
+          "Time from receiving an RPC to its final status, in seconds, of "
+          "the RPCs answered OK (refusals take microseconds and would pull "
+          "the quantiles down under overload).")),
       received_bytes_(CounterFamily(*registry_, "klserve_received_bytes_total",
                                     "Request message bytes received.")),
       sent_bytes_(CounterFamily(*registry_, "klserve_sent_bytes_total",
@@ -188,8 +190,13 @@ void Metrics::RecordRequest(absl::string_view method, absl::string_view code,
                             int64_t rows) {
   const std::string m(method);
   requests_.Add({{"method", m}, {"code", std::string(code)}}).Increment();
-  request_duration_.Add({{"method", m}}, RequestDurationBuckets())
-      .Observe(seconds);
+  // OK calls only: an overloaded server refuses most calls at once, and with
+  // the refusals in, its latency quantiles would fall as its clients wait
+  // longer. klserve_requests_total counts the refusals.
+  if (code == "OK") {
+    request_duration_.Add({{"method", m}}, RequestDurationBuckets())
+        .Observe(seconds);
+  }
   // Counter::Increment ignores negative amounts; so does this.
   received_bytes_.Add({{"method", m}}).Increment(static_cast<double>(bytes_in));
   sent_bytes_.Add({{"method", m}}).Increment(static_cast<double>(bytes_out));

@@ -45,7 +45,8 @@ ABSL_FLAG(std::string, unix_socket_mode,
 ABSL_FLAG(std::string, backend, Defaults().backend,
           "auto (CUDA when usable, else CPU), cpu or cuda");
 ABSL_FLAG(int, threads, Defaults().threads,
-          "CPU backend threads; 0 = one per core");
+          "CPU backend threads; 0 = one per CPU this process may use (its "
+          "affinity, and its cgroup's CPU quota in a container)");
 ABSL_FLAG(std::string, isa, Defaults().isa,
           "CPU kernels' instruction set: auto (the best this CPU runs), "
           "avx512, avx2 or baseline; every one gives the same bits, and one "

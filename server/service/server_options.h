@@ -23,7 +23,7 @@ struct ServerOptions {
   mode_t unix_socket_mode = 0600;
   // "auto" (CUDA when usable, else CPU), "cpu" or "cuda".
   std::string backend = "auto";
-  // CPU backend threads; 0 = one per core.
+  // CPU backend threads; 0 = one per CPU this process may use (UsableCpus).
   int threads = 0;
   // The CPU kernels' ISA variant: "auto" (the best this CPU runs), "avx512",
   // "avx2" or "baseline" (kernels/cpu/isa.h); all give the same bits.

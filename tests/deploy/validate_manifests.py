@@ -258,6 +258,39 @@ def test_podmonitor_scrapes_the_metrics_port():
     port_names = {p["name"] for p in container()["ports"]}
     for endpoint in monitor["spec"]["podMetricsEndpoints"]:
         assert endpoint["port"] == "metrics" and "metrics" in port_names
+        assert_job_is_the_alerts_job(endpoint)
+
+
+def assert_job_is_the_alerts_job(endpoint):
+    """The Prometheus Operator names a PodMonitor's job
+    "<namespace>/<name>"; the alerts select job="klserve", so the endpoint
+    must set it."""
+    alerts = (DEPLOY / "prometheus" / "alerts.yml").read_text()
+    assert 'up{job="klserve"}' in alerts
+    relabelings = endpoint.get("relabelings", [])
+    assert any(r.get("targetLabel") == "job" and
+               r.get("replacement") == "klserve" and
+               r.get("action", "replace") == "replace" and
+               not r.get("sourceLabels") for r in relabelings), relabelings
+
+
+def test_networkpolicy_admits_clients_to_grpc_and_prometheus_to_metrics():
+    policy = one("NetworkPolicy")
+    labels = one("Deployment", "klserve")["spec"]["template"]["metadata"][
+        "labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= \
+        labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    port_names = {p["name"] for p in container()["ports"]}
+    admitted = {}
+    for rule in policy["spec"]["ingress"]:
+        (peer,) = rule["from"]
+        for port in rule["ports"]:
+            assert port["port"] in port_names, port
+            admitted[port["port"]] = peer["podSelector"]["matchLabels"]
+    assert admitted == {
+        "grpc": {"klserve-client": "true"},
+        "metrics": {"app.kubernetes.io/name": "prometheus"}}
 
 
 def test_kustomization_lists_existing_files():
@@ -429,16 +462,18 @@ def test_sidecar_overlay_builds_on_the_base():
     on_disk = {p.name for p in SIDECAR.glob("*.y*ml")} - {"kustomization.yaml"}
     assert on_disk == set(kz["resources"][1:]), "files not in resources"
     kinds = {(d["kind"], d["metadata"]["name"]) for d in build_sidecar()}
-    # The shared replicas and their Service are gone; the flags, the
-    # namespace and the PodMonitor stay.
+    # The shared replicas and their Service are gone, and so is the
+    # Namespace: the job's exists already, and an overlay owning it would
+    # delete it with `kubectl delete -k`. The flags and the PodMonitor stay,
+    # in the job's namespace.
     assert ("Deployment", "klserve") not in kinds
     assert ("Service", "klserve-headless") not in kinds
+    assert not [k for k in kinds if k[0] == "Namespace"], kinds
     for want in (("Job", "trainer"), ("ConfigMap", "klserve-flags"),
                  ("PodMonitor", "klserve")):
         assert want in kinds, want
-    namespaces = {d["metadata"].get("namespace") for d in build_sidecar()
-                  if d["kind"] != "Namespace"}
-    assert namespaces == {sidecar_one("Namespace")["metadata"]["name"]}
+    namespaces = {d["metadata"].get("namespace") for d in build_sidecar()}
+    assert namespaces == {kz["namespace"]}
     images = {c["image"] for c in [sidecar_klserve(), sidecar_trainer()]}
     assert all(":" in i for i in images), images  # both named in images:
 
@@ -538,6 +573,7 @@ def test_sidecar_podmonitor_scrapes_the_sidecar():
     ports = {p["name"] for p in sidecar_klserve()["ports"]}
     for endpoint in monitor["spec"]["podMetricsEndpoints"]:
         assert endpoint["port"] in ports
+        assert_job_is_the_alerts_job(endpoint)
 
 
 def kustomize_command():
