@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -35,25 +36,32 @@ std::optional<std::string> CgroupV2Path() {
   return std::nullopt;
 }
 
-// The quota's CPUs: cgroup v2 at this process's own cgroup, then at the
-// root of the cgroup namespace (what a container sees), then cgroup v1.
+// The fewest CPUs any cgroup v2 quota on the way from this process's
+// cgroup up to the root allows (a limit set on a parent holds for its
+// children, "max" on the way included); without one, cgroup v1's.
 std::optional<int> CpusOfCgroup() {
-  if (const std::optional<std::string> path = CgroupV2Path()) {
-    if (const std::optional<std::string> max =
-            ReadFile("/sys/fs/cgroup" + *path + "/cpu.max")) {
-      return CpusOfQuota(*max);
+  std::optional<int> fewest;
+  const auto take = [&](std::optional<int> cpus) {
+    if (cpus && (!fewest || *cpus < *fewest)) fewest = cpus;
+  };
+  if (std::optional<std::string> path = CgroupV2Path()) {
+    while (true) {
+      if (const std::optional<std::string> max =
+              ReadFile("/sys/fs/cgroup" + *path + "/cpu.max")) {
+        take(CpusOfQuota(*max));
+      }
+      const size_t slash = path->find_last_of('/');
+      if (slash == std::string::npos || *path == "/") break;
+      path->resize(slash == 0 ? 1 : slash);
     }
-  }
-  if (const std::optional<std::string> max =
-          ReadFile("/sys/fs/cgroup/cpu.max")) {
-    return CpusOfQuota(*max);
+    if (fewest) return fewest;  // else a hybrid host: the cpu controller on v1
   }
   const std::optional<std::string> quota =
       ReadFile("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
   const std::optional<std::string> period =
       ReadFile("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
-  if (quota && period) return CpusOfQuota(*quota + " " + *period);
-  return std::nullopt;
+  if (quota && period) take(CpusOfQuota(*quota + " " + *period));
+  return fewest;
 }
 
 }  // namespace

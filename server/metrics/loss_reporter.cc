@@ -1,17 +1,55 @@
 #include "server/metrics/loss_reporter.h"
 
+#include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/tensorboard/run_name.h"
 
 namespace klserve::server {
 
+namespace {
+
+// What the event files already in `dir` (and below) take, charged as
+// LossReporter charges its own: each file's bytes, in whole 4 KiB blocks.
+// A restarted server (a container restarted in its pod, whose emptyDir
+// stays) thereby keeps the files of its earlier lives within the bound.
+// Unreadable entries count nothing.
+int64_t EventFileBytesIn(const std::string& dir) {
+  namespace fs = std::filesystem;
+  constexpr int64_t kBlock = LossReporter::kEventFileCharge;
+  int64_t total = 0;
+  std::error_code error;
+  for (fs::recursive_directory_iterator
+           it(dir, fs::directory_options::skip_permission_denied, error),
+       end;
+       !error && it != end; it.increment(error)) {
+    std::error_code ignored;
+    if (!it->is_regular_file(ignored) ||
+        !absl::StartsWith(it->path().filename().string(),
+                          "events.out.tfevents.")) {
+      continue;
+    }
+    const uintmax_t size = it->file_size(ignored);
+    if (ignored) continue;
+    total += (static_cast<int64_t>(size) + kBlock - 1) / kBlock * kBlock;
+  }
+  return total;
+}
+
+}  // namespace
+
 LossReporter::LossReporter(Metrics* metrics, LossReporterOptions options)
     : metrics_(metrics),
       options_(std::move(options)),
       aggregator_(options_.steps),
+      tensorboard_bytes_(options_.tensorboard_dir.empty()
+                             ? 0
+                             : EventFileBytesIn(options_.tensorboard_dir)),
       ticker_([this] { Tick(); }) {}
 
 LossReporter::~LossReporter() {

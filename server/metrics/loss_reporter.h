@@ -37,13 +37,15 @@ struct LossReporterOptions {
   // researchers' data, and a run evicted from the aggregator writes a new
   // event file into its own directory when it comes back.
   int max_tensorboard_runs = 1024;
-  // Disk space the event files of this process may take, all runs together:
-  // every record framed, plus kEventFileCharge for each file opened (a run
-  // evicted from the aggregator opens a new file when it returns). Once it
-  // is spent, steps reach Prometheus only (see WriteTensorBoard); the step
-  // that spends it is written whole, so the files may pass it by one step's
-  // records. Without it a caller publishing steps as fast as it can would
-  // fill the disk.
+  // Disk space the event files in tensorboard_dir may take, all runs
+  // together: those found there at start (each in whole kEventFileCharge
+  // blocks: a restarted server's earlier files), then every record framed,
+  // plus kEventFileCharge for each file opened (a run evicted from the
+  // aggregator opens a new file when it returns). Once it is spent, steps
+  // reach Prometheus only (see WriteTensorBoard); the step that spends it
+  // is written whole, so the files may pass it by one step's records.
+  // Without it a caller publishing steps as fast as it can would fill the
+  // disk.
   int64_t max_tensorboard_bytes = int64_t{16} << 30;
   // How often idle steps are finished and event files flushed.
   absl::Duration tick = absl::Seconds(1);
@@ -108,7 +110,7 @@ class LossReporter {
   absl::flat_hash_set<std::string> tensorboard_runs_ ABSL_GUARDED_BY(mu_);
   bool tensorboard_limit_logged_ ABSL_GUARDED_BY(mu_) = false;
   // What the event files have taken of max_tensorboard_bytes.
-  int64_t tensorboard_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t tensorboard_bytes_ ABSL_GUARDED_BY(mu_);
   bool tensorboard_bytes_logged_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread ticker_;

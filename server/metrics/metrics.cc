@@ -57,9 +57,9 @@ Metrics::Metrics(const MetricsOptions& options)
                         "RPCs finished, by method and gRPC status code.")),
       request_duration_(HistogramFamily(
           *registry_, "klserve_request_duration_seconds",
-          "Time from receiving an RPC to its final status, in seconds, of "
-          "the RPCs answered OK (refusals take microseconds and would pull "
-          "the quantiles down under overload).")),
+          "Time from receiving an RPC to its final status, in seconds; "
+          "refusals before any work (RESOURCE_EXHAUSTED, UNAVAILABLE, "
+          "UNAUTHENTICATED, PERMISSION_DENIED, UNIMPLEMENTED) left out.")),
       received_bytes_(CounterFamily(*registry_, "klserve_received_bytes_total",
                                     "Request message bytes received.")),
       sent_bytes_(CounterFamily(*registry_, "klserve_sent_bytes_total",
@@ -185,15 +185,29 @@ void Metrics::RegisterMethod(absl::string_view method) {
   sent_bytes_.Add({{"method", m}});
 }
 
+namespace {
+
+// The codes a call ends with when it is turned away before it is worked on:
+// admission (full, draining), the token, the peer, a method that is off.
+bool IsRefusalBeforeWork(absl::string_view code) {
+  return code == "RESOURCE_EXHAUSTED" || code == "UNAVAILABLE" ||
+         code == "UNAUTHENTICATED" || code == "PERMISSION_DENIED" ||
+         code == "UNIMPLEMENTED";
+}
+
+}  // namespace
+
 void Metrics::RecordRequest(absl::string_view method, absl::string_view code,
                             double seconds, int64_t bytes_in, int64_t bytes_out,
                             int64_t rows) {
   const std::string m(method);
   requests_.Add({{"method", m}, {"code", std::string(code)}}).Increment();
-  // OK calls only: an overloaded server refuses most calls at once, and with
-  // the refusals in, its latency quantiles would fall as its clients wait
-  // longer. klserve_requests_total counts the refusals.
-  if (code == "OK") {
+  // Not the refusals before any work: an overloaded server refuses most
+  // calls at once, and with them in, its latency quantiles would fall as its
+  // clients wait longer. Failures after work (DEADLINE_EXCEEDED, INTERNAL,
+  // a bad value found while computing) stay: they are the slow tail.
+  // klserve_requests_total counts every call.
+  if (!IsRefusalBeforeWork(code)) {
     request_duration_.Add({{"method", m}}, RequestDurationBuckets())
         .Observe(seconds);
   }

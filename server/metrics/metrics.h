@@ -57,7 +57,7 @@ struct MetricsOptions {
 // ending in _total):
 //   klserve_requests_total{method,code}          counter
 //   klserve_request_duration_seconds{method}     histogram, 1 ms .. 60 s,
-//                                                of the calls answered OK
+//                                                refusals before work aside
 //   klserve_received_bytes_total{method}         counter
 //   klserve_sent_bytes_total{method}             counter
 //   klserve_rows_computed_total                  counter

@@ -137,8 +137,9 @@ struct StepAggregatorOptions {
 // job should take a new run name.
 class StepAggregator {
  public:
-  // Evicted runs whose last finished step is kept, per tracked run: a few
-  // dozen bytes each, so 16 * max_runs of them stay small.
+  // Evicted runs whose last finished step is kept, per tracked run: each is
+  // its name (at most 128 bytes, kept twice) and two integers, so 16 *
+  // max_runs of them stay small.
   static constexpr int kEvictedRunsKeptPerRun = 16;
 
   explicit StepAggregator(StepAggregatorOptions options = {});

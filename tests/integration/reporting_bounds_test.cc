@@ -26,6 +26,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <set>
@@ -318,6 +319,26 @@ TEST(TensorBoardTimeTest, AStepIsStampedWithItsLastSample) {
   ASSERT_EQ(timed.loss_wall_times.size(), 1u);
   EXPECT_GE(timed.loss_wall_times[0], before - 0.01);
   EXPECT_LE(timed.loss_wall_times[0], after + 0.01);
+  fs::remove_all(tb_dir);
+}
+
+// The bound holds across restarts (a container restarted in its pod keeps
+// its emptyDir): the event files found at start count against it.
+TEST(TensorBoardBoundTest, EventFilesFoundAtStartCountAgainstTheBound) {
+  const std::string tb_dir = MakeTempDir();
+  ASSERT_FALSE(tb_dir.empty());
+  fs::create_directories(fs::path(tb_dir) / "earlier");
+  const fs::path earlier =
+      fs::path(tb_dir) / "earlier" / "events.out.tfevents.1.host.1.0000000000";
+  std::ofstream(earlier) << std::string(5000, 'x');  // two 4 KiB blocks
+  std::optional<Reporting> r = StartReporting(
+      {"--tensorboard_dir=" + tb_dir, "--max_tensorboard_bytes=8192"});
+  ASSERT_TRUE(r.has_value());
+  FinishOneStep(*r, "a", 1);
+  ExpectSkippedStepsWithoutErrors(ScrapeMetrics(r->metrics_port), "1");
+  ASSERT_NO_FATAL_FAILURE(DrainAndExit(*r->server));
+  EXPECT_EQ(Entries(tb_dir), (std::set<std::string>{"earlier"}));
+  EXPECT_EQ(fs::file_size(earlier), 5000u);  // left as it was
   fs::remove_all(tb_dir);
 }
 

@@ -794,7 +794,7 @@ TEST(ProjectionsTest, OverflowAtAMaskedKeyIsNoError) {
   std::vector<std::pair<std::string, RefProjections>> cases;
   {
     RefProjections p = RandomProblem(23, 1, 4, 4, 1, 1, 4, 1, 2);
-    // Row 0 sees keys 0-2 only under each mask below.
+    // Key 3 is masked for row 0 under each mask below.
     std::vector<std::pair<std::string, RefProjections>> masked;
     RefProjections m = p;
     m.options.causal = true;

@@ -106,6 +106,7 @@ TEST(Metrics, RecordsRequests) {
   m->RecordRequest("ComputeLoss", "OK", 0.004, 1000, 200, 4096);
   m->RecordRequest("ComputeLoss", "OK", 0.2, 3000, 400, 1024);
   m->RecordRequest("ComputeLoss", "INVALID_ARGUMENT", 0.0001, 50, 0, 0);
+  m->RecordRequest("ComputeLoss", "RESOURCE_EXHAUSTED", 0.00001, 0, 0, 0);
   m->RecordRequest("GetServerInfo", "OK", 0.0002, 0, 30, 0);
   const std::string text = m->Scrape();
   EXPECT_EQ(ValueOf(text, "klserve_requests_total",
@@ -114,25 +115,30 @@ TEST(Metrics, RecordsRequests) {
   EXPECT_EQ(ValueOf(text, "klserve_requests_total",
                     {{"method", "ComputeLoss"}, {"code", "INVALID_ARGUMENT"}}),
             1.0);
-  // The latency is of the calls answered OK: the refusal is not in it.
+  // The refusal before any work is counted, but is not in the latency; the
+  // failure after work (INVALID_ARGUMENT) is.
+  EXPECT_EQ(
+      ValueOf(text, "klserve_requests_total",
+              {{"method", "ComputeLoss"}, {"code", "RESOURCE_EXHAUSTED"}}),
+      1.0);
   EXPECT_EQ(ValueOf(text, "klserve_request_duration_seconds_count",
                     {{"method", "ComputeLoss"}}),
-            2.0);
+            3.0);
   EXPECT_DOUBLE_EQ(*ValueOf(text, "klserve_request_duration_seconds_sum",
                             {{"method", "ComputeLoss"}}),
-                   0.204);
+                   0.2041);
   EXPECT_EQ(ValueOf(text, "klserve_request_duration_seconds_bucket",
                     {{"method", "ComputeLoss"}, {"le", "0.001"}}),
-            0.0);
-  EXPECT_EQ(ValueOf(text, "klserve_request_duration_seconds_bucket",
-                    {{"method", "ComputeLoss"}, {"le", "0.005"}}),
             1.0);
   EXPECT_EQ(ValueOf(text, "klserve_request_duration_seconds_bucket",
-                    {{"method", "ComputeLoss"}, {"le", "0.25"}}),
+                    {{"method", "ComputeLoss"}, {"le", "0.005"}}),
             2.0);
   EXPECT_EQ(ValueOf(text, "klserve_request_duration_seconds_bucket",
+                    {{"method", "ComputeLoss"}, {"le", "0.25"}}),
+            3.0);
+  EXPECT_EQ(ValueOf(text, "klserve_request_duration_seconds_bucket",
                     {{"method", "ComputeLoss"}, {"le", "60"}}),
-            2.0);
+            3.0);
   EXPECT_EQ(ValueOf(text, "klserve_received_bytes_total",
                     {{"method", "ComputeLoss"}}),
             4050.0);

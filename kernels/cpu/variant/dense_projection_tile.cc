@@ -208,6 +208,9 @@ class DenseTile : private TileBase {
     } else {
       std::vector<float>& max = shift;
       std::fill(max.begin(), max.end(), -kInf);
+      // Value-initialised, not (n, 0.0): GCC then inlines the constructor
+      // here, where an out-of-line copy compiled for this variant could be
+      // the one the whole binary calls (isa_isolation checks).
       std::vector<double> sum(n_ * H);
       for (int64_t s0 = lo_; s0 < hi_; s0 += kKeyTile) {
         const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
@@ -340,7 +343,7 @@ class DenseTile : private TileBase {
   void Gradients() {
     const int64_t M = n_ * p_.H_I;
     std::vector<float> dq(M * p_.D_I, 0.0f);
-    std::vector<double> dw(M);
+    std::vector<double> dw(M);  // not (M, 0.0): see `sum` above
     KeyGradPartial& dk = *out_.key_grad;
     dk.count = hi_ - lo_;
     dk.rows.resize(dk.count * p_.D_I);

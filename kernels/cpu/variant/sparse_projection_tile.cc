@@ -243,6 +243,7 @@ class SparseTile : private TileBase {
   void Gradients() {
     const int64_t K = p_.K;
     std::vector<float> dq(n_ * p_.H_I * p_.D_I, 0.0f);
+    // Value-initialised, not (n, 0.0): see dense_projection_tile.cc.
     std::vector<double> dw(n_ * p_.H_I);
     KeyGradPartial& dk = *out_.key_grad;
     int64_t total = 0;

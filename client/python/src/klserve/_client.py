@@ -345,16 +345,27 @@ class Client:
         self.copy_outputs = bool(copy_outputs)
         self._shm_on: Optional[bool] = None if shared_memory else False
         self._shm_lock = threading.Lock()
-        self._layouts = LayoutPool(int(shared_memory_layouts),
-                                   self._close_layout)
+        # Through a weak reference: a bound method would tie the client in
+        # a cycle, freed only by the cyclic collector, on whatever thread
+        # it runs (the finalizer's RPCs with it).
+        client = weakref.ref(self)
+
+        def close_layout(layout: Layout) -> None:
+            owner = client()
+            if owner is not None:
+                owner._close_layout(layout)
+
+        self._layouts = LayoutPool(int(shared_memory_layouts), close_layout)
         # The caller's regions registered through this client, by name:
         # arrays in them travel by reference.
         self._user_regions: Dict[str, SharedMemoryRegion] = {}
-        # Every name this client registered and has not unregistered. A
-        # client dropped without close() (garbage collection, the
-        # interpreter's exit) unregisters them too: the server would
-        # otherwise keep each for its lease, against --max_regions, which
-        # other jobs share. The finalizer holds no reference to the client.
+        # The names of the regions this client owns the registration of
+        # (its layouts, and SharedMemoryRegion.register through it; not the
+        # raw register_region RPC's). A client dropped without close()
+        # (garbage collection, the interpreter's exit) unregisters them too:
+        # the server would otherwise keep each for its lease, against
+        # --max_regions, which other jobs share. The finalizer holds no
+        # reference to the client.
         self._registered: Set[str] = set()
         self._finalizer = weakref.finalize(
             self, _release, self._channel, self._stub, self._metadata,
@@ -468,8 +479,6 @@ class Client:
                                             byte_size=int(byte_size))
         r = self._with_retries(lambda timeout, _: self._stub.RegisterRegion(
             request, timeout=timeout, metadata=self._metadata))
-        with self._shm_lock:
-            self._registered.add(name)
         return int(r.lease_seconds)
 
     def unregister_region(self, name: str) -> None:
@@ -478,8 +487,6 @@ class Client:
         request = pb2.UnregisterRegionRequest(name=name)
         self._with_retries(lambda timeout, _: self._stub.UnregisterRegion(
             request, timeout=timeout, metadata=self._metadata))
-        with self._shm_lock:
-            self._registered.discard(name)
 
     def list_regions(self) -> RegionList:
         """ListRegions: every region the server holds, any client's."""
@@ -498,11 +505,13 @@ class Client:
         by reference from now on."""
         with self._shm_lock:
             self._user_regions[region.name] = region
+            self._registered.add(region.name)
 
     def _forget_region(self, region: SharedMemoryRegion) -> None:
         with self._shm_lock:
             if self._user_regions.get(region.name) is region:
                 del self._user_regions[region.name]
+                self._registered.discard(region.name)
 
     def _drop_region(self, region: SharedMemoryRegion, name: str) -> None:
         """Forgets a region and unregisters it, best effort: on close, a
@@ -793,6 +802,8 @@ class Client:
         for attempt in (1, 2):
             try:
                 self.register_region(region.key, region.key, 0, size)
+                with self._shm_lock:
+                    self._registered.add(region.key)
                 return Layout(region, input_slots, output_slots)
             except KlserveError as e:
                 # Past the server's limits, the regions of other shapes

@@ -102,10 +102,11 @@ def _operand_values(operands_np):
 
 class _ServiceErrors:
     """The client's last KlserveError in a wrapper's callback.
-    jax.pure_callback turns it into a runtime error of JAX's own; an eager
-    call raises the KlserveError itself instead (code, details). Under
-    jax.jit the error reaches the caller from the compiled call, as JAX's
-    error with the KlserveError's text."""
+    jax.pure_callback turns it into a runtime error of JAX's own; where the
+    error reaches the wrapper's own call (an eager call), the KlserveError
+    itself (code, details) is raised instead. Where it surfaces later
+    (jax.jit, or a result that asynchronous dispatch delivers afterwards),
+    it is JAX's error, with the KlserveError's text."""
 
     def __init__(self):
         self._last = None
@@ -115,7 +116,9 @@ class _ServiceErrors:
         try:
             return fn(*args, **kwargs)
         except KlserveError as e:
-            self._last = e
+            # A copy without the traceback: a jitted function keeps this
+            # object, and the frames would keep the request's arrays.
+            self._last = KlserveError(e.code, e.details, e.debug_error_string)
             raise
 
     def run(self, fn, *args):
@@ -156,10 +159,11 @@ def indexer_kl_loss(indexer_scores: npt.ArrayLike, *,
     differentiating it gives dL/d indexer_scores in their dtype. Without
     `client`, klserve.default_client().
 
-    The service's errors raise klserve.KlserveError in an eager call.
+    The service's errors raise klserve.KlserveError from an eager call.
     Under jax.jit they reach the caller from the compiled call as JAX's
     runtime error (jax.errors.JaxRuntimeError), whose message holds the
-    KlserveError's code and details.
+    KlserveError's code and details. No gradient flows into the options,
+    traced or not (a traced scaling_factor gets a zero cotangent).
     """
     arrays, options = split_arguments(
         "indexer_kl_loss", arguments,
