@@ -68,7 +68,9 @@ Metrics::Metrics(const MetricsOptions& options)
                                    "Query rows whose loss was computed.")
                          .Add({})),
       in_flight_(GaugeFamily(*registry_, "klserve_requests_in_flight",
-                             "RPCs being served now.")
+                             "Calls holding a slot now: unary ComputeLoss "
+                             "calls (of --max_concurrent_requests) and open "
+                             "streams (of --max_open_streams).")
                      .Add({})),
       shm_regions_(GaugeFamily(*registry_, "klserve_shared_memory_regions",
                                "Shared-memory regions registered now.")

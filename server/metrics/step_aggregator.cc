@@ -243,8 +243,10 @@ absl::StatusOr<FinishedStep> StepAggregator::Finish(absl::string_view run,
                             : state.last_finished_step.has_value() &&
                                   step <= *state.last_finished_step;
   return absl::NotFoundError(absl::StrCat(
-      "step ", step, " of run \"", name,
-      "\": ", finished ? "already finished, its value published" : "no samples",
+      "step ", step, " of run \"", name, "\": ",
+      finished ? "already finished: the run has passed it, and published "
+                 "its value if it had samples"
+               : "no samples",
       " (", where, ")"));
 }
 

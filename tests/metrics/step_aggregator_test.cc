@@ -247,13 +247,15 @@ TEST(StepAggregator, FinishStepOfAFinishedStepIsNotFound) {
   MustFinish(agg, "r", 6);
   // Finished by FinishStep.
   ExpectFinishNotFound(agg, "r", 6,
-                       "step 6 of run \"r\": already finished, its value "
-                       "published (the run's last finished step is 6)");
+                       "step 6 of run \"r\": already finished: the run has "
+                       "passed it, and published its value if it had "
+                       "samples (the run's last finished step is 6)");
   // Finished by a newer step.
   MustAdd(agg, Sample("r", 7, 0, 0, 2.0, 1));
   MustAdd(agg, Sample("r", 8, 0, 0, 2.0, 1));
   ExpectFinishNotFound(agg, "r", 7,
-                       "already finished, its value published (the run's "
+                       "already finished: the run has passed it, and "
+                       "published its value if it had samples (the run's "
                        "open step is 8)");
   // Nothing changed: step 8 is still open.
   EXPECT_EQ(MustFinish(agg, "r", 8).step, 8);
