@@ -2,9 +2,13 @@
 
 #include <sys/un.h>
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -13,12 +17,17 @@
 namespace klserve::server {
 namespace {
 
-absl::Status Invalid(absl::string_view rule, absl::string_view got) {
+absl::Status Invalid(absl::string_view flag, absl::string_view rule,
+                     absl::string_view got) {
   // An address is the operator's own text: quoted whole, but never much.
   constexpr size_t kMaxQuoted = 256;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--listen: ", rule, ", got \"", got.substr(0, kMaxQuoted),
-                   got.size() > kMaxQuoted ? "...\"" : "\""));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--", flag, ": ", rule, ", got \"", got.substr(0, kMaxQuoted),
+      got.size() > kMaxQuoted ? "...\"" : "\""));
+}
+
+absl::Status Invalid(absl::string_view rule, absl::string_view got) {
+  return Invalid("listen", rule, got);
 }
 
 // The path with repeated and trailing slashes and "." parts removed, so that
@@ -32,6 +41,34 @@ std::string LexicalPath(absl::string_view path) {
 }
 
 }  // namespace
+
+absl::Status CheckHostPort(absl::string_view flag, absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) {
+    // gRPC would take a bare host as port 443, civetweb a bare number as a
+    // port on every interface: neither is what a forgotten port means.
+    return Invalid(flag, "an address is HOST:PORT, its port included",
+                   address);
+  }
+  const absl::string_view host = address.substr(0, colon);
+  const absl::string_view port = address.substr(colon + 1);
+  if (host.empty() ||
+      (absl::StrContains(host, ':') &&
+       !(absl::StartsWith(host, "[") && absl::EndsWith(host, "]")))) {
+    return Invalid(flag,
+                   "HOST is a name or an IPv4 address, or an IPv6 address "
+                   "in brackets ([::1]:50051)",
+                   address);
+  }
+  int value = 0;
+  if (port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port, &value) || value > 65535) {
+    return Invalid(flag, "PORT is a number in [0, 65535] (0: any free port)",
+                   address);
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::vector<ListenAddress>> ParseListenAddresses(
     absl::string_view flag) {
@@ -70,6 +107,9 @@ absl::StatusOr<std::vector<ListenAddress>> ParseListenAddresses(
             entry);
       }
       address.socket_path = LexicalPath(path);
+    } else if (absl::Status status = CheckHostPort("listen", entry);
+               !status.ok()) {
+      return status;
     }
     const std::string key =
         address.is_unix() ? address.socket_path : address.address;

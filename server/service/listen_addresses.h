@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -16,6 +17,12 @@ struct ListenAddress {
   std::string socket_path;  // the socket's path; empty for TCP
   bool is_unix() const { return !socket_path.empty(); }
 };
+
+// A TCP address as klserve serves it: "HOST:PORT", HOST a name, an IPv4
+// address or a bracketed IPv6 address, PORT in [0, 65535] (0: any free
+// port). INVALID_ARGUMENT naming --`flag` otherwise: a forgotten port would
+// be gRPC's 443, or for /metrics civetweb's reading of a bare number.
+absl::Status CheckHostPort(absl::string_view flag, absl::string_view address);
 
 // Splits --listen at commas. INVALID_ARGUMENT naming --listen for an empty
 // list or entry, an address given twice, a relative socket path (it would

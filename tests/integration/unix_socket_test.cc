@@ -207,6 +207,12 @@ TEST_F(UnixSocketTest, BadListenAddressesAreStartupErrors) {
       {"unix:/tmp/twice.sock,unix:///tmp//./twice.sock", "given once"},
       {"unix-abstract:klserve", "HOST:PORT or unix:/absolute/path"},
       {"dns:///localhost:50051", "HOST:PORT or unix:/absolute/path"},
+      // A forgotten port, which gRPC would have taken as 443.
+      {"0.0.0.0", "--listen: an address is HOST:PORT, its port included"},
+      {"127.0.0.1:65536", "--listen: PORT is a number in [0, 65535]"},
+      {"127.0.0.1:http", "--listen: PORT is a number"},
+      {"::1:50051", "an IPv6 address in brackets"},
+      {":50051", "--listen: HOST is a name"},
   };
   for (const auto& c : cases) {
     const CommandResult run =
@@ -215,6 +221,16 @@ TEST_F(UnixSocketTest, BadListenAddressesAreStartupErrors) {
     EXPECT_EQ(run.exit_code, 1) << c.listen;
     EXPECT_TRUE(absl::StrContains(run.err, c.message))
         << c.listen << ": " << run.err;
+  }
+  // The same rule for /metrics, where civetweb would have read a bare
+  // number as a port on every interface.
+  for (const char* metrics : {"9464", "0.0.0.0", "127.0.0.1:99999"}) {
+    const CommandResult run =
+        RunCommand({KLSERVE_BIN, "--listen=127.0.0.1:0",
+                    std::string("--metrics_listen=") + metrics});
+    EXPECT_EQ(run.exit_code, 1) << metrics;
+    EXPECT_TRUE(absl::StrContains(run.err, "--metrics_listen: "))
+        << metrics << ": " << run.err;
   }
   const std::string long_path = "unix:/tmp/" + std::string(120, 'x');
   const CommandResult run =
