@@ -1,7 +1,9 @@
 #include "kernels/projections_computation.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -182,6 +184,29 @@ void CopyRows(const RowView& from, int64_t r, int64_t T, int64_t n,
   }
 }
 
+// The rows a tile can have, which the held rows never pass.
+int64_t HeldCapacity(const ProjectionsProblem& p) {
+  return std::min(p.tile_rows, p.T);
+}
+
+// The held rows' buffers for HeldCapacity rows, in the order of
+// ProjectionsComputation's members: query, index_query, index_weights, lse,
+// the client's topk_indices, attention_mask (0 bytes for a tensor the
+// problem has not).
+std::array<ProjectionsComputation::HeldTensor, 6> HeldBuffers(
+    const ProjectionsProblem& p) {
+  const int64_t rows = HeldCapacity(p);
+  return {
+      {{"query", rows * p.H * p.D * DTypeSize(p.query_dtype)},
+       {"index_query", rows * p.H_I * p.D_I * DTypeSize(p.index_query_dtype)},
+       {"index_weights", rows * p.H_I * DTypeSize(p.index_weights_dtype)},
+       {"lse", p.has_lse ? p.H * rows * int64_t{sizeof(float)} : 0},
+       {"topk_indices", p.sparse() && !p.server_topk
+                            ? rows * p.K * int64_t{sizeof(int32_t)}
+                            : 0},
+       {"attention_mask", p.has_attention_mask ? rows * p.S : 0}}};
+}
+
 }  // namespace
 
 absl::StatusOr<ProjectionsComputation> ProjectionsComputation::Create(
@@ -199,18 +224,30 @@ ProjectionsComputation::ProjectionsComputation(
       key_grad_(std::make_unique<KeyGradFold>(
           problem.logits.options.want_grad ? problem.B * problem.S * problem.D_I
                                            : 0,
-          problem.S, problem.D_I)) {
-  const ProjectionsProblem& p = problem;
-  const int64_t rows = p.tile_rows;
-  held_query_.resize(rows * p.H * p.D * DTypeSize(p.query_dtype));
-  held_index_query_.resize(rows * p.H_I * p.D_I *
-                           DTypeSize(p.index_query_dtype));
-  held_index_weights_.resize(rows * p.H_I * DTypeSize(p.index_weights_dtype));
-  if (p.has_lse) held_lse_.resize(p.H * rows * sizeof(float));
-  if (p.sparse() && !p.server_topk) {
-    held_indices_.resize(rows * p.K * sizeof(int32_t));
+          problem.S, problem.D_I)) {}
+
+ProjectionsComputation::HeldBytes ProjectionsComputation::MaxHeldBytes(
+    const ProjectionsProblem& p) {
+  HeldBytes held{.largest = {"query", 0}};
+  for (const HeldTensor& tensor : HeldBuffers(p)) {
+    // Each fits in 64 bits (its tensor does); their sum, from a stream
+    // header's specs, need not.
+    if (__builtin_add_overflow(held.total, tensor.bytes, &held.total)) {
+      held.total = std::numeric_limits<int64_t>::max();
+    }
+    if (tensor.bytes > held.largest.bytes) held.largest = tensor;
   }
-  if (p.has_attention_mask) held_mask_.resize(rows * p.S);
+  return held;
+}
+
+void ProjectionsComputation::MakeRoomToHold() {
+  const std::array<HeldTensor, 6> buffers = HeldBuffers(*problem_);
+  held_query_.resize(buffers[0].bytes);
+  held_index_query_.resize(buffers[1].bytes);
+  held_index_weights_.resize(buffers[2].bytes);
+  held_lse_.resize(buffers[3].bytes);
+  held_indices_.resize(buffers[4].bytes);
+  held_mask_.resize(buffers[5].bytes);
 }
 
 bool ProjectionsComputation::counts_without_rows() const {
@@ -342,6 +379,7 @@ absl::Status ProjectionsComputation::ComputeChunk(
 void ProjectionsComputation::Hold(RowRange rows,
                                   const ProjectionsRowData& data) {
   const ProjectionsProblem& p = *problem_;
+  if (held_query_.empty()) MakeRoomToHold();
   const int64_t at = rows.begin - held_.begin;  // rows already held
   const int64_t n = rows.size();
   const auto copy = [&](const RowView& from, int64_t width,
@@ -355,10 +393,10 @@ void ProjectionsComputation::Hold(RowRange rows,
   copy(data.index_weights, p.H_I, held_index_weights_);
   copy(data.indices, p.K, held_indices_);
   copy(data.mask, p.S, held_mask_);
-  if (p.has_lse) {  // [H, tile_rows]
+  if (p.has_lse) {  // [H, HeldCapacity(p)]
     for (int64_t h = 0; h < p.H; ++h) {
       for (int64_t i = 0; i < n; ++i) {
-        std::memcpy(held_lse_.data() + (h * p.tile_rows + at + i) * 4,
+        std::memcpy(held_lse_.data() + (h * HeldCapacity(p) + at + i) * 4,
                     data.lse.Row(rows.begin + i, p.T, h), 4);
       }
     }
@@ -388,7 +426,7 @@ absl::StatusOr<ProjectionsRowData> ProjectionsComputation::HeldRows() const {
   part(held_lse_, p.H, DType::kFloat32, bytes.lse, bytes.lse_bytes);
   ASSIGN_OR_RETURN(ProjectionsRowData rows,
                    BlockProjectionsRows(p, held_, bytes));
-  rows.lse.head_stride = p.tile_rows;  // held with room for a whole tile
+  rows.lse.head_stride = HeldCapacity(p);  // held with room for a whole tile
   return rows;
 }
 

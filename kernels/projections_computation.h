@@ -64,6 +64,19 @@ class ProjectionsComputation {
   bool counts_without_rows() const;
   absl::Status Count(const ProjectionsRowData& rows);
 
+  // The most the held rows take, once a block ends inside a tile: a tile of
+  // every query-side tensor (at most 128 rows dense, 16 sparse, and T), in
+  // all and the largest tensor's share.
+  struct HeldTensor {
+    const char* field;
+    int64_t bytes;
+  };
+  struct HeldBytes {
+    int64_t total = 0;
+    HeldTensor largest;
+  };
+  static HeldBytes MaxHeldBytes(const ProjectionsProblem& problem);
+
   // The rows held back from earlier blocks, and the next row expected.
   int64_t held_rows() const { return held_.end - held_.begin; }
   int64_t next_row() const { return next_row_; }
@@ -97,6 +110,11 @@ class ProjectionsComputation {
   // `out` advanced by `rows` rows.
   ProjectionsBlockOutputs Skip(const ProjectionsBlockOutputs& out,
                                int64_t rows) const;
+  // Sizes the held rows' buffers for a whole tile (MaxHeldBytes). Only once
+  // a block ends inside a tile: a unary call's one block never does, and
+  // needs no room (a tile's room for a request of one long row was 128
+  // times the request).
+  void MakeRoomToHold();
   // Appends rows `rows` of `data` to the held rows.
   void Hold(RowRange rows, const ProjectionsRowData& data);
   // The held rows as a block's views.
@@ -109,7 +127,7 @@ class ProjectionsComputation {
   int64_t next_row_ = 0;
   RowRange held_;
   // The held rows' bytes in a block's layout (ProjectionsBlockBytes), each
-  // with room for a whole tile.
+  // with room for a whole tile once MakeRoomToHold has run.
   std::vector<std::byte> held_query_, held_index_query_, held_index_weights_,
       held_lse_, held_indices_, held_mask_;
   std::vector<RowResult> results_;

@@ -36,6 +36,25 @@ RowView RowsOf(const TensorView& view, int64_t T, int64_t width) {
   return WholeRows(view, T, width, 1);
 }
 
+// The logits [B, H, T, X] that the projections imply are computed tile by
+// tile, never whole, but their size must fit in 64 bits as any tensor's
+// does; named for what sets X (`x`), rather than for the logits-form
+// tensors the client never sent.
+absl::Status CheckImpliedLogits(absl::string_view field, absl::string_view x,
+                                int64_t B, int64_t H, int64_t T, int64_t X) {
+  int64_t bytes = sizeof(float);
+  for (const int64_t dim : {B, H, T, X}) {
+    if (__builtin_mul_overflow(bytes, dim, &bytes)) {
+      return Invalid(field,
+                     absl::StrCat("the logits [B, H, T, ", x,
+                                  "] it implies must have a byte size that "
+                                  "fits in 64 bits"),
+                     ShapeString({B, H, T, X}));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The logits-form problem over `row_length` slots per row that the
 // projections describe; `indices` is the sparse stage's [B,T,K] (the
 // client's, or a spec of the service's selection).
@@ -130,6 +149,12 @@ absl::StatusOr<ProjectionsProblem> ProjectionsProblem::Create(
     }
     K = options.topk;
     indices = TensorView{.dtype = DType::kInt32, .shape = {B, T, K}};
+  }
+
+  RETURN_IF_ERROR(CheckImpliedLogits("query", "S", B, H, T, S));
+  if (K > 0) {
+    RETURN_IF_ERROR(CheckImpliedLogits(
+        in.topk_indices ? "topk_indices" : "topk", "K", B, H, T, K));
   }
 
   const double weight_scale = options.index_weight_scale.value_or(

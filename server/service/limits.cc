@@ -1,5 +1,7 @@
 #include "server/service/limits.h"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/status_macros.h"
 #include "proto/request_tensors.h"
@@ -58,7 +60,7 @@ absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,
   return absl::OkStatus();
 }
 
-absl::Status CheckOutputBytes(const ProjectionsProblem& p,
+absl::Status CheckOutputBytes(const ProjectionsProblem& p, bool one_message,
                               const ServerOptions& options) {
   const IndexerKlOptions& o = p.logits.options;
   const int64_t element = DTypeSize(o.grad_dtype);
@@ -73,8 +75,25 @@ absl::Status CheckOutputBytes(const ProjectionsProblem& p,
        p.server_topk ? p.B * p.T * p.K * int64_t{sizeof(int32_t)} : 0},
       {"row_kl", o.want_row_kl ? p.B * p.T * int64_t{sizeof(double)} : 0},
   };
+  int64_t total = 0;
+  const char* largest = outputs[0].field;
+  int64_t largest_bytes = 0;
   for (const auto& output : outputs) {
     RETURN_IF_ERROR(CheckTensorBytes(output.field, output.bytes, options));
+    // Within 64 bits unless the tensor limit is near them.
+    if (__builtin_add_overflow(total, output.bytes, &total)) {
+      total = std::numeric_limits<int64_t>::max();
+    }
+    if (output.bytes > largest_bytes) {
+      largest = output.field;
+      largest_bytes = output.bytes;
+    }
+  }
+  if (one_message && total > options.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        largest, ": the response would carry ", total,
+        " bytes, over the message limit of ", options.max_message_bytes,
+        " (--max_message_bytes); send the problem with ComputeLossStream"));
   }
   return absl::OkStatus();
 }

@@ -28,11 +28,12 @@ absl::Status CheckOutputBytes(const IndexerKlProblem& problem, int64_t rows,
                               bool one_message, const ServerOptions& options);
 
 // Each output of a projections problem (the three gradients, the service's
-// top-k selection, row KL) against the tensor limit, before allocating them.
-// The response's message limit is checked on its encoded size
-// (CheckMessageBytes), as the unary call does.
+// top-k selection, row KL) against the tensor limit and, for a response
+// that carries them in one message (`one_message`), their sum against the
+// message limit, named for the largest: before allocating them. The
+// encoded response is weighed once allocated (CheckMessageBytes).
 absl::Status CheckOutputBytes(const ProjectionsProblem& problem,
-                              const ServerOptions& options);
+                              bool one_message, const ServerOptions& options);
 
 // RESOURCE_EXHAUSTED naming `field` when a message that encodes to
 // `encoded_bytes` (gRPC's count: the protobuf encoding, framing included) is

@@ -102,7 +102,10 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
   RETURN_IF_ERROR(CheckInputBytes(inputs, *ctx.options));
   ASSIGN_OR_RETURN(const ProjectionsProblem problem,
                    ProjectionsProblem::Create(inputs, options));
-  RETURN_IF_ERROR(CheckOutputBytes(problem, *ctx.options));
+  // Outputs placed in regions are not in the message: CheckResponseFits
+  // below weighs what is.
+  RETURN_IF_ERROR(CheckOutputBytes(
+      problem, /*one_message=*/!request.has_outputs(), *ctx.options));
   const IndexerKlOptions& o = problem.logits.options;
   ProjectionsOutputs outputs;
   if (o.want_grad) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +36,37 @@ std::array<RowOutput, 4> RowOutputsOf(const ProjectionsProblem& p) {
            {"d_index_weights", o.want_grad, p.H_I * grad_size},
            {"topk_indices", p.server_topk, p.K * int64_t{sizeof(int32_t)}},
            {"row_kl", o.want_row_kl, int64_t{sizeof(double)}}}};
+}
+
+// The first output `p` asks for (d_index_query with the gradient), which a
+// tile's answer over the message limit is named for; null when none.
+const char* FirstWantedOutput(const ProjectionsProblem& p) {
+  for (const RowOutput& output : RowOutputsOf(p)) {
+    if (output.wanted) return output.field;
+  }
+  return nullptr;
+}
+
+// Refuses, before any is allocated, the outputs of `rows` rows of `p` (one
+// GradBlock's) when one passes the tensor limit, or when their bytes alone
+// pass the message limit (named `field`; `remedy` says what the caller can
+// do). The encoded message is weighed once allocated.
+absl::Status CheckRowOutputBytes(const ProjectionsProblem& p, int64_t rows,
+                                 absl::string_view field,
+                                 absl::string_view remedy,
+                                 const ServerOptions& limits) {
+  int64_t bytes = 0;
+  for (const RowOutput& output : RowOutputsOf(p)) {
+    if (!output.wanted) continue;
+    RETURN_IF_ERROR(
+        CheckTensorBytes(output.field, rows * output.row_bytes, limits));
+    // Each is within the tensor limit, their sum within 64 bits unless that
+    // limit is near them.
+    if (__builtin_add_overflow(bytes, rows * output.row_bytes, &bytes)) {
+      bytes = std::numeric_limits<int64_t>::max();
+    }
+  }
+  return CheckMessageBytes(field, bytes, remedy, limits);
 }
 
 // Sets `out` to the outputs of `rows` rows of `p` (each tensor the problem
@@ -154,27 +187,35 @@ absl::Status LossStreamReactor::TakeProjectionsHeader() {
                     : "send a shorter request_id",
         limits));
   }
-  {
+  if (const char* first = FirstWantedOutput(p); first != nullptr) {
     // A GradBlock carries at least the whole tile its block completes,
     // whatever the block's size: one tile's answer must fit a message.
     const int64_t rows = std::min(p.tile_rows, p.T);
+    const std::string remedy =
+        absl::StrCat("a block's answer carries whole tiles of ", rows,
+                     " query rows, so one tile's must fit");
+    RETURN_IF_ERROR(CheckRowOutputBytes(p, rows, first, remedy, limits));
     Response tile;
     AllocateRows(p, rows, tile.mutable_grad_block());
     tile.mutable_grad_block()->set_row_begin(p.num_rows());
     tile.mutable_grad_block()->set_num_rows(rows);
-    // Named for the first output asked for (d_index_query with the
-    // gradient).
-    const std::array<RowOutput, 4> outputs = RowOutputsOf(p);
-    const RowOutput* largest = nullptr;
-    for (const RowOutput& output : outputs) {
-      if (output.wanted && largest == nullptr) largest = &output;
-    }
-    if (largest != nullptr) {
-      RETURN_IF_ERROR(CheckMessageBytes(
-          largest->field, static_cast<int64_t>(tile.ByteSizeLong()),
-          absl::StrCat("a block's answer carries whole tiles of ", rows,
-                       " query rows, so one tile's must fit"),
-          limits));
+    RETURN_IF_ERROR(CheckMessageBytes(
+        first, static_cast<int64_t>(tile.ByteSizeLong()), remedy, limits));
+  }
+  {
+    // A block that ends inside a tile leaves that tile's rows held until
+    // the next block completes it: at most a tile of every query-side
+    // tensor, which must fit one message, as a block of that tile would.
+    const ProjectionsComputation::HeldBytes held =
+        ProjectionsComputation::MaxHeldBytes(p);
+    if (held.total > limits.max_message_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          held.largest.field, ": a tile of ", std::min(p.tile_rows, p.T),
+          " query rows is ", held.total, " bytes (", held.largest.field, " ",
+          held.largest.bytes, " of them), over the message limit of ",
+          limits.max_message_bytes,
+          " (--max_message_bytes); the stream holds the rows of a tile that a "
+          "block ends inside, so a tile's must fit one message"));
     }
   }
   projections_problem_.emplace(std::move(problem));
@@ -337,20 +378,16 @@ absl::Status LossStreamReactor::ComputeProjectionsBlock(const Block& block,
                            ProjectionsBlockBytesOf(block.request->block())));
   // The block may complete the rows held back from earlier blocks too.
   const int64_t capacity = projections_->held_rows() + rows.size();
-  const std::array<RowOutput, 4> sizes = RowOutputsOf(p);
-  for (const RowOutput& output : sizes) {
-    if (!output.wanted) continue;
-    RETURN_IF_ERROR(
-        CheckTensorBytes(output.field, capacity * output.row_bytes, limits));
-  }
+  const std::string remedy = absl::StrCat(
+      "send smaller blocks (a block's answer also carries the ",
+      projections_->held_rows(), " rows held back from earlier blocks)");
+  RETURN_IF_ERROR(CheckRowOutputBytes(p, capacity, "num_rows", remedy, limits));
   v1::GradBlock* out = response.mutable_grad_block();
   const ProjectionsBlockOutputs outputs = AllocateRows(p, capacity, out);
   RETURN_IF_ERROR(CheckMessageBytes(
-      "num_rows", static_cast<int64_t>(response.ByteSizeLong()),
-      absl::StrCat("send smaller blocks (a block's answer also carries the ",
-                   projections_->held_rows(),
-                   " rows held back from earlier blocks)"),
+      "num_rows", static_cast<int64_t>(response.ByteSizeLong()), remedy,
       limits));
+  const std::array<RowOutput, 4> sizes = RowOutputsOf(p);
   ASSIGN_OR_RETURN(const RowRange done,
                    projections_->Compute(rows, data, outputs));
   out->set_row_begin(done.begin);

@@ -43,6 +43,15 @@ class StreamReactorBase
     reading_ = false;
     if (finishing_) return;
     last_progress_ = absl::Now();
+    if (!ok && call_->IsCancelled()) {
+      // Not the end of the client's messages: gRPC ended the call (a
+      // cancel, the deadline, a broken connection, or a message over
+      // --max_message_bytes, which gRPC refuses before the service sees
+      // it). OnCancel follows and ends it; taken for the end of the input,
+      // it would finish the stream's work for nobody, or count a stream cut
+      // short (INVALID_ARGUMENT).
+      return;
+    }
     if (!ok) {  // the client has sent everything
       reads_done_ = true;
     } else {
@@ -82,12 +91,23 @@ class StreamReactorBase
 
   void OnCancel() final {
     absl::MutexLock lock(&mu_);
-    Fail(expired_.value_or(absl::CancelledError(
-        absl::StrCat(rpc_, ": cancelled by the client or its deadline"))));
+    Fail(expired_.value_or(absl::CancelledError(absl::StrCat(
+        rpc_,
+        ": ended by gRPC (cancelled by the client, its deadline or a broken "
+        "connection, or a message over --max_message_bytes)"))));
   }
 
   void OnDone() final {
     context_.watchdog->Remove(this);
+    {
+      absl::MutexLock lock(&mu_);
+      // gRPC may end the call a moment before its reactions say so (a read
+      // ends as if the client had closed its side); then the status this
+      // reactor finished with never reached the client. A watchdog's cancel
+      // keeps its own reason.
+      if (call_->IsCancelled() && !expired_)
+        code_ = absl::StatusCode::kCancelled;
+    }
     OnCallDone();
   }
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -489,6 +490,17 @@ v1::ComputeLossRequest NearLimitRequest() {
   return request;
 }
 
+// The near-limit problem in blocks of half its rows goes through, exactly.
+void ExpectSmallerBlocksGoThrough(Client& client) {
+  const v1::ComputeLossRequest request = NearLimitRequest();
+  absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(request);
+  ASSERT_TRUE(expected.ok());
+  absl::StatusOr<v1::ComputeLossResponse> blocks =
+      client.ComputeLossStreaming(request, kT / 2);
+  ASSERT_TRUE(blocks.ok()) << Describe(blocks.status());
+  EXPECT_TRUE(SameResponse(*expected, *blocks));
+}
+
 TEST(MessageLimitTest, ResponsesPastTheLimitAreRefusedAndNotCounted) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
       {absl::StrCat("--max_message_bytes=", kNearLimit), "--enable_echo"});
@@ -518,13 +530,220 @@ TEST(MessageLimitTest, ResponsesPastTheLimitAreRefusedAndNotCounted) {
                   "klserve_requests_total{code=\"OK\",method=\"ComputeLoss\"}"),
       0);
 
-  // Smaller blocks of the same problem go through, exactly.
-  absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(request);
-  ASSERT_TRUE(expected.ok());
-  absl::StatusOr<v1::ComputeLossResponse> blocks =
-      client->ComputeLossStreaming(request, kT / 2);
-  ASSERT_TRUE(blocks.ok()) << Describe(blocks.status());
-  EXPECT_TRUE(SameResponse(*expected, *blocks));
+  ExpectSmallerBlocksGoThrough(*client);
+}
+
+// A message over the limit is refused by gRPC before the service reads it:
+// the client sees RESOURCE_EXHAUSTED. A stream's reactor learns only that
+// gRPC ended the call, as for a cancel; it had taken the read's end for the
+// client closing its side and counted a stream cut short, INVALID_ARGUMENT.
+// A unary call never reaches the service.
+TEST(MessageLimitTest, AStreamMessageOverTheLimitIsNotCountedAsCutShort) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({absl::StrCat("--max_message_bytes=", kNearLimit)});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<v1::IndexerKl::Stub> stub = MakeStub((*server)->target());
+  for (const bool header_first : {false, true}) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
+    auto stream = stub->ComputeLossStream(&context);
+    if (header_first) {
+      const v1::ComputeLossRequest request = NearLimitRequest();
+      absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+      ASSERT_TRUE(slicer.ok()) << slicer.status();
+      v1::ComputeLossStreamRequest header;
+      *header.mutable_header() = slicer->MakeHeader();
+      stream->Write(header);
+    }
+    v1::ComputeLossStreamRequest block;
+    block.mutable_block()->set_num_rows(1);
+    block.mutable_block()->set_indexer_scores(
+        std::string(2 * kNearLimit, '\0'));
+    stream->Write(block);
+    stream->WritesDone();
+    v1::ComputeLossStreamResponse ignored;
+    while (stream->Read(&ignored)) {
+    }
+    const grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << status.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
+    v1::ComputeLossRequest request = NearLimitRequest();
+    request.mutable_indexer_scores()->set_data(
+        std::string(2 * kNearLimit, '\0'));
+    v1::ComputeLossResponse response;
+    const grpc::Status status = stub->ComputeLoss(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << status.error_message();
+  }
+  // A call is counted once its reactor is done, which may be a moment after
+  // the client has its status.
+  const std::string cancelled =
+      "klserve_requests_total{code=\"CANCELLED\",method=\"ComputeLossStream\"}";
+  std::string scrape = ScrapeMetrics((*server)->metrics_port());
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(5);
+       SeriesValue(scrape, cancelled) < 2 && absl::Now() < give_up;) {
+    absl::SleepFor(absl::Milliseconds(20));
+    scrape = ScrapeMetrics((*server)->metrics_port());
+  }
+  EXPECT_EQ(SeriesValue(scrape, cancelled), 2) << scrape;
+  // The unary call never reached the service: no code counts it.
+  for (absl::string_view line : absl::StrSplit(scrape, '\n')) {
+    if (absl::StartsWith(line, "klserve_requests_total{") &&
+        absl::StrContains(line, "method=\"ComputeLoss\"}")) {
+      EXPECT_TRUE(absl::EndsWith(line, " 0")) << line;
+    }
+  }
+  // Absent (-1) or 0.
+  EXPECT_LE(SeriesValue(scrape,
+                        "klserve_requests_total{code=\"INVALID_ARGUMENT\","
+                        "method=\"ComputeLossStream\"}"),
+            0);
+  ExpectSmallerBlocksGoThrough(*MakeClient((*server)->target()));
+}
+
+// ---------------------------------------------------------------------------
+// The projections form: what a small request could make the server hold
+// (session of 2026-12-02). Each case ran the server out of memory, or held
+// a hundred times the request, before its fix.
+
+// A projections-form StreamHeader (the query side as specs, the key side
+// whole) of one key and one head, the query's H and D and the options given.
+v1::StreamHeader ProjectionsHeader(int64_t T, int64_t H, int64_t D,
+                                   const v1::LossOptions& options) {
+  ProjectionsSpec spec;
+  spec.name = "header";
+  spec.T = 1, spec.S = 1, spec.H = 1, spec.H_kv = 1, spec.D = D;
+  spec.H_I = 1, spec.D_I = 1;
+  spec.options = options;
+  const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  EXPECT_TRUE(slicer.ok()) << slicer.status();
+  v1::StreamHeader header = slicer->MakeHeader();
+  const auto set = [](v1::TensorSpec* tensor,
+                      std::initializer_list<int64_t> shape) {
+    tensor->clear_shape();
+    for (int64_t dim : shape) tensor->add_shape(dim);
+  };
+  set(header.mutable_query(), {1, T, H, D});
+  set(header.mutable_index_query(), {1, T, 1, 1});
+  set(header.mutable_index_weights(), {1, T, 1});
+  return header;
+}
+
+// The status of a stream that sends `header` and then, unless the header is
+// refused first, one block of one row of zeros.
+grpc::Status StreamWithHeader(v1::IndexerKl::Stub& stub,
+                              const v1::StreamHeader& header,
+                              int64_t query_row_bytes) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  auto stream = stub.ComputeLossStream(&context);
+  v1::ComputeLossStreamRequest message;
+  *message.mutable_header() = header;
+  stream->Write(message);
+  message.Clear();
+  v1::RowBlock* block = message.mutable_block();
+  block->set_num_rows(1);
+  block->set_query(std::string(query_row_bytes, '\0'));
+  block->set_index_query(std::string(4, '\0'));
+  block->set_index_weights(std::string(4, '\0'));
+  stream->Write(message);
+  stream->WritesDone();
+  v1::ComputeLossStreamResponse ignored;
+  while (stream->Read(&ignored)) {
+  }
+  return stream->Finish();
+}
+
+TEST(ProjectionsAmplificationTest, AUnaryCallHoldsNoTileOfItsRows) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  // One query row of 4 MiB (and a key of 4 MiB): a tile's room for it was
+  // 512 MiB.
+  ProjectionsSpec spec;
+  spec.name = "LongRow";
+  spec.T = 1, spec.S = 1, spec.H = 1, spec.H_kv = 1, spec.D = 1 << 20;
+  spec.H_I = 1, spec.D_I = 1;
+  const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  absl::StatusOr<int64_t> before = (*server)->RssKiB();
+  ASSERT_TRUE(before.ok());
+  absl::StatusOr<v1::ComputeLossResponse> response =
+      client->ComputeLossUnary(request);
+  ASSERT_TRUE(response.ok()) << Describe(response.status());
+  // With one key, q_I's softmax and the target are both 1: KL 0.
+  EXPECT_EQ(response->result().loss(), 0.0);
+  const int64_t growth = RssGrowthKiB(**server, *before);
+  EXPECT_LT(growth, 128 * 1024) << "RSS grew by " << growth << " KiB";
+}
+
+TEST(ProjectionsAmplificationTest, AStreamRefusesATileItCouldNotHold) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<v1::IndexerKl::Stub> stub = MakeStub((*server)->target());
+  absl::StatusOr<int64_t> before = (*server)->RssKiB();
+  ASSERT_TRUE(before.ok());
+  // A query row of 4 MiB (H = 2^20 heads of one dimension): a tile of 128
+  // such rows is 512 MiB, over the 256 MiB message limit. The server took
+  // the room at the first block; with H = 2^30 it died.
+  constexpr int64_t kH = int64_t{1} << 20;
+  const grpc::Status status = StreamWithHeader(
+      *stub, ProjectionsHeader(128, kH, 1, v1::LossOptions()), kH * 4);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << status.error_message();
+  EXPECT_TRUE(absl::StartsWith(status.error_message(), "query: a tile of 128"))
+      << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "--max_message_bytes"))
+      << status.error_message();
+  const int64_t growth = RssGrowthKiB(**server, *before);
+  EXPECT_LT(growth, 128 * 1024) << "RSS grew by " << growth << " KiB";
+  EXPECT_TRUE((*server)->Running());
+}
+
+TEST(ProjectionsAmplificationTest, AHugeTopkIsRefusedBeforeItsAnswerIsMade) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<v1::IndexerKl::Stub> stub = MakeStub((*server)->target());
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  absl::StatusOr<int64_t> before = (*server)->RssKiB();
+  ASSERT_TRUE(before.ok());
+  // A tile's answer of 16 rows: 640 MB of topk_indices, under the tensor
+  // limit and over the message limit (it took 5.7 GB to find out), and
+  // 128 GiB (bad_alloc on a gRPC thread: the stream hung, and so did the
+  // drain at SIGTERM).
+  for (const int64_t topk : {int64_t{10'000'000}, (int64_t{1} << 31) - 1}) {
+    v1::LossOptions options;
+    options.set_topk(topk);
+    options.set_skip_grad(true);
+    const grpc::Status status =
+        StreamWithHeader(*stub, ProjectionsHeader(16, 1, 1, options), 4);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << status.error_message();
+    EXPECT_TRUE(absl::StartsWith(status.error_message(), "topk_indices:"))
+        << status.error_message();
+  }
+  // Unary: [1, 1, 2^28] is the 1 GiB tensor limit, and four times the
+  // message limit.
+  ProjectionsSpec spec;
+  spec.name = "HugeTopk";
+  spec.T = 1, spec.S = 1;
+  spec.options.set_topk(int64_t{1} << 28);
+  const absl::Status unary =
+      client->ComputeLossUnary(MakeProjectionsRequest(spec)).status();
+  EXPECT_TRUE(HasCode(unary, absl::StatusCode::kResourceExhausted,
+                      "topk_indices: the response would carry"));
+  const int64_t growth = RssGrowthKiB(**server, *before);
+  EXPECT_LT(growth, 128 * 1024) << "RSS grew by " << growth << " KiB";
+  // Nothing is left hanging: the server drains and exits at once.
+  (*server)->Signal(SIGTERM);
+  EXPECT_TRUE((*server)->WaitForExit(absl::Seconds(10)).has_value());
 }
 
 // ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/isa.h"
@@ -771,6 +772,46 @@ TEST(ProjectionsTest, ShapeAndOptionErrorsNameTheField) {
                 "(b=0, t=1)");
   sparse.topk_indices = {0, 9, 2};
   ExpectInvalid(sparse, {}, "topk_indices");
+}
+
+// Logits [B, H, T, S] (or K) too large to have a size are refused naming
+// what the client sent (query, topk, topk_indices), not the logits-form
+// tensors the service builds from them. Specs of the query side without
+// bytes, as a stream's header carries them.
+TEST(ProjectionsTest, ImpliedLogitsTooLargeNameTheClientsField) {
+  constexpr int64_t kT = int64_t{1} << 45, kS = 1 << 20;
+  const std::vector<float> key(kS, 1.0f);
+  ProjectionsInputs in;
+  in.query = {.dtype = DType::kFloat32, .shape = {1, kT, 1, 1}};
+  in.key = {.dtype = DType::kFloat32,
+            .shape = {1, kS, 1, 1},
+            .data = key.data(),
+            .byte_size = kS * 4};
+  in.index_query = {.dtype = DType::kFloat32, .shape = {1, kT, 1, 1}};
+  in.index_key = {.dtype = DType::kFloat32,
+                  .shape = {1, kS, 1},
+                  .data = key.data(),
+                  .byte_size = kS * 4};
+  in.index_weights = {.dtype = DType::kFloat32, .shape = {1, kT, 1}};
+  ProjectionsOptions options;
+  const auto expect = [&](const std::string& starts_with) {
+    const absl::StatusOr<ProjectionsProblem> problem =
+        ProjectionsProblem::Create(in, options);
+    ASSERT_FALSE(problem.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(problem.status())) << problem.status();
+    EXPECT_TRUE(absl::StartsWith(problem.status().message(), starts_with))
+        << problem.status();
+  };
+  expect("query: the logits [B, H, T, S] it implies must have a byte size");
+  // T * S fits; T * K does not.
+  in.query.shape[1] = in.index_query.shape[1] = in.index_weights.shape[1] =
+      int64_t{1} << 40;
+  options.topk = int64_t{1} << 30;
+  expect("topk: the logits [B, H, T, K] it implies");
+  options.topk = 0;
+  in.topk_indices = TensorView{.dtype = DType::kInt32,
+                               .shape = {1, int64_t{1} << 40, 1 << 30}};
+  expect("topk_indices:");
 }
 
 TEST(ProjectionsTest, OverflowingScoresAreRefused) {
