@@ -8,12 +8,14 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "auth/token_file.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -25,6 +27,7 @@
 #include "server/service/method_names.h"
 #include "server/service/version.h"
 #include "server/shm/fault_guard.h"
+#include "server/tensorboard/tensorboard_writer.h"
 
 namespace klserve::server {
 namespace {
@@ -108,8 +111,18 @@ absl::Status ValidateOptions(const ServerOptions& options) {
         absl::StrCat("--", flag, ": must be a positive, finite duration, got ",
                      absl::FormatDuration(value)));
   };
-  RETURN_IF_ERROR(
-      at_least("max_concurrent_requests", options.max_concurrent_requests, 1));
+  // Both are threads made at start: the system refuses a few thousand
+  // (std::thread then aborted the process), and no host has the cores.
+  constexpr int kMaxThreads = 1024;
+  const auto in_range = [](absl::string_view flag, int64_t value, int64_t low,
+                           int64_t high) -> absl::Status {
+    if (value >= low && value <= high) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, ": must be in [", low, ", ", high, "], got ", value));
+  };
+  RETURN_IF_ERROR(in_range("threads", options.threads, 0, kMaxThreads));
+  RETURN_IF_ERROR(in_range("max_concurrent_requests",
+                           options.max_concurrent_requests, 1, kMaxThreads));
   RETURN_IF_ERROR(at_least("max_open_streams", options.max_open_streams, 1));
   RETURN_IF_ERROR(at_least("max_streams_per_connection",
                            options.max_streams_per_connection, 1));
@@ -173,6 +186,14 @@ absl::Duration WatchdogPeriod(const ServerOptions& options) {
 absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
     const ServerOptions& options) {
   RETURN_IF_ERROR(ValidateOptions(options));
+  if (!options.tensorboard_dir.empty()) {
+    if (absl::Status dir =
+            TensorBoardWriter::PrepareLogDirectory(options.tensorboard_dir);
+        !dir.ok()) {
+      return absl::Status(dir.code(),
+                          absl::StrCat("--tensorboard_dir: ", dir.message()));
+    }
+  }
   ASSIGN_OR_RETURN(const std::vector<ListenAddress> addresses,
                    ParseListenAddresses(options.listen));
   std::unique_ptr<KlServer> s(new KlServer(options));
@@ -183,7 +204,17 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   metrics.version = std::string(kVersion);
   metrics.backend = std::string(s->backends_->primary().name());
   metrics.device = s->backends_->primary().device();
-  ASSIGN_OR_RETURN(s->metrics_, Metrics::Create(metrics));
+  absl::StatusOr<std::unique_ptr<Metrics>> created = Metrics::Create(metrics);
+  if (!created.ok()) {
+    // civetweb says why in its own terms ("null context when constructing
+    // CivetServer").
+    const std::string why = WhyCannotBind(options.metrics_listen);
+    if (why.empty()) return created.status();
+    return absl::UnavailableError(
+        absl::StrCat("--metrics_listen: cannot serve metrics on \"",
+                     options.metrics_listen, "\": ", why));
+  }
+  s->metrics_ = *std::move(created);
   for (absl::string_view method : kIndexerKlMethods) {
     s->metrics_->RegisterMethod(method);
   }
@@ -271,24 +302,32 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   const mode_t umask_before = umask(0077);
   s->server_ = builder.BuildAndStart();
   umask(umask_before);
-  // gRPC says which address failed only in its log when it builds no server
-  // at all; a port bound to 0 names itself.
-  if (s->server_ == nullptr) {
+  // gRPC says which address failed, and why, only in its log when it builds
+  // no server at all; a port bound to 0 names itself. A TCP address that
+  // cannot bind says why; where each binds, gRPC refused something else,
+  // with TLS most likely the certificate or key.
+  const auto cannot_serve = [&](absl::Span<const ListenAddress> failed) {
     std::vector<std::string> all;
-    for (const ListenAddress& address : addresses) {
-      all.push_back(address.address);
+    for (const ListenAddress& address : failed) {
+      const std::string why =
+          address.is_unix() ? "" : WhyCannotBind(address.address);
+      all.push_back(why.empty()
+                        ? address.address
+                        : absl::StrCat(address.address, " (", why, ")"));
     }
-    return absl::UnavailableError(
-        absl::StrCat("--listen: cannot serve on ", absl::StrJoin(all, ", "),
-                     addresses.size() > 1 ? " (one of them: gRPC's log above "
-                                            "says which)"
-                                          : ""));
-  }
+    std::string hint;
+    if (failed.size() > 1) hint = " (one of them: gRPC's log above says which)";
+    if (!options.tls_cert_file.empty()) {
+      absl::StrAppend(&hint,
+                      "; with TLS, check --tls_cert and --tls_key (gRPC's log "
+                      "above says what it refused)");
+    }
+    return absl::UnavailableError(absl::StrCat("--listen: cannot serve on ",
+                                               absl::StrJoin(all, ", "), hint));
+  };
+  if (s->server_ == nullptr) return cannot_serve(addresses);
   for (size_t i = 0; i < addresses.size(); ++i) {
-    if (bound[i] == 0) {
-      return absl::UnavailableError(
-          absl::StrCat("--listen: cannot serve on ", addresses[i].address));
-    }
+    if (bound[i] == 0) return cannot_serve({addresses[i]});
   }
   for (size_t i = 0; i < addresses.size(); ++i) {
     const ListenAddress& address = addresses[i];

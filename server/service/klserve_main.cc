@@ -45,8 +45,8 @@ ABSL_FLAG(std::string, unix_socket_mode,
 ABSL_FLAG(std::string, backend, Defaults().backend,
           "auto (CUDA when usable, else CPU), cpu or cuda");
 ABSL_FLAG(int, threads, Defaults().threads,
-          "CPU backend threads; 0 = one per CPU this process may use (its "
-          "affinity, and its cgroup's CPU quota in a container)");
+          "CPU backend threads, at most 1024; 0 = one per CPU this process "
+          "may use (its affinity, and its cgroup's CPU quota in a container)");
 ABSL_FLAG(std::string, isa, Defaults().isa,
           "CPU kernels' instruction set: auto (the best this CPU runs), "
           "avx512, avx2 or baseline; every one gives the same bits, and one "
@@ -55,7 +55,7 @@ ABSL_FLAG(int64_t, max_message_bytes, Defaults().max_message_bytes,
           "largest gRPC message either way; larger problems must stream");
 ABSL_FLAG(int, max_concurrent_requests, Defaults().max_concurrent_requests,
           "unary ComputeLoss requests computing or queued at once (also the "
-          "compute threads); more get RESOURCE_EXHAUSTED");
+          "compute threads, at most 1024); more get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_open_streams, Defaults().max_open_streams,
           "ComputeLossStream and Echo calls open at once, apart from "
           "--max_concurrent_requests; more get RESOURCE_EXHAUSTED");

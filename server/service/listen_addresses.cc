@@ -1,8 +1,13 @@
 #include "server/service/listen_addresses.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -42,13 +47,46 @@ std::string LexicalPath(absl::string_view path) {
 
 }  // namespace
 
+std::string WhyCannotBind(absl::string_view host_port) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == absl::string_view::npos) return "";
+  std::string host(host_port.substr(0, colon));
+  const std::string port(host_port.substr(colon + 1));
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (const int error = getaddrinfo(host.empty() ? nullptr : host.c_str(),
+                                    port.c_str(), &hints, &found);
+      error != 0) {
+    return absl::StrCat("cannot resolve \"", host, "\": ", gai_strerror(error));
+  }
+  std::string why;
+  const int fd =
+      socket(found->ai_family, found->ai_socktype, found->ai_protocol);
+  if (fd < 0) {
+    why = strerror(errno);
+  } else {
+    // As servers bind: a port in TIME_WAIT is free to them.
+    const int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    if (bind(fd, found->ai_addr, found->ai_addrlen) != 0) why = strerror(errno);
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return why;
+}
+
 absl::Status CheckHostPort(absl::string_view flag, absl::string_view address) {
   const size_t colon = address.rfind(':');
   if (colon == absl::string_view::npos) {
     // gRPC would take a bare host as port 443, civetweb a bare number as a
     // port on every interface: neither is what a forgotten port means.
-    return Invalid(flag, "an address is HOST:PORT, its port included",
-                   address);
+    return Invalid(flag, "an address is HOST:PORT, its port included", address);
   }
   const absl::string_view host = address.substr(0, colon);
   const absl::string_view port = address.substr(colon + 1);

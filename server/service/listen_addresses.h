@@ -24,6 +24,13 @@ struct ListenAddress {
 // be gRPC's 443, or for /metrics civetweb's reading of a bare number.
 absl::Status CheckHostPort(absl::string_view flag, absl::string_view address);
 
+// Why a TCP socket cannot bind `host_port` ("HOST:PORT" as CheckHostPort
+// takes it) now, as the system says it ("Address already in use", a name
+// that does not resolve); empty when it binds. For the start-up error of a
+// server that could not listen: gRPC and civetweb say why only in their
+// logs, or in their own terms.
+std::string WhyCannotBind(absl::string_view host_port);
+
 // Splits --listen at commas. INVALID_ARGUMENT naming --listen for an empty
 // list or entry, an address given twice, a relative socket path (it would
 // depend on the directory klserve starts in), or one too long for a socket

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "server/metrics/loss_reporter.h"
 
 namespace klserve::server {
 
@@ -37,7 +38,8 @@ struct ServerOptions {
   // ComputeLossStream and Echo calls open at once; more get
   // RESOURCE_EXHAUSTED. Counted apart from the unary requests: a stream
   // spends most of its life waiting on its client, and must not hold a
-  // compute slot while it does. Each holds at most 3 messages.
+  // compute slot while it does. Each holds at most 3 messages (and a
+  // projections-form stream the rows of one tile, within a message's bytes).
   int max_open_streams = 16;
   // A stream whose client sends nothing the server waits for, or takes no
   // answer the server is sending, for this long is ended
@@ -96,19 +98,19 @@ struct ServerOptions {
   std::string metrics_listen = "127.0.0.1:9464";
   // Where each run's TensorBoard event file goes; empty writes none.
   std::string tensorboard_dir;
+  // The per-run loss series and event files. Their defaults, and what each
+  // bounds, live with the code they configure (LossReporterOptions,
+  // StepAggregatorOptions).
   // Runs whose per-step series are kept; the run idle longest goes first.
-  int max_runs = 64;
-  // tags.layer must be in [0, max_layers_per_run); bounds each run's
-  // per-layer series (LossReporterOptions).
-  int max_layers_per_run = 128;
-  // Runs given a TensorBoard directory over the process's lifetime; later
-  // new runs get Prometheus series only (LossReporterOptions).
-  int max_tensorboard_runs = 1024;
-  // Disk space the event files may take, all runs together; later steps
-  // get Prometheus series only (LossReporterOptions).
-  int64_t max_tensorboard_bytes = int64_t{16} << 30;
+  int max_runs = StepAggregatorOptions{}.max_runs;
+  // tags.layer must be in [0, max_layers_per_run).
+  int max_layers_per_run = LossReporterOptions{}.max_layers_per_run;
+  // Runs given a TensorBoard directory over the process's lifetime.
+  int max_tensorboard_runs = LossReporterOptions{}.max_tensorboard_runs;
+  // Disk space the event files may take, all runs together.
+  int64_t max_tensorboard_bytes = LossReporterOptions{}.max_tensorboard_bytes;
   // A step with no request for this long is finished and published.
-  absl::Duration step_idle_timeout = absl::Minutes(5);
+  absl::Duration step_idle_timeout = StepAggregatorOptions{}.idle_timeout;
 
   // Transport security (docs/security.md). With both tls_cert_file and
   // tls_key_file set, the gRPC port speaks TLS only (plaintext clients are

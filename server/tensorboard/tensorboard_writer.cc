@@ -173,6 +173,21 @@ absl::Status CreateDirectories(const std::filesystem::path& dir) {
 
 }  // namespace
 
+absl::Status TensorBoardWriter::PrepareLogDirectory(
+    const std::string& log_dir) {
+  if (log_dir.empty()) {
+    return absl::InvalidArgumentError("tensorboard log_dir: must not be empty");
+  }
+  if (absl::Status created = CreateDirectories(log_dir); !created.ok()) {
+    return created;
+  }
+  if (access(log_dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("tensorboard: cannot make files in ", log_dir));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Open(
     const std::string& log_dir, absl::string_view run) {
   if (log_dir.empty()) {

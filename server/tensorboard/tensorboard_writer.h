@@ -52,6 +52,11 @@ class TensorBoardWriter {
   static absl::StatusOr<std::unique_ptr<TensorBoardWriter>> Open(
       const std::string& log_dir, absl::string_view run);
 
+  // Creates `log_dir` (and its parents) if needed and checks that this
+  // process may make files in it, so that a server refuses a directory it
+  // cannot use when it starts, not at its first step. Errors as Open's.
+  static absl::Status PrepareLogDirectory(const std::string& log_dir);
+
   TensorBoardWriter(const TensorBoardWriter&) = delete;
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
 

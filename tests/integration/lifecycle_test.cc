@@ -16,6 +16,7 @@
 #include <atomic>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -568,10 +569,20 @@ TEST_F(ServerTest, SecondServerOnTheSamePortRefusesToStart) {
       ServerProcess::Start({"--listen=" + server().target()});
   ASSERT_FALSE(second.ok())
       << "a second klserve serves on " << server().target();
-  EXPECT_TRUE(
-      absl::StrContains(second.status().message(),
-                        "--listen: cannot serve on " + server().target()))
+  EXPECT_TRUE(absl::StrContains(second.status().message(),
+                                "--listen: cannot serve on " +
+                                    server().target() +
+                                    " (Address already in use)"))
       << second.status();
+  // The metrics port says why too, where civetweb said "null context".
+  absl::StatusOr<std::unique_ptr<ServerProcess>> third = ServerProcess::Start(
+      {absl::StrCat("--metrics_listen=127.0.0.1:", server().metrics_port())});
+  ASSERT_FALSE(third.ok());
+  EXPECT_TRUE(absl::StrContains(
+      third.status().message(),
+      absl::StrCat("--metrics_listen: cannot serve metrics on \"127.0.0.1:",
+                   server().metrics_port(), "\": Address already in use")))
+      << third.status();
   absl::StatusOr<bool> serving = client().Health();
   ASSERT_TRUE(serving.ok()) << Describe(serving.status());
   EXPECT_TRUE(*serving);
@@ -586,6 +597,38 @@ TEST_F(ServerTest, SigintOnAnIdleServerExitsZero) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
       << "wait status " << *status << "; log:\n"
       << server().Log();
+}
+
+// Thread counts past what the system makes aborted the server
+// (std::system_error from std::thread) and a negative one meant "auto":
+// both are start-up errors naming the flag.
+TEST(CommandLineTest, ThreadCountsOutOfRangeAreStartupErrors) {
+  for (const auto& [flag, value] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"threads", "100000"},
+           {"threads", "-1"},
+           {"max_concurrent_requests", "5000"}}) {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::Start({absl::StrCat("--", flag, "=", value)});
+    ASSERT_FALSE(server.ok()) << flag << "=" << value << " started";
+    EXPECT_TRUE(absl::StrContains(
+        server.status().message(),
+        absl::StrCat("--", flag, ": must be in [", flag == "threads" ? 0 : 1,
+                     ", 1024], got ", value)))
+        << server.status();
+  }
+}
+
+// A TensorBoard directory the server cannot make is refused at start, not
+// found at the first step.
+TEST(CommandLineTest, AnUnusableTensorBoardDirectoryIsAStartupError) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({"--tensorboard_dir=/proc/klserve-nope"});
+  ASSERT_FALSE(server.ok()) << "started";
+  EXPECT_TRUE(absl::StrContains(server.status().message(),
+                                "--tensorboard_dir: tensorboard: cannot "
+                                "create directory /proc/klserve-nope"))
+      << server.status();
 }
 
 // Asking for help is not an error, and the help names each flag's file by
