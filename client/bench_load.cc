@@ -1,10 +1,14 @@
 #include "client/bench_load.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <limits>
 #include <numeric>
 #include <thread>
 #include <utility>
@@ -65,6 +69,29 @@ v1::Tensor FloatTensor(const std::string& dtype, std::vector<int64_t> shape,
   return tensor;
 }
 
+// INVALID_ARGUMENT when the inputs of `problem`, each a dtype and a shape,
+// would take more than MaxSyntheticInputBytes(): checked before any is made,
+// as making them would end klctl in std::bad_alloc or the OOM killer.
+absl::Status CheckInputBytes(
+    absl::string_view problem,
+    std::initializer_list<std::pair<absl::string_view, std::vector<int64_t>>>
+        inputs) {
+  int64_t total = 0;
+  bool overflow = false;
+  for (const auto& [dtype, shape] : inputs) {
+    const absl::StatusOr<int64_t> bytes = ExpectedTensorBytes(dtype, shape);
+    overflow = overflow || !bytes.ok() ||
+               __builtin_add_overflow(total, *bytes, &total);
+  }
+  const int64_t bound = MaxSyntheticInputBytes();
+  if (!overflow && total <= bound) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "bench problem: the inputs of ", problem, " would take ",
+      overflow ? "more than 2^63" : absl::StrCat(total),
+      " bytes, past the bound of ", bound,
+      " bytes (a quarter of this machine's memory); make --shape smaller"));
+}
+
 // A refusal for lack of a slot, as the server words it
 // (server/service/admission.cc).
 bool IsSlotRefusal(const absl::Status& status) {
@@ -98,6 +125,15 @@ LoadResult RunLoad(const ClientOptions& client_options,
 }
 
 }  // namespace
+
+int64_t MaxSyntheticInputBytes() {
+  const int64_t pages = sysconf(_SC_PHYS_PAGES);
+  const int64_t page_bytes = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_bytes <= 0) {
+    return std::numeric_limits<int64_t>::max();  // the memory is unknown
+  }
+  return pages / 4 * page_bytes;
+}
 
 LoadResult RunWorkers(
     const LoadLimits& limits,
@@ -170,6 +206,16 @@ absl::StatusOr<v1::ComputeLossRequest> MakeSyntheticRequest(
   const int64_t B = problem.batch, T = problem.rows, S = problem.keys;
   const int64_t H = problem.heads, K = problem.topk;
   const int64_t width = K > 0 ? K : S;
+  const std::vector<int64_t> target_shape =
+      H > 0 ? std::vector<int64_t>{B, H, T, width}
+            : std::vector<int64_t>{B, T, width};
+  const std::vector<int64_t> scores_shape = {B, T, width};
+  RETURN_IF_ERROR(
+      CheckInputBytes(absl::StrCat("B=", B, " T=", T, " S=", S, " heads=", H,
+                                   " topk=", K, " ", problem.dtype),
+                      {{problem.dtype, target_shape},
+                       {problem.dtype, scores_shape},
+                       {"INT32", {B, T, K}}}));
 
   v1::ComputeLossRequest request;
   request.set_request_id("klctl-bench");
@@ -181,14 +227,14 @@ absl::StatusOr<v1::ComputeLossRequest> MakeSyntheticRequest(
   const auto logit = [&rng] { return rng.Unit() * 8.0f - 4.0f; };
   if (H > 0) {
     *request.mutable_attention_logits() =
-        FloatTensor(problem.dtype, {B, H, T, width}, logit);
+        FloatTensor(problem.dtype, target_shape, logit);
   } else {
     // 1 - [0, 1) is (0, 1]: every weight positive.
     *request.mutable_attention_weights() = FloatTensor(
-        problem.dtype, {B, T, width}, [&rng] { return 1.0f - rng.Unit(); });
+        problem.dtype, target_shape, [&rng] { return 1.0f - rng.Unit(); });
   }
   *request.mutable_indexer_scores() =
-      FloatTensor(problem.dtype, {B, T, width}, logit);
+      FloatTensor(problem.dtype, scores_shape, logit);
 
   if (K > 0) {
     // A partial Fisher-Yates shuffle per row over one running permutation:
@@ -228,6 +274,22 @@ absl::StatusOr<v1::ComputeLossRequest> MakeSyntheticProjectionsRequest(
         "bench problem: dtype must be FP32, BF16 or FP16, got ", p.dtype));
   }
   const int64_t B = p.batch, T = p.rows, S = p.keys;
+  const std::vector<int64_t> query_shape = {B, T, p.heads, p.head_dim};
+  const std::vector<int64_t> key_shape = {B, S, p.kv_heads, p.head_dim};
+  const std::vector<int64_t> index_query_shape = {B, T, p.index_heads,
+                                                  p.index_dim};
+  const std::vector<int64_t> index_key_shape = {B, S, p.index_dim};
+  const std::vector<int64_t> index_weights_shape = {B, T, p.index_heads};
+  RETURN_IF_ERROR(CheckInputBytes(
+      absl::StrCat("B=", B, " T=", T, " S=", S, " H=", p.heads,
+                   " H_kv=", p.kv_heads, " D=", p.head_dim,
+                   " H_I=", p.index_heads, " D_I=", p.index_dim, " ", p.dtype),
+      {{p.dtype, query_shape},
+       {p.dtype, key_shape},
+       {p.dtype, index_query_shape},
+       {p.dtype, index_key_shape},
+       {p.dtype, index_weights_shape}}));
+
   v1::ComputeLossRequest request;
   request.set_request_id("klctl-bench-projections");
   v1::LossOptions* options = request.mutable_options();
@@ -239,16 +301,13 @@ absl::StatusOr<v1::ComputeLossRequest> MakeSyntheticProjectionsRequest(
 
   Rng rng(0x70726f6a656374ull);
   const auto value = [&rng] { return rng.Unit() * 2.0f - 1.0f; };
-  *request.mutable_query() =
-      FloatTensor(p.dtype, {B, T, p.heads, p.head_dim}, value);
-  *request.mutable_key() =
-      FloatTensor(p.dtype, {B, S, p.kv_heads, p.head_dim}, value);
+  *request.mutable_query() = FloatTensor(p.dtype, query_shape, value);
+  *request.mutable_key() = FloatTensor(p.dtype, key_shape, value);
   *request.mutable_index_query() =
-      FloatTensor(p.dtype, {B, T, p.index_heads, p.index_dim}, value);
-  *request.mutable_index_key() =
-      FloatTensor(p.dtype, {B, S, p.index_dim}, value);
+      FloatTensor(p.dtype, index_query_shape, value);
+  *request.mutable_index_key() = FloatTensor(p.dtype, index_key_shape, value);
   *request.mutable_index_weights() =
-      FloatTensor(p.dtype, {B, T, p.index_heads}, value);
+      FloatTensor(p.dtype, index_weights_shape, value);
   return request;
 }
 

@@ -22,6 +22,11 @@ namespace klserve {
 // How ComputeLoss requests travel.
 enum class StreamMode { kAuto, kAlways, kNever };
 
+// The most bytes a synthetic problem's inputs may take: a quarter of this
+// machine's physical memory (the bench holds the inputs, a message of them
+// per request in flight and the gradients that come back).
+int64_t MaxSyntheticInputBytes();
+
 // The synthetic problem: dense (topk == 0) or sparse, per-head logits
 // (heads > 0) or a head-aggregated target (heads == 0).
 struct SyntheticProblem {
@@ -37,8 +42,8 @@ struct SyntheticProblem {
 // Random valid inputs for `problem`: logits and scores uniform in [-4, 4),
 // weights uniform in (0, 1] (positive, so no row has a zero target), top-k
 // indices distinct per row. The gradient is requested, row_kl and
-// diagnostics are not. INVALID_ARGUMENT for non-positive sizes, topk > keys
-// or an unknown dtype.
+// diagnostics are not. INVALID_ARGUMENT for non-positive sizes, topk > keys,
+// an unknown dtype or inputs past MaxSyntheticInputBytes().
 absl::StatusOr<v1::ComputeLossRequest> MakeSyntheticRequest(
     const SyntheticProblem& problem);
 
@@ -62,7 +67,7 @@ struct SyntheticProjections {
 // Random valid inputs for `problem`: every projection uniform in [-1, 1),
 // softmax_scale D^-1/2. The gradients are requested, row_kl and diagnostics
 // are not. INVALID_ARGUMENT for non-positive sizes, kv_heads not dividing
-// heads, topk < 0 or an unknown dtype.
+// heads, topk < 0, an unknown dtype or inputs past MaxSyntheticInputBytes().
 absl::StatusOr<v1::ComputeLossRequest> MakeSyntheticProjectionsRequest(
     const SyntheticProjections& problem);
 

@@ -5,9 +5,14 @@
 // Every command talks to --target under --deadline. Failures print the gRPC
 // code name and message to stderr and exit 1.
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
 #include <optional>
 #include <string>
 #include <utility>
@@ -15,9 +20,12 @@
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "absl/flags/internal/parse.h"
+#include "absl/flags/internal/usage.h"
+#include "absl/flags/marshalling.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -68,26 +76,60 @@ ABSL_FLAG(std::string, auth_token_file, "",
 // health.
 ABSL_FLAG(std::string, service, "", "health: the service to ask about");
 
-// loss: inputs (.npy files), one flag for each of the request's tensors,
-// named after it (LossRequestFromFlags finds them by name).
+namespace klserve {
 namespace {
+
 // A loss input flag's help: the tensor's layout and dtypes, and the forms
 // that need it.
 std::string InputHelp(absl::string_view name) {
-  using klserve::RequestForm;
-  const klserve::RequestTensor& tensor = *klserve::FindRequestTensor(name);
+  const RequestTensor& tensor = *FindRequestTensor(name);
   const char* need = "";
-  if (klserve::RequiredIn(RequestForm::kLogits, tensor)) {
+  if (name == "query") {  // as LossForm has it
+    need = " (selects the projections form)";
+  } else if (RequiredIn(RequestForm::kLogits, tensor)) {
     need = " (required)";
-  } else if (klserve::RequiredIn(RequestForm::kProjections, tensor)) {
+  } else if (RequiredIn(RequestForm::kProjections, tensor)) {
     need = " (required with --query)";
-  } else if (!klserve::TakenIn(RequestForm::kLogits, tensor)) {
+  } else if (!TakenIn(RequestForm::kLogits, tensor)) {
     need = " (with --query)";
   }
-  return absl::StrCat("loss: ", tensor.layout, " ",
-                      klserve::DTypeRuleText(tensor.dtype), " .npy", need);
+  return absl::StrCat("loss: ", tensor.layout, " ", DTypeRuleText(tensor.dtype),
+                      " .npy", need);
 }
+
+// A number a flag may leave unset, for the options and tags whose absence
+// means what no number does (q_offset's S - T, an untagged layer). As
+// std::optional, but --help shows "default: unset" where std::optional's
+// shows an empty default, and "unset" parses back to it.
+template <typename T>
+struct Unsettable {
+  std::optional<T> value;
+};
+
+template <typename T>
+bool AbslParseFlag(absl::string_view text, Unsettable<T>* flag,
+                   std::string* error) {
+  if (text.empty() || text == "unset") {
+    flag->value.reset();
+    return true;
+  }
+  T value;
+  if (!absl::ParseFlag(text, &value, error)) return false;
+  flag->value = value;
+  return true;
+}
+
+template <typename T>
+std::string AbslUnparseFlag(const Unsettable<T>& flag) {
+  return flag.value ? absl::UnparseFlag(*flag.value) : "unset";
+}
+
 }  // namespace
+}  // namespace klserve
+
+// loss: inputs (.npy files), one flag for each of the request's tensors,
+// named after it (LossRequestFromFlags finds them by name).
+using klserve::InputHelp;
 ABSL_FLAG(std::string, attention_logits, "", InputHelp("attention_logits"));
 ABSL_FLAG(std::string, attention_weights, "", InputHelp("attention_weights"));
 ABSL_FLAG(std::string, indexer_scores, "", InputHelp("indexer_scores"));
@@ -109,24 +151,23 @@ ABSL_FLAG(std::string, index_weights, "", InputHelp("index_weights"));
 
 // loss: LossOptions.
 ABSL_FLAG(bool, causal, false, "loss: key s valid only if s <= t + q_offset");
-ABSL_FLAG(std::optional<int64_t>, q_offset, std::nullopt,
-          "loss: position of query row 0 among the keys (default S - T)");
+ABSL_FLAG(klserve::Unsettable<int64_t>, q_offset, {},
+          "loss: position of query row 0 among the keys; unset: S - T");
 ABSL_FLAG(int64_t, num_keys, 0, "loss: S (required with --topk_indices)");
-ABSL_FLAG(std::optional<float>, softmax_scale, std::nullopt,
-          "loss: multiplies attention_logits (default 1)");
+ABSL_FLAG(float, softmax_scale, 1,
+          "loss: multiplies attention_logits (with --query: q . k)");
 ABSL_FLAG(std::string, flavor, "exact", "loss: exact or maxtext");
 ABSL_FLAG(std::string, reduction, "mean", "loss: mean, mean_valid or sum");
-ABSL_FLAG(std::optional<double>, scaling_factor, std::nullopt,
-          "loss: c, multiplies loss and gradient (default 1)");
-ABSL_FLAG(std::optional<double>, grad_scale, std::nullopt,
-          "loss: multiplies the gradient only, never the loss (default 1)");
+ABSL_FLAG(double, scaling_factor, 1, "loss: c, multiplies loss and gradient");
+ABSL_FLAG(double, grad_scale, 1,
+          "loss: multiplies the gradient only, never the loss");
 ABSL_FLAG(std::string, grad_dtype, "fp32",
           "loss, bench: gradient dtype fp32, bf16 or fp16");
 ABSL_FLAG(bool, diagnostics, false, "loss: ask for entropies and row counts");
 ABSL_FLAG(int64_t, recall_k, 0, "loss: k of the top-k recall diagnostic");
-ABSL_FLAG(std::optional<double>, index_weight_scale, std::nullopt,
-          "loss, with --query: multiplies index_weights (default "
-          "1/sqrt(H_I * D_I))");
+ABSL_FLAG(klserve::Unsettable<double>, index_weight_scale, {},
+          "loss, with --query: multiplies index_weights; unset: "
+          "1/sqrt(H_I * D_I)");
 ABSL_FLAG(bool, use_relu, true,
           "loss, with --query: relu on each indexer head's dot product");
 ABSL_FLAG(std::string, grad_out, "",
@@ -144,14 +185,19 @@ ABSL_FLAG(std::string, row_kl_out, "",
 ABSL_FLAG(std::string, request_id, "", "loss: echoed in the response");
 ABSL_FLAG(std::string, run, "",
           "loss, finish-step: run tag (enables per-step metrics)");
-ABSL_FLAG(std::optional<int64_t>, step, std::nullopt,
-          "loss, finish-step: step tag");
-ABSL_FLAG(std::optional<int32_t>, layer, std::nullopt, "loss: layer tag");
-ABSL_FLAG(std::optional<int32_t>, microbatch, std::nullopt,
-          "loss: microbatch tag");
+ABSL_FLAG(klserve::Unsettable<int64_t>, step, {},
+          "loss, finish-step: step tag, required with --run; unset: the "
+          "sample has no step");
+ABSL_FLAG(klserve::Unsettable<int32_t>, layer, {},
+          "loss: layer tag; unset: the untagged layer");
+ABSL_FLAG(klserve::Unsettable<int32_t>, microbatch, {},
+          "loss: microbatch tag; unset counts as 0");
 
 // bench.
-ABSL_FLAG(std::string, shape, "1,4096,4096", "bench: B,T,S");
+ABSL_FLAG(std::string, shape, "1,4096,4096",
+          absl::StrFormat("bench: B,T,S; the problem's inputs must fit in a "
+                          "quarter of this machine's memory (%.1f GiB here)",
+                          std::ldexp(klserve::MaxSyntheticInputBytes(), -30)));
 ABSL_FLAG(int64_t, heads, 0,
           "bench: H of per-head logits; 0 sends a head-aggregated target");
 ABSL_FLAG(int64_t, topk, 0,
@@ -293,7 +339,7 @@ absl::Status Info() {
 
 absl::Status FinishStep() {
   const std::string run = absl::GetFlag(FLAGS_run);
-  const std::optional<int64_t> step = absl::GetFlag(FLAGS_step);
+  const std::optional<int64_t> step = absl::GetFlag(FLAGS_step).value;
   if (run.empty() || !step) {
     return absl::InvalidArgumentError("finish-step: needs --run and --step");
   }
@@ -319,17 +365,24 @@ absl::StatusOr<std::string> InputPath(const RequestTensor& tensor) {
                                           tensor.name));
 }
 
-// Reads the .npy at `path` (given by the flag --`name`) into `tensor`.
-absl::Status ReadInput(absl::string_view name, const std::string& path,
+// Reads the .npy at `path` (given by the flag named after `input`), in one
+// of the element types `input` takes, into `tensor`.
+absl::Status ReadInput(const RequestTensor& input, const std::string& path,
                        v1::Tensor* tensor) {
-  absl::StatusOr<v1::Tensor> read = ReadNpy(path);
+  absl::StatusOr<v1::Tensor> read = ReadNpy(path, input.dtype);
   if (!read.ok()) {
     return absl::Status(
         read.status().code(),
-        absl::StrCat("--", name, ": ", read.status().message()));
+        absl::StrCat("--", input.name, ": ", read.status().message()));
   }
   *tensor = *std::move(read);
   return absl::OkStatus();
+}
+
+// --query selects the projections form.
+RequestForm LossForm() {
+  return absl::GetFlag(FLAGS_query).empty() ? RequestForm::kLogits
+                                            : RequestForm::kProjections;
 }
 
 absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
@@ -339,12 +392,9 @@ absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
     ASSIGN_OR_RETURN(std::string path, InputPath(tensor));
     paths.push_back(std::move(path));
   }
-  // --query selects the projections form; a tensor of the other form is
-  // sent as given, for the server to refuse by name.
-  const RequestForm form =
-      paths[FindRequestTensor("query") - kRequestTensors].empty()
-          ? RequestForm::kLogits
-          : RequestForm::kProjections;
+  // A tensor of the other form is sent as given, for the server to refuse
+  // by name.
+  const RequestForm form = LossForm();
   for (size_t i = 0; i < paths.size(); ++i) {
     if (paths[i].empty() && RequiredIn(form, kRequestTensors[i])) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -356,18 +406,16 @@ absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
     if (paths[i].empty()) continue;
     const RequestTensor& tensor = kRequestTensors[i];
     RETURN_IF_ERROR(
-        ReadInput(tensor.name, paths[i], MutableTensor(request, tensor)));
+        ReadInput(tensor, paths[i], MutableTensor(request, tensor)));
   }
 
   v1::LossOptions* options = request.mutable_options();
   options->set_causal(absl::GetFlag(FLAGS_causal));
-  if (auto q_offset = absl::GetFlag(FLAGS_q_offset)) {
+  if (auto q_offset = absl::GetFlag(FLAGS_q_offset).value) {
     options->set_q_offset(*q_offset);
   }
   options->set_num_keys(absl::GetFlag(FLAGS_num_keys));
-  if (auto scale = absl::GetFlag(FLAGS_softmax_scale)) {
-    options->set_softmax_scale(*scale);
-  }
+  options->set_softmax_scale(absl::GetFlag(FLAGS_softmax_scale));
   const std::string flavor = absl::AsciiStrToLower(absl::GetFlag(FLAGS_flavor));
   if (flavor == "exact") {
     options->set_flavor(v1::FLAVOR_EXACT);
@@ -390,10 +438,8 @@ absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
         absl::StrCat("--reduction: must be mean, mean_valid or sum, got \"",
                      reduction, "\""));
   }
-  if (auto g = absl::GetFlag(FLAGS_grad_scale)) options->set_grad_scale(*g);
-  if (auto c = absl::GetFlag(FLAGS_scaling_factor)) {
-    options->set_scaling_factor(*c);
-  }
+  options->set_grad_scale(absl::GetFlag(FLAGS_grad_scale));
+  options->set_scaling_factor(absl::GetFlag(FLAGS_scaling_factor));
   ASSIGN_OR_RETURN(const std::string grad_dtype,
                    WireDType("grad_dtype", absl::GetFlag(FLAGS_grad_dtype)));
   options->set_grad_dtype(grad_dtype);
@@ -402,7 +448,7 @@ absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
   options->set_want_row_kl(!absl::GetFlag(FLAGS_row_kl_out).empty());
   options->set_want_diagnostics(absl::GetFlag(FLAGS_diagnostics));
   options->set_recall_k(absl::GetFlag(FLAGS_recall_k));
-  if (auto scale = absl::GetFlag(FLAGS_index_weight_scale)) {
+  if (auto scale = absl::GetFlag(FLAGS_index_weight_scale).value) {
     options->set_index_weight_scale(*scale);
   }
   if (form == RequestForm::kProjections) {
@@ -413,9 +459,9 @@ absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
   request.set_request_id(absl::GetFlag(FLAGS_request_id));
   v1::Tags* tags = request.mutable_tags();
   tags->set_run(absl::GetFlag(FLAGS_run));
-  if (auto step = absl::GetFlag(FLAGS_step)) tags->set_step(*step);
-  if (auto layer = absl::GetFlag(FLAGS_layer)) tags->set_layer(*layer);
-  if (auto microbatch = absl::GetFlag(FLAGS_microbatch)) {
+  if (auto step = absl::GetFlag(FLAGS_step).value) tags->set_step(*step);
+  if (auto layer = absl::GetFlag(FLAGS_layer).value) tags->set_layer(*layer);
+  if (auto microbatch = absl::GetFlag(FLAGS_microbatch).value) {
     tags->set_microbatch(*microbatch);
   }
   return request;
@@ -466,8 +512,83 @@ absl::Status WriteGradients(const v1::ComputeLossResponse& response,
   return absl::OkStatus();
 }
 
+// OK when `dir` is a directory this process may make files in; otherwise
+// the reason, after `what`.
+absl::Status CheckWritableDirectory(absl::string_view what,
+                                    const std::filesystem::path& dir) {
+  std::error_code error;
+  const bool is_directory = std::filesystem::is_directory(dir, error);
+  if (error) return absl::ErrnoToStatus(error.value(), what);
+  if (!is_directory) return absl::ErrnoToStatus(ENOTDIR, what);
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::ErrnoToStatus(errno, what);
+  }
+  return absl::OkStatus();
+}
+
+// OK when --`flag`=`path` names a file that can be made or overwritten.
+absl::Status CheckOutputFile(absl::string_view flag, const std::string& path) {
+  const std::string what =
+      absl::StrCat("--", flag, ": cannot write \"", path, "\"");
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::ErrnoToStatus(EISDIR, what);
+  }
+  if (access(path.c_str(), W_OK) != 0 && errno != ENOENT) {
+    return absl::ErrnoToStatus(errno, what);
+  }
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  return CheckWritableDirectory(
+      absl::StrCat(what, " in \"", dir.string(), "\""), dir);
+}
+
+// OK when --`flag`=`path` names a directory that exists or can be made
+// (create_directories makes what is missing below the nearest that exists).
+absl::Status CheckOutputDirectory(absl::string_view flag,
+                                  const std::string& path) {
+  std::filesystem::path dir = path;
+  std::error_code error;
+  while (!dir.empty() && !std::filesystem::exists(dir, error)) {
+    dir = dir.parent_path();
+  }
+  if (dir.empty()) dir = ".";
+  return CheckWritableDirectory(
+      dir == path ? absl::StrCat("--", flag, ": cannot write in \"", path, "\"")
+                  : absl::StrCat("--", flag, ": cannot make the directory \"",
+                                 path, "\" in \"", dir.string(), "\""),
+      dir);
+}
+
+// The output flags as --help describes them, checked before the inputs are
+// read and the call is made, so that a mistyped path or a missing flag costs
+// no computation.
+absl::Status CheckLossOutputs(RequestForm form) {
+  if (const std::string grad_out = absl::GetFlag(FLAGS_grad_out);
+      !grad_out.empty()) {
+    RETURN_IF_ERROR(form == RequestForm::kProjections
+                        ? CheckOutputDirectory("grad_out", grad_out)
+                        : CheckOutputFile("grad_out", grad_out));
+  }
+  if (const std::string topk_out = absl::GetFlag(FLAGS_topk_out);
+      !topk_out.empty()) {
+    if (form != RequestForm::kProjections || absl::GetFlag(FLAGS_topk) < 1) {
+      return absl::InvalidArgumentError(
+          "--topk_out: needs --query and --topk (the service's top-k "
+          "selection is made only in the projections form with --topk)");
+    }
+    RETURN_IF_ERROR(CheckOutputFile("topk_out", topk_out));
+  }
+  if (const std::string row_kl_out = absl::GetFlag(FLAGS_row_kl_out);
+      !row_kl_out.empty()) {
+    RETURN_IF_ERROR(CheckOutputFile("row_kl_out", row_kl_out));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Loss() {
   ASSIGN_OR_RETURN(const StreamMode mode, StreamModeFlag());
+  RETURN_IF_ERROR(CheckLossOutputs(LossForm()));
   ASSIGN_OR_RETURN(const v1::ComputeLossRequest request,
                    LossRequestFromFlags());
   ClientOptions client_options;
@@ -485,7 +606,10 @@ absl::Status Loss() {
   const double latency_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
 
   const v1::LossResult& result = response->result();
-  std::printf("request_id: %s\n", response->request_id().c_str());
+  // An id neither sent nor given by the server would be an empty line.
+  if (!request.request_id().empty() || !response->request_id().empty()) {
+    std::printf("request_id: %s\n", response->request_id().c_str());
+  }
   std::printf("transport: %s\n", streamed ? "stream" : "unary");
   std::printf("loss: %.17g\n", result.loss());
   std::printf("unscaled_loss: %.17g\n", result.unscaled_loss());
@@ -520,7 +644,10 @@ absl::Status Loss() {
   return absl::OkStatus();
 }
 
-void PrintLoad(absl::string_view mode, const LoadResult& load) {
+// Prints the results of a mode that ran to its end. A mode that failed
+// prints none: its error, klctl's, is all there is to say about it.
+absl::Status ReportLoad(absl::string_view mode, const LoadResult& load) {
+  RETURN_IF_ERROR(load.first_error);
   std::printf("mode: %s\n", std::string(mode).c_str());
   std::printf("  requests: %lld\n", static_cast<long long>(load.requests));
   if (load.refusals > 0) {
@@ -532,6 +659,7 @@ void PrintLoad(absl::string_view mode, const LoadResult& load) {
   std::printf("  gb_per_s: %.3f\n", load.GigabytesPerSecond());
   std::printf("  latency_p50_ms: %.3f\n", load.LatencyPercentileMs(0.50));
   std::printf("  latency_p99_ms: %.3f\n", load.LatencyPercentileMs(0.99));
+  return absl::OkStatus();
 }
 
 absl::Status Bench() {
@@ -659,8 +787,7 @@ absl::Status Bench() {
     }
     std::printf("kernel_threads: %d\n", threads);
     const LoadResult kernel_load = RunKernelLoad(request, threads, limits);
-    PrintLoad("kernel", kernel_load);
-    RETURN_IF_ERROR(kernel_load.first_error);
+    RETURN_IF_ERROR(ReportLoad("kernel", kernel_load));
     p50s.emplace_back("kernel", kernel_load.LatencyPercentileMs(0.50));
   }
 
@@ -691,21 +818,18 @@ absl::Status Bench() {
     // The calls have all returned, so the server holds the region for none
     // of them; it goes before the region (and its pages) does.
     const absl::Status unregistered = client->UnregisterRegion(problem.name);
-    PrintLoad("loss_shm", shm_load);
-    RETURN_IF_ERROR(shm_load.first_error);
+    RETURN_IF_ERROR(ReportLoad("loss_shm", shm_load));
     RETURN_IF_ERROR(unregistered);
     p50s.emplace_back("shm", shm_load.LatencyPercentileMs(0.50));
   }
   if (inline_loss && mode != "echo") {
     loss_load = RunLossLoad(request, stream_mode, client_options, limits);
-    PrintLoad("loss", *loss_load);
-    RETURN_IF_ERROR(loss_load->first_error);
+    RETURN_IF_ERROR(ReportLoad("loss", *loss_load));
     p50s.emplace_back("inline", loss_load->LatencyPercentileMs(0.50));
   }
   if (mode != "loss") {
     echo_load = RunEchoLoad(plan, client_options, limits);
-    PrintLoad("echo", *echo_load);
-    RETURN_IF_ERROR(echo_load->first_error);
+    RETURN_IF_ERROR(ReportLoad("echo", *echo_load));
   }
   if (loss_load.has_value() && echo_load.has_value() &&
       echo_load->GigabytesPerSecond() > 0) {
@@ -734,7 +858,28 @@ absl::Status Bench() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(klserve::kUsage);
-  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  // As klserve's: --help names the file each flag is defined in by its name
+  // in the repository, not by the path of the checkout that built the
+  // binary.
+  absl::FlagsUsageConfig usage;
+  usage.normalize_filename = [](absl::string_view file) {
+    const size_t at = file.rfind("client/");
+    return std::string(at == absl::string_view::npos ? file : file.substr(at));
+  };
+  absl::SetFlagsUsageConfig(usage);
+  // absl::ParseCommandLine exits 1 after printing the help that was asked
+  // for, which scripts read as a failure; its two halves, run here, let
+  // --help exit 0, as klserve's does. (absl's internal API: Debian pins
+  // absl's version.)
+  const std::vector<char*> args = absl::flags_internal::ParseCommandLineImpl(
+      argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
+      absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
+      absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
+  if (const int handled = absl::flags_internal::HandleUsageFlags(
+          std::cout, absl::ProgramUsageMessage());
+      handled != -1) {
+    return handled == 1 ? 0 : handled;  // 1: a help flag was handled
+  }
   if (args.size() != 2) {
     std::fprintf(stderr, "%s\nklctl: expected exactly one command\n",
                  klserve::kUsage);

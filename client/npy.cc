@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -21,15 +26,31 @@ constexpr char kMagic[] = "\x93NUMPY";
 constexpr int64_t kMagicBytes = 6;
 constexpr int64_t kAlignment = 64;  // NumPy aligns the data to 64 bytes
 
-struct DescrName {
-  const char* descr;
-  const char* dtype;
+// The bits of `rules`, for NpyType::takes.
+constexpr uint32_t Takes(std::initializer_list<DTypeRule> rules) {
+  uint32_t bits = 0;
+  for (DTypeRule rule : rules) bits |= 1u << static_cast<int>(rule);
+  return bits;
+}
+
+// The element types klserve reads and writes: the one table of descrs.
+struct NpyType {
+  absl::string_view descr;
+  absl::string_view dtype;  // the wire name
+  absl::string_view name;   // for the list of what a reader takes
+  uint32_t takes;           // the DTypeRules of the request inputs read from it
 };
 
-// The first entry for a dtype is the one written.
-constexpr DescrName kDescrs[] = {
-    {"<f4", "FP32"}, {"<f2", "FP16"}, {"<i4", "INT32"}, {"|b1", "BOOL"},
-    {"|u1", "BOOL"}, {"<u2", "BF16"}, {"<f8", "FP64"},
+// The first entry for a dtype is the one written. FP64 is written only
+// (row_kl); no request input takes it.
+constexpr NpyType kNpyTypes[] = {
+    {"<f4", "FP32", "float32", Takes({DTypeRule::kFloat, DTypeRule::kFloat32})},
+    {"<f2", "FP16", "float16", Takes({DTypeRule::kFloat})},
+    {"<u2", "BF16", "bfloat16 as", Takes({DTypeRule::kFloat})},
+    {"<i4", "INT32", "int32", Takes({DTypeRule::kInt32})},
+    {"|b1", "BOOL", "bool", Takes({DTypeRule::kBool})},
+    {"|u1", "BOOL", "uint8", Takes({DTypeRule::kBool})},
+    {"<f8", "FP64", "float64", 0},
 };
 
 absl::Status Malformed(absl::string_view what) {
@@ -141,14 +162,69 @@ std::string FormatShape(const std::vector<int64_t>& shape) {
   return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
 }
 
-absl::StatusOr<const char*> DescrFor(absl::string_view dtype) {
-  for (const DescrName& entry : kDescrs) {
-    if (dtype == entry.dtype) return entry.descr;
+absl::StatusOr<absl::string_view> DescrFor(absl::string_view dtype) {
+  for (const NpyType& type : kNpyTypes) {
+    if (dtype == type.dtype) return type.descr;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("npy: dtype \"", dtype,
                    "\" has no .npy descr (FP32, FP16, BF16, INT32, "
                    "BOOL or FP64)"));
+}
+
+// The type of `descr` as NumPy names it ('<f8': float64), or "" when it is
+// not a plain number, bool or void.
+std::string NumpyName(absl::string_view descr) {
+  int64_t bytes = 0;
+  if (descr.size() < 3 || !absl::StrContains("<>|=", descr[0]) ||
+      !absl::SimpleAtoi(descr.substr(2), &bytes)) {
+    return "";
+  }
+  const std::string bits = absl::StrCat(bytes * 8);
+  switch (descr[1]) {
+    case 'b':
+      return "bool";
+    case 'f':
+      return "float" + bits;
+    case 'i':
+      return "int" + bits;
+    case 'u':
+      return "uint" + bits;
+    case 'c':
+      return "complex" + bits;
+    case 'V':
+      return "void" + bits;
+  }
+  return "";
+}
+
+// The entry for `descr` among those `rule` takes (any entry without one).
+// Otherwise INVALID_ARGUMENT naming the file's type and what is taken.
+absl::StatusOr<const NpyType*> FindNpyType(absl::string_view descr,
+                                           std::optional<DTypeRule> rule) {
+  std::vector<std::string> wanted;
+  bool takes_bf16 = false;
+  for (const NpyType& type : kNpyTypes) {
+    if (rule && (type.takes & Takes({*rule})) == 0) continue;
+    if (descr == type.descr) return &type;
+    wanted.push_back(absl::StrCat(type.name, " '", type.descr, "'"));
+    takes_bf16 |= type.dtype == "BF16";
+  }
+  const std::string name = NumpyName(descr);
+  std::string message = absl::StrCat(
+      "unsupported descr '", descr, "'",
+      name.empty() ? "" : absl::StrCat(" (", name, ")"), "; want ",
+      wanted.size() == 1
+          ? wanted.back()
+          : absl::StrCat(absl::StrJoin(wanted.begin(), wanted.end() - 1, ", "),
+                         " or ", wanted.back()));
+  // What np.save writes for an ml_dtypes.bfloat16 array.
+  if (takes_bf16 && descr.substr(1) == "V2") {
+    absl::StrAppend(
+        &message,
+        "; for bfloat16 (ml_dtypes), save the array with .view('<u2')");
+  }
+  return Malformed(message);
 }
 
 struct FileCloser {
@@ -167,9 +243,10 @@ absl::Status ReadExactly(std::FILE* file, char* dest, int64_t bytes,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view file_prefix) {
+// ParseNpyHeader, taking the descrs `rule` takes (any of kNpyTypes without
+// one).
+absl::StatusOr<NpyHeader> ParseHeader(absl::string_view file_prefix,
+                                      std::optional<DTypeRule> rule) {
   ASSIGN_OR_RETURN(const int64_t header_size, HeaderSize(file_prefix));
   if (static_cast<int64_t>(file_prefix.size()) < header_size) {
     return Malformed("truncated header");
@@ -217,16 +294,9 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view file_prefix) {
         "C-contiguous array (np.ascontiguousarray)");
   }
 
+  ASSIGN_OR_RETURN(const NpyType* type, FindNpyType(descr, rule));
   NpyHeader header;
-  for (const DescrName& entry : kDescrs) {
-    if (descr == entry.descr) header.dtype = entry.dtype;
-  }
-  if (header.dtype.empty()) {
-    return Malformed(absl::StrCat(
-        "unsupported descr '", descr,
-        "', want '<f4', '<f2', '<u2' (bfloat16 bits), '<i4', '|b1', '|u1' or "
-        "'<f8'"));
-  }
+  header.dtype = std::string(type->dtype);
   header.shape = std::move(shape);
   header.data_offset = header_size;
   ASSIGN_OR_RETURN(header.data_bytes,
@@ -234,9 +304,15 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view file_prefix) {
   return header;
 }
 
+}  // namespace
+
+absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view file_prefix) {
+  return ParseHeader(file_prefix, std::nullopt);
+}
+
 absl::StatusOr<std::string> EncodeNpyHeader(absl::string_view dtype,
                                             const std::vector<int64_t>& shape) {
-  ASSIGN_OR_RETURN(const char* descr, DescrFor(dtype));
+  ASSIGN_OR_RETURN(const absl::string_view descr, DescrFor(dtype));
   std::string dict = absl::StrCat(
       "{'descr': '", descr,
       "', 'fortran_order': False, 'shape': ", FormatShape(shape), ", }");
@@ -279,7 +355,11 @@ absl::StatusOr<v1::Tensor> ParseNpy(absl::string_view file_bytes) {
   return tensor;
 }
 
-absl::StatusOr<v1::Tensor> ReadNpy(const std::string& path) {
+namespace {
+
+// ReadNpy, taking the descrs `rule` takes (any of kNpyTypes without one).
+absl::StatusOr<v1::Tensor> ReadNpyFile(const std::string& path,
+                                       std::optional<DTypeRule> rule) {
   File file(std::fopen(path.c_str(), "rb"));
   if (file == nullptr) {
     return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));
@@ -306,7 +386,7 @@ absl::StatusOr<v1::Tensor> ReadNpy(const std::string& path) {
   prefix.resize(*header_size);
   RETURN_IF_ERROR(ReadExactly(file.get(), prefix.data() + already,
                               *header_size - already, path));
-  absl::StatusOr<NpyHeader> header = ParseNpyHeader(prefix);
+  absl::StatusOr<NpyHeader> header = ParseHeader(prefix, rule);
   if (!header.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": ", header.status().message()));
@@ -325,6 +405,16 @@ absl::StatusOr<v1::Tensor> ReadNpy(const std::string& path) {
   RETURN_IF_ERROR(
       ReadExactly(file.get(), data->data(), header->data_bytes, path));
   return tensor;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Tensor> ReadNpy(const std::string& path) {
+  return ReadNpyFile(path, std::nullopt);
+}
+
+absl::StatusOr<v1::Tensor> ReadNpy(const std::string& path, DTypeRule rule) {
+  return ReadNpyFile(path, rule);
 }
 
 absl::StatusOr<std::string> SerializeNpy(const v1::Tensor& tensor) {

@@ -6,6 +6,9 @@
 // Element types (descr <-> wire dtype):
 //   '<f4' FP32, '<f2' FP16, '<i4' INT32, '|b1' or '|u1' BOOL (read; BOOL is
 //   written as '|b1'), '<f8' FP64, and '<u2' BF16.
+// A request input is read only from the descrs its tensor's DTypeRule takes
+// (proto/request_tensors.h): float32, float16 or bfloat16 as '<u2' for the
+// float inputs, int32 for indices, bool or uint8 for masks.
 // NumPy has no bfloat16; klserve's convention is to carry bfloat16 bits as
 // uint16 ('<u2'), which `arr.view(np.uint16)` / `.view(ml_dtypes.bfloat16)`
 // convert without copying. Only C order is supported. Reading accepts
@@ -20,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "klserve/v1/klserve.pb.h"
+#include "proto/request_tensors.h"
 
 namespace klserve {
 
@@ -34,7 +38,9 @@ struct NpyHeader {
 // Parses the magic, version, and header dict at the start of `file_prefix`
 // (which must hold at least the whole header; it may hold more). Errors are
 // INVALID_ARGUMENT naming what is wrong (bad magic, unsupported descr,
-// fortran_order True, malformed dict).
+// fortran_order True, malformed dict). An unsupported descr is named with its
+// type as NumPy spells it ("unsupported descr '<i8' (int64)"), followed by
+// the descrs taken.
 absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view file_prefix);
 
 // The bytes of a version 1.0 header (magic through the '\n' that ends the
@@ -48,6 +54,12 @@ absl::StatusOr<std::string> EncodeNpyHeader(absl::string_view dtype,
 // header + data. An errno-derived status (e.g. NOT_FOUND) when the file cannot
 // be opened.
 absl::StatusOr<v1::Tensor> ReadNpy(const std::string& path);
+
+// Reads a request input whose tensor's dtypes follow `rule`: as above, but a
+// descr `rule` does not take is an unsupported descr, and the message lists
+// the ones it takes (with the fix for an ml_dtypes bfloat16 array saved as
+// it is, '<V2').
+absl::StatusOr<v1::Tensor> ReadNpy(const std::string& path, DTypeRule rule);
 
 // Parses an in-memory .npy image (one copy of the data into the tensor).
 absl::StatusOr<v1::Tensor> ParseNpy(absl::string_view file_bytes);

@@ -1,8 +1,9 @@
 // klctl against the real server: health, info, loss on .npy files written
 // here (numbers and gradient bytes equal to the library's; the projections
 // form's equal to the float64 reference), errors with the gRPC code name on
-// stderr, a short bench of each form, and the bench's shared-memory
-// transport over a Unix socket.
+// stderr (bad inputs and outputs refused before any call), a short bench of
+// each form, and the bench's shared-memory transport over a Unix socket;
+// --help.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -50,10 +51,11 @@ std::string ShapeTuple(const v1::Tensor& t) {
   return absl::StrCat("(", absl::StrJoin(t.shape(), ", "), ")");
 }
 
-// A version 1.0 .npy image, written by hand from the format's definition.
-std::string NpyImage(const v1::Tensor& t) {
+// A version 1.0 .npy image of `t`'s shape and data under `descr`, written by
+// hand from the format's definition.
+std::string NpyImage(const v1::Tensor& t, const std::string& descr) {
   std::string dict = absl::StrCat(
-      "{'descr': '", Descr(t.dtype()),
+      "{'descr': '", descr,
       "', 'fortran_order': False, 'shape': ", ShapeTuple(t), ", }");
   // magic (6) + version (2) + length (2) + dict + padding + '\n', a
   // multiple of 64.
@@ -130,11 +132,14 @@ class KlctlTest : public ServerTest {
     ServerTest::TearDown();
   }
 
-  // Writes `t` as <dir>/<name>.npy; its path.
-  std::string Write(const std::string& name, const v1::Tensor& t) {
+  // Writes `t` as <dir>/<name>.npy, under `descr` when given (else its
+  // dtype's); its path.
+  std::string Write(const std::string& name, const v1::Tensor& t,
+                    std::string descr = "") {
+    if (descr.empty()) descr = Descr(t.dtype());
     const std::string path = absl::StrCat(dir_, "/", name, ".npy");
     std::ofstream out(path, std::ios::binary);
-    const std::string image = NpyImage(t);
+    const std::string image = NpyImage(t, descr);
     out.write(image.data(), static_cast<std::streamsize>(image.size()));
     files_.push_back(path);
     return path;
@@ -438,6 +443,149 @@ TEST_F(KlctlTest, BadInputExitsNonZeroWithTheCodeName) {
   EXPECT_TRUE(absl::StrContains(run.err, "indexer_scores")) << run.err;
 }
 
+// An input in a type its flag does not take is refused before any call,
+// named as NumPy names it, with the types the flag takes.
+TEST_F(KlctlTest, InputOfAnotherTypeIsRefusedWithTheTypesItsFlagTakes) {
+  ProblemSpec s;
+  s.name = "klctl-descr";
+  s.B = 1, s.T = 3, s.S = 4, s.H = 0;
+  s.seed = 58;
+  const v1::ComputeLossRequest request = MakeRequest(s);
+  const std::string weights =
+      "--attention_weights=" + Write("weights", request.attention_weights());
+  // Elements of `bytes` each, shaped [1, 3, 4] like the scores.
+  const auto raw = [](int bytes) {
+    v1::Tensor t;
+    for (int64_t dim : {1, 3, 4}) t.add_shape(dim);
+    t.set_data(std::string(12 * bytes, '\0'));
+    return t;
+  };
+  const std::string takes_float =
+      "want float32 '<f4', float16 '<f2' or bfloat16 as '<u2'";
+  const struct {
+    std::string flag, descr;
+    int bytes;
+    std::vector<std::string> expected;
+  } cases[] = {
+      {"indexer_scores", "<f8", 8, {"'<f8' (float64)", takes_float}},
+      {"indexer_scores", "|u1", 1, {"'|u1' (uint8)", takes_float}},
+      // How NumPy saves an ml_dtypes.bfloat16 array.
+      {"indexer_scores",
+       "<V2",
+       2,
+       {"'<V2' (void16)", takes_float, ".view('<u2')"}},
+      {"topk_indices", "<f4", 4, {"'<f4' (float32)", "want int32 '<i4'"}},
+      {"key_padding_mask",
+       "<f4",
+       4,
+       {"'<f4' (float32)", "want bool '|b1' or uint8 '|u1'"}},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args = {"loss", weights};
+    if (c.flag != "indexer_scores") {
+      args.push_back("--indexer_scores=" +
+                     Write("scores", request.indexer_scores()));
+    }
+    args.push_back(
+        absl::StrCat("--", c.flag, "=", Write(c.flag, raw(c.bytes), c.descr)));
+    const std::string what = c.flag + " " + c.descr;
+    const CommandResult run = Klctl(args);
+    EXPECT_EQ(run.exit_code, 1) << what << "\n" << run.out;
+    EXPECT_EQ(run.out, "") << what;
+    std::vector<std::string> expected = {"INVALID_ARGUMENT", "--" + c.flag};
+    expected.insert(expected.end(), c.expected.begin(), c.expected.end());
+    for (const std::string& text : expected) {
+      EXPECT_TRUE(absl::StrContains(run.err, text))
+          << what << ": " << text << " missing in\n"
+          << run.err;
+    }
+    // The wire dtypes are the server's words, not the file's.
+    EXPECT_FALSE(absl::StrContains(run.err, "FP64")) << run.err;
+    EXPECT_FALSE(absl::StrContains(run.err, "BOOL")) << run.err;
+  }
+}
+
+// --topk_out needs --query and --topk, and every output must be writable:
+// refused before the call (nothing printed), naming the flag.
+TEST_F(KlctlTest, OutputFlagsAreCheckedBeforeTheCall) {
+  ProjectionsSpec p;
+  p.name = "klctl-outputs";
+  const v1::ComputeLossRequest projections = MakeProjectionsRequest(p);
+  std::vector<std::string> projection_args = {"loss"};
+  for (const RequestTensor& tensor : kRequestTensors) {
+    if (const v1::Tensor* t = FindTensor(projections, tensor)) {
+      const std::string name(tensor.name);
+      projection_args.push_back(absl::StrCat("--", name, "=", Write(name, *t)));
+    }
+  }
+  const std::string a_file = Write("a_file", projections.query());
+  ProblemSpec s;
+  s.name = "klctl-outputs-logits";
+  s.B = 1, s.T = 3, s.S = 4, s.H = 0;
+  s.seed = 59;
+  const v1::ComputeLossRequest logits = MakeRequest(s);
+  const std::vector<std::string> logits_args = {
+      "loss",
+      "--attention_weights=" + Write("weights", logits.attention_weights()),
+      "--indexer_scores=" + Write("scores", logits.indexer_scores())};
+
+  const struct {
+    bool projections;
+    std::vector<std::string> flags;
+    std::vector<std::string> expected;
+  } cases[] = {
+      {true,
+       {"--topk_out=" + OutPath("topk")},
+       {"INVALID_ARGUMENT", "--topk_out: needs --query and --topk"}},
+      {false,
+       {"--topk=2", "--topk_out=" + OutPath("topk")},
+       {"INVALID_ARGUMENT", "--topk_out: needs --query and --topk"}},
+      {false,
+       {"--grad_out=" + dir_ + "/no_such_dir/grad.npy"},
+       {"NOT_FOUND", "--grad_out: cannot write", "no_such_dir"}},
+      {false, {"--row_kl_out=" + dir_}, {"--row_kl_out: cannot write"}},
+      // With --query, --grad_out is a directory.
+      {true, {"--grad_out=" + a_file}, {"--grad_out: ", "Not a directory"}},
+      {true,
+       {"--grad_out=" + a_file + "/grads"},
+       {"--grad_out: ", "Not a directory"}},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args =
+        c.projections ? projection_args : logits_args;
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    const CommandResult run = Klctl(args);
+    const std::string what = absl::StrJoin(c.flags, " ");
+    EXPECT_EQ(run.exit_code, 1) << what;
+    EXPECT_EQ(run.out, "") << what;  // no loss: no call was made
+    for (const std::string& text : c.expected) {
+      EXPECT_TRUE(absl::StrContains(run.err, text))
+          << what << ": " << text << " missing in\n"
+          << run.err;
+    }
+  }
+}
+
+TEST_F(KlctlTest, LossPrintsARequestIdOnlyWhenThereIsOne) {
+  ProblemSpec s;
+  s.name = "klctl-request-id";
+  s.B = 1, s.T = 3, s.S = 4, s.H = 0;
+  s.seed = 60;
+  const v1::ComputeLossRequest request = MakeRequest(s);
+  std::vector<std::string> args = {
+      "loss",
+      "--attention_weights=" + Write("weights", request.attention_weights()),
+      "--indexer_scores=" + Write("scores", request.indexer_scores())};
+  const CommandResult without = Klctl(args);
+  ASSERT_EQ(without.exit_code, 0) << without.err;
+  EXPECT_TRUE(absl::StrContains(without.out, "loss: ")) << without.out;
+  EXPECT_FALSE(absl::StrContains(without.out, "request_id")) << without.out;
+  args.push_back("--request_id=r-7");
+  const CommandResult with = Klctl(args);
+  ASSERT_EQ(with.exit_code, 0) << with.err;
+  EXPECT_EQ(KeyValues(with.out)["request_id"], "r-7") << with.out;
+}
+
 TEST_F(KlctlTest, UnreachableServerExitsNonZeroWithUnavailable) {
   const int port = PickFreePort();
   const CommandResult run = RunCommand(
@@ -491,6 +639,56 @@ TEST_F(KlctlTest, BenchRunsTheProjectionsForm) {
   EXPECT_TRUE(absl::StrContains(streamed.out, "requests: 2")) << streamed.out;
 }
 
+// A problem whose inputs would not fit in memory is refused before they are
+// made (it used to end klctl in std::bad_alloc), naming --shape, the bytes
+// and the bound.
+TEST(KlctlBenchTest, InputsPastTheMemoryBoundAreRefused) {
+  const std::vector<std::string> shapes[] = {
+      {"--shape=1,1000000,1000000"},
+      {"--form=projections", "--shape=1,1000000000,1000000"},
+      {"--shape=1000000000,1000000000,1000000000"},  // past 2^63 bytes
+  };
+  for (const std::vector<std::string>& flags : shapes) {
+    std::vector<std::string> args = {KLCTL_BIN, "bench", "--target=127.0.0.1:1",
+                                     "--duration=1s"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    const CommandResult run = RunCommand(args, absl::Seconds(20));
+    const std::string what = absl::StrJoin(flags, " ");
+    EXPECT_EQ(run.exit_code, 1) << what << "\n" << run.err;
+    EXPECT_EQ(run.out, "") << what;
+    for (const char* text :
+         {"INVALID_ARGUMENT", "--shape", " bytes, past the bound of ",
+          "a quarter of this machine's memory"}) {
+      EXPECT_TRUE(absl::StrContains(run.err, text))
+          << what << ": " << text << " missing in\n"
+          << run.err;
+    }
+  }
+  const CommandResult run =
+      RunCommand({KLCTL_BIN, "bench", "--target=127.0.0.1:1",
+                  "--shape=1,1000000,1000000", "--duration=1s"});
+  EXPECT_TRUE(absl::StrContains(run.err, "would take 8000000000000 bytes"))
+      << run.err;
+}
+
+// Echo off on the server: the loss mode's results, then the error alone, no
+// block of zeros for the mode that failed.
+TEST(KlctlBenchTest, AModeThatFailsPrintsOnlyTheError) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const CommandResult run = RunCommand(
+      {KLCTL_BIN, "bench", "--target=" + (*server)->target(), "--mode=both",
+       "--count=1", "--shape=1,64,256", "--duration=20s"},
+      absl::Seconds(40));
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.err, "UNIMPLEMENTED")) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.err, "--enable_echo")) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.out, "mode: loss\n")) << run.out;
+  EXPECT_FALSE(absl::StrContains(run.out, "mode: echo")) << run.out;
+  EXPECT_FALSE(absl::StrContains(run.out, "requests: 0")) << run.out;
+}
+
 // More workers than the server has slots: its refusals are load, which the
 // benchmark retries and reports, rather than a failure that ends the run.
 TEST(KlctlBenchTest, RefusalsPastTheServersLimitAreRetried) {
@@ -505,6 +703,69 @@ TEST(KlctlBenchTest, RefusalsPastTheServersLimitAreRetried) {
                               << run.out << "\nstderr:\n"
                               << run.err;
   EXPECT_TRUE(absl::StrContains(run.out, "requests: 60")) << run.out;
+}
+
+// The text of --help about --`flag`, from "--flag (" to the end of its
+// "default: ...;", its lines joined.
+std::string FlagHelp(const std::string& help, const std::string& flag) {
+  const size_t begin = help.find("--" + flag + " (");
+  if (begin == std::string::npos) return "";
+  const size_t end = help.find(';', help.find("default: ", begin));
+  return absl::StrJoin(
+      absl::StrSplit(help.substr(begin, end + 1 - begin),
+                     absl::ByAnyChar(" \n"), absl::SkipEmpty()),
+      " ");
+}
+
+// --help exits 0, as klserve's does, and names klctl.cc by its path in the
+// repository, not the checkout's; each flag says what it defaults to.
+TEST(KlctlHelpTest, HelpExitsZeroAndNamesTheFileInTheRepository) {
+  const CommandResult run = RunCommand({KLCTL_BIN, "--help"});
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.out, "Flags from client/klctl.cc:"))
+      << run.out;
+  // This test's source is in the checkout klctl was built from.
+  const absl::string_view source = __FILE__;
+  const std::string checkout(
+      source.substr(0, source.rfind("tests/integration/")));
+  EXPECT_FALSE(absl::StrContains(run.out, checkout + "client/")) << run.out;
+
+  EXPECT_FALSE(absl::StrContains(run.out, "default: ;")) << run.out;
+  const std::string query = FlagHelp(run.out, "query");
+  EXPECT_TRUE(absl::StrContains(query, "selects the projections form"))
+      << query;
+  EXPECT_FALSE(absl::StrContains(query, "required with --query")) << query;
+  for (const char* flag : {"scaling_factor", "grad_scale", "softmax_scale"}) {
+    EXPECT_TRUE(absl::StrContains(FlagHelp(run.out, flag), "default: 1;"))
+        << FlagHelp(run.out, flag);
+  }
+  for (const char* flag :
+       {"step", "layer", "microbatch", "q_offset", "index_weight_scale"}) {
+    const std::string help = FlagHelp(run.out, flag);
+    EXPECT_TRUE(absl::StrContains(help, "; unset")) << help;
+    EXPECT_TRUE(absl::StrContains(help, "default: unset;")) << help;
+  }
+  EXPECT_TRUE(absl::StrContains(FlagHelp(run.out, "shape"),
+                                "quarter of this machine's memory"))
+      << FlagHelp(run.out, "shape");
+}
+
+// "unset" (or nothing) leaves a number unset; a number is a number.
+TEST(KlctlHelpTest, UnsetNumbersParse) {
+  const CommandResult unset =
+      RunCommand({KLCTL_BIN, "finish-step", "--run=r", "--step=unset"});
+  EXPECT_EQ(unset.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(unset.err, "needs --run and --step"))
+      << unset.err;
+  const CommandResult set =
+      RunCommand({KLCTL_BIN, "finish-step", "--run=r", "--step=12",
+                  "--target=127.0.0.1:1", "--deadline=5s", "--max_attempts=1"});
+  EXPECT_EQ(set.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(set.err, "UNAVAILABLE")) << set.err;
+  const CommandResult bad =
+      RunCommand({KLCTL_BIN, "finish-step", "--run=r", "--step=seven"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(bad.err, "'step'")) << bad.err;
 }
 
 // The key of the region klctl bench reports ("region: /dev/shm/<key>,
