@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The toy indexer demo in one command: builds klserve (scripts/klserve.sh
-# build), starts it with TensorBoard event files and Prometheus metrics,
+# The toy indexer demo in one command: builds klserve alone (scripts/klserve.sh
+# build klserve), starts it with TensorBoard event files and Prometheus metrics,
 # starts a Prometheus that scrapes it every 250 ms, trains
 # examples/train_toy_indexer.py against it, and then shows the falling loss
 # as Prometheus recorded it and as TensorBoard reads it. Everything listens
@@ -30,7 +30,7 @@ log() { echo "run_demo.sh: $*" >&2; }
 
 # 1. The server.
 if [[ -z "${KLSERVE_BIN:-}" ]]; then
-  BUILD_DIR="$BUILD_DIR" "$ROOT/scripts/klserve.sh" build
+  BUILD_DIR="$BUILD_DIR" "$ROOT/scripts/klserve.sh" build klserve
   KLSERVE_BIN="$BUILD_DIR/server/klserve"
 fi
 

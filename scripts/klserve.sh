@@ -2,7 +2,8 @@
 # The one entry point for building, testing and running klserve.
 #
 #   scripts/klserve.sh deps    install the Debian packages the build needs
-#   scripts/klserve.sh build   deps, then a Release build into build/
+#   scripts/klserve.sh build [TARGET...]  deps, then a Release build into
+#                              build/: everything, or the targets named
 #   scripts/klserve.sh test    build, then every test (non-zero exit on
 #                              failure), then sanitize (SANITIZE=0 skips it),
 #                              then container (CONTAINER=0 skips it)
@@ -337,7 +338,7 @@ command="$1"
 shift
 case "$command" in
   deps) deps ;;
-  build) build ;;
+  build) build "$@" ;;
   service) build_service ;;
   container) run_container ;;
   test) run_tests ;;

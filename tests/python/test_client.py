@@ -266,6 +266,18 @@ def test_client_side_errors(client):
                             stream=True)
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details.startswith("attention_logits")
+    # Numbers that are not: the argument is named, no bare ValueError.
+    for call, field in (
+            (lambda: client.finish_step("r", "ten"), "step"),
+            (lambda: client.compute_loss(**problem, run="r", layer="x"),
+             "layer"),
+            (lambda: client.compute_loss(**problem, scaling_factor="high"),
+             "scaling_factor")):
+        with pytest.raises(klserve.KlserveError) as info:
+            call()
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details.startswith(field + ": must be a"), (
+            info.value.details)
 
 
 def free_port():

@@ -61,6 +61,18 @@ def _enum_option(field: str, value: Any, names: Mapping[str, Any],
     return names[value.lower()]
 
 
+def _number(field: str, kind: type, value: Any) -> Any:
+    """`value` as `kind` (int, float or bool), or INVALID_ARGUMENT naming the
+    argument: not a bare ValueError from deep inside the client."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise invalid_argument("%s: must be %s, got %r" %
+                               (field, "an integer" if kind is int else
+                                "a number" if kind is float else "a bool",
+                                value)) from None
+
+
 @dataclasses.dataclass
 class LossResult:
     """The answer to one compute_loss call."""
@@ -456,7 +468,8 @@ class Client:
     def finish_step(self, run: str, step: int) -> StepResult:
         """Publishes the run's step now; KlserveError NOT_FOUND when the
         server has no open step `step` for `run`."""
-        request = pb2.FinishStepRequest(run=run, step=int(step))
+        request = pb2.FinishStepRequest(run=run,
+                                        step=_number("step", int, step))
         r = self._with_retries(lambda timeout, _: self._stub.FinishStep(
             request, timeout=timeout, metadata=self._metadata))
         return StepResult(indexer_loss=r.indexer_loss,
@@ -658,13 +671,13 @@ class Client:
                            ("index_weight_scale", float), ("use_relu", bool)):
             value = getattr(call, name)
             if value is not None:
-                setattr(options, name, kind(value))
+                setattr(options, name, _number(name, kind, value))
         return options
 
     @staticmethod
     def _tags(call: ComputeLossOptions) -> Optional[Any]:
         """The proto's Tags of a call; None when it has none."""
-        numbers = {name: int(getattr(call, name))
+        numbers = {name: _number(name, int, getattr(call, name))
                    for name in ("step", "layer", "microbatch")
                    if getattr(call, name) is not None}
         if call.run is None and not numbers:
