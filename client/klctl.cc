@@ -534,9 +534,10 @@ absl::Status CheckOutputFile(absl::string_view flag, const std::string& path) {
   if (std::filesystem::is_directory(path, error)) {
     return absl::ErrnoToStatus(EISDIR, what);
   }
-  if (access(path.c_str(), W_OK) != 0 && errno != ENOENT) {
-    return absl::ErrnoToStatus(errno, what);
-  }
+  // A file that exists needs only to be writable (/dev/stdout, a file
+  // mounted into a read-only directory); a new one, its directory.
+  if (access(path.c_str(), W_OK) == 0) return absl::OkStatus();
+  if (errno != ENOENT) return absl::ErrnoToStatus(errno, what);
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (dir.empty()) dir = ".";
   return CheckWritableDirectory(

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -19,6 +20,14 @@
 // LossAccumulator gives bit-identical results whatever the block boundaries.
 
 namespace klserve {
+
+// Asked before each tile of a projections computation whether to go on. A
+// status that is not OK (the caller gone, a time limit passed) ends the
+// computation with it: a projections problem's work grows with T * S from a
+// message that grows with T + S, so a caller that has left could otherwise
+// hold a compute slot for hours. Asked per tile, not per batch of tiles, as
+// one tile against a long key side is already much work.
+using StopCheck = std::function<absl::Status()>;
 
 // Where the projections form's per-row outputs of a run of rows go (buffers
 // of those rows, from its first; null when not asked for), and the scale of
@@ -74,12 +83,14 @@ class Backend {
   // result into results[r - rows.begin], its per-row outputs into `outputs`
   // (rows from rows.begin on), and each tile's d_index_key contributions
   // into `key_grad`. Data errors are INVALID_ARGUMENT naming the tensor and
-  // the first bad position (the lowest row's). A backend that does not
-  // compute this form answers UNIMPLEMENTED.
+  // the first bad position (the lowest row's). `stop`, when set, is asked
+  // before each tile, from any of the backend's threads; its error ends the
+  // call. A backend that does not compute this form answers UNIMPLEMENTED.
   virtual absl::Status ComputeProjectionRows(
       const ProjectionsProblem& /*problem*/, const ProjectionsRowData& /*data*/,
       RowRange /*rows*/, const ProjectionsRowOutputs& /*outputs*/,
-      RowResult* /*results*/, KeyGradFold& /*key_grad*/) {
+      RowResult* /*results*/, KeyGradFold& /*key_grad*/,
+      const StopCheck& /*stop*/) {
     return ProjectionsUnimplemented();
   }
   // MEAN_VALID's N without row_valid: how many of `rows` have a valid key

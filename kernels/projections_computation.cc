@@ -184,18 +184,13 @@ void CopyRows(const RowView& from, int64_t r, int64_t T, int64_t n,
   }
 }
 
-// The rows a tile can have, which the held rows never pass.
-int64_t HeldCapacity(const ProjectionsProblem& p) {
-  return std::min(p.tile_rows, p.T);
-}
-
-// The held rows' buffers for HeldCapacity rows, in the order of
+// The held rows' buffers for a whole tile, in the order of
 // ProjectionsComputation's members: query, index_query, index_weights, lse,
 // the client's topk_indices, attention_mask (0 bytes for a tensor the
 // problem has not).
 std::array<ProjectionsComputation::HeldTensor, 6> HeldBuffers(
     const ProjectionsProblem& p) {
-  const int64_t rows = HeldCapacity(p);
+  const int64_t rows = p.max_tile_rows();
   return {
       {{"query", rows * p.H * p.D * DTypeSize(p.query_dtype)},
        {"index_query", rows * p.H_I * p.D_I * DTypeSize(p.index_query_dtype)},
@@ -330,13 +325,12 @@ absl::Status ProjectionsComputation::ComputeTiles(
     RowRange rows, const ProjectionsRowData& data,
     const ProjectionsBlockOutputs& out) {
   const ProjectionsProblem& p = *problem_;
-  // Four tiles per thread a chunk: few enough that a stop is seen within a
-  // few tiles' time, enough that the threads' uneven tiles (causal rows
-  // grow) even out. The chunks fold in row order, as a stream's blocks do,
-  // so the bits are those of one call.
+  // Four tiles per thread a chunk: few enough that the row results held
+  // (results_) stay small, enough that the threads' uneven tiles (causal
+  // rows grow) even out. The chunks fold in row order, as a stream's blocks
+  // do, so the bits are those of one call.
   const int64_t chunk_tiles = 4 * std::max(1, backend_->threads());
   for (int64_t begin = rows.begin; begin < rows.end;) {
-    if (stop_) RETURN_IF_ERROR(stop_());
     int64_t end = begin;
     for (int64_t i = 0; i < chunk_tiles && end < rows.end; ++i) {
       end = p.TileOf(end).end;
@@ -361,8 +355,8 @@ absl::Status ProjectionsComputation::ComputeChunk(
   row_outputs.d_index_weights = out.d_index_weights;
   row_outputs.topk_indices = out.topk_indices;
   results_.assign(rows.size(), RowResult());
-  RETURN_IF_ERROR(backend_->ComputeProjectionRows(p, data, rows, row_outputs,
-                                                  results_.data(), *key_grad_));
+  RETURN_IF_ERROR(backend_->ComputeProjectionRows(
+      p, data, rows, row_outputs, results_.data(), *key_grad_, stop_));
   if (options.want_grad) {
     RETURN_IF_ERROR(CheckGradient("d_index_query", options.grad_dtype,
                                   out.d_index_query, rows.begin * p.H_I * p.D_I,
@@ -393,10 +387,10 @@ void ProjectionsComputation::Hold(RowRange rows,
   copy(data.index_weights, p.H_I, held_index_weights_);
   copy(data.indices, p.K, held_indices_);
   copy(data.mask, p.S, held_mask_);
-  if (p.has_lse) {  // [H, HeldCapacity(p)]
+  if (p.has_lse) {  // [H, p.max_tile_rows()]
     for (int64_t h = 0; h < p.H; ++h) {
       for (int64_t i = 0; i < n; ++i) {
-        std::memcpy(held_lse_.data() + (h * HeldCapacity(p) + at + i) * 4,
+        std::memcpy(held_lse_.data() + (h * p.max_tile_rows() + at + i) * 4,
                     data.lse.Row(rows.begin + i, p.T, h), 4);
       }
     }
@@ -426,7 +420,7 @@ absl::StatusOr<ProjectionsRowData> ProjectionsComputation::HeldRows() const {
   part(held_lse_, p.H, DType::kFloat32, bytes.lse, bytes.lse_bytes);
   ASSIGN_OR_RETURN(ProjectionsRowData rows,
                    BlockProjectionsRows(p, held_, bytes));
-  rows.lse.head_stride = HeldCapacity(p);  // held with room for a whole tile
+  rows.lse.head_stride = p.max_tile_rows();  // held with room for a whole tile
   return rows;
 }
 

@@ -40,18 +40,12 @@ struct ProjectionsBlockOutputs {
   int64_t capacity_rows = 0;
 };
 
-// Asked before each chunk of tiles whether to go on. A status that is not
-// OK (the caller gone, a time limit passed) ends the computation with it: a
-// projections problem's work grows with T * S from a message that grows with
-// T + S, so a caller's call could otherwise hold a compute slot for hours.
-using StopCheck = std::function<absl::Status()>;
-
 class ProjectionsComputation {
  public:
   // Checks the key side's values (NaN or infinities are INVALID_ARGUMENT
   // naming the tensor and the position). The backend and the problem must
-  // outlive the computation; `stop`, when given, is asked between chunks of
-  // tiles.
+  // outlive the computation; `stop`, when given, is asked before each
+  // tile.
   static absl::StatusOr<ProjectionsComputation> Create(
       Backend& backend, const ProjectionsProblem& problem,
       StopCheck stop = nullptr);
@@ -101,7 +95,7 @@ class ProjectionsComputation {
                          StopCheck stop);
 
   // Rows `rows`, whole tiles, from `data`, outputs from `out` on: in chunks
-  // of a few tiles per thread, asking `stop_` before each.
+  // of a few tiles per thread (the backend asks `stop_` before each tile).
   absl::Status ComputeTiles(RowRange rows, const ProjectionsRowData& data,
                             const ProjectionsBlockOutputs& out);
   // One chunk of ComputeTiles.

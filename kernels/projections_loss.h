@@ -18,8 +18,8 @@ namespace klserve {
 // (WholeProjectionsRows). Value errors are INVALID_ARGUMENT naming the tensor
 // and the first bad position; the outputs then hold partial results. A
 // backend that does not compute this form answers UNIMPLEMENTED. `stop`,
-// when given, is asked between chunks of tiles, and a status it returns ends
-// the computation (ProjectionsComputation). Thread-safe for concurrent calls
+// when given, is asked before each tile, and a status it returns ends the
+// computation (ProjectionsComputation). Thread-safe for concurrent calls
 // on one backend.
 absl::StatusOr<IndexerKlResult> ComputeProjectionsLoss(
     Backend& backend, const ProjectionsProblem& problem,

@@ -84,6 +84,9 @@ class ProjectionsProblem {
   // them) to stay a few MiB; sparse: each row gathers its own keys, and the
   // tile bounds the d_index_key contributions kept for the fold.
   int64_t tile_rows = 0;
+  // The most rows one tile has: tile_rows, or T where a batch entry is
+  // shorter.
+  int64_t max_tile_rows() const { return tile_rows < T ? tile_rows : T; }
   static constexpr int64_t kDenseTileRows = 128;
   static constexpr int64_t kSparseTileRows = 16;
 

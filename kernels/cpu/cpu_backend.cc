@@ -113,12 +113,10 @@ absl::StatusOr<int64_t> CpuBackend::CountProjectionRowsWithKeys(
   return count;
 }
 
-absl::Status CpuBackend::ComputeProjectionRows(const ProjectionsProblem& p,
-                                               const ProjectionsRowData& data,
-                                               RowRange rows,
-                                               const ProjectionsRowOutputs& out,
-                                               RowResult* results,
-                                               KeyGradFold& key_grad) {
+absl::Status CpuBackend::ComputeProjectionRows(
+    const ProjectionsProblem& p, const ProjectionsRowData& data, RowRange rows,
+    const ProjectionsRowOutputs& out, RowResult* results, KeyGradFold& key_grad,
+    const StopCheck& stop) {
   if (!blas_.ok()) return blas_;
   // The tiles of `rows`, numbered as KeyGradFold counts them: tile i of
   // batch entry b is b * per_entry + i.
@@ -142,18 +140,21 @@ absl::Status CpuBackend::ComputeProjectionRows(const ProjectionsProblem& p,
         KeyGradPartial partial;
         bool folds = false;
         if (!error.Beyond(r0)) {
-          const cpu::ProjectionTileOutputs outputs{
-              .results = results + (r0 - rows.begin),
-              .origin_row = rows.begin,
-              .d_index_query = out.d_index_query,
-              .d_index_weights = out.d_index_weights,
-              .grad_dtype = out.grad_dtype,
-              .topk_indices = out.topk_indices,
-              .key_grad = &partial};
-          int64_t failed_row = 0;
-          absl::Status status = kernels_.compute_projection_tile(
-              p, data, tile, outputs, failed_row);
-          folds = status.ok() && out.want_grad;
+          absl::Status status = stop ? stop() : absl::OkStatus();
+          int64_t failed_row = r0;
+          if (status.ok()) {
+            const cpu::ProjectionTileOutputs outputs{
+                .results = results + (r0 - rows.begin),
+                .origin_row = rows.begin,
+                .d_index_query = out.d_index_query,
+                .d_index_weights = out.d_index_weights,
+                .grad_dtype = out.grad_dtype,
+                .topk_indices = out.topk_indices,
+                .key_grad = &partial};
+            status = kernels_.compute_projection_tile(p, data, tile, outputs,
+                                                      failed_row);
+            folds = status.ok() && out.want_grad;
+          }
           if (!status.ok()) error.Offer(failed_row, std::move(status));
         }
         // Every tile takes its turn, computed or not, so that later tiles

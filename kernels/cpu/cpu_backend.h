@@ -29,8 +29,8 @@ class CpuBackend final : public Backend {
                                      const ProjectionsRowData& data,
                                      RowRange rows,
                                      const ProjectionsRowOutputs& outputs,
-                                     RowResult* results,
-                                     KeyGradFold& key_grad) override;
+                                     RowResult* results, KeyGradFold& key_grad,
+                                     const StopCheck& stop) override;
   absl::StatusOr<int64_t> CountProjectionRowsWithKeys(
       const ProjectionsProblem& problem, const ProjectionsRowData& data,
       RowRange rows) override;

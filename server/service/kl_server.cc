@@ -186,14 +186,6 @@ absl::Duration WatchdogPeriod(const ServerOptions& options) {
 absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
     const ServerOptions& options) {
   RETURN_IF_ERROR(ValidateOptions(options));
-  if (!options.tensorboard_dir.empty()) {
-    if (absl::Status dir =
-            TensorBoardWriter::PrepareLogDirectory(options.tensorboard_dir);
-        !dir.ok()) {
-      return absl::Status(dir.code(),
-                          absl::StrCat("--tensorboard_dir: ", dir.message()));
-    }
-  }
   ASSIGN_OR_RETURN(const std::vector<ListenAddress> addresses,
                    ParseListenAddresses(options.listen));
   std::unique_ptr<KlServer> s(new KlServer(options));
@@ -224,6 +216,16 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                    ListenCredentials(options, s->auth_));
+  // Made once the flags, the metrics address and the credentials have
+  // passed, so that a start refused for one of them leaves no directory.
+  if (!options.tensorboard_dir.empty()) {
+    if (absl::Status dir =
+            TensorBoardWriter::PrepareLogDirectory(options.tensorboard_dir);
+        !dir.ok()) {
+      return absl::Status(dir.code(),
+                          absl::StrCat("--tensorboard_dir: ", dir.message()));
+    }
+  }
   LossReporterOptions reporting;
   reporting.steps.max_runs = options.max_runs;
   reporting.steps.idle_timeout = options.step_idle_timeout;

@@ -40,62 +40,78 @@ absl::Status CheckInputBytes(const ProjectionsInputs& in,
   return CheckEveryInput(in, options);
 }
 
-absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,
-                              bool one_message, const ServerOptions& options) {
-  const int64_t grad_bytes =
-      p.options.want_grad
-          ? rows * p.row_length * DTypeSize(p.options.grad_dtype)
-          : 0;
-  if (absl::Status s = CheckTensorBytes("grad", grad_bytes, options); !s.ok()) {
-    return s;
-  }
-  const int64_t row_kl_bytes =
-      p.options.want_row_kl ? rows * int64_t{sizeof(double)} : 0;
-  if (one_message && grad_bytes + row_kl_bytes > options.max_message_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "grad: the response would carry ", grad_bytes + row_kl_bytes,
-        " bytes, over the message limit of ", options.max_message_bytes,
-        " (--max_message_bytes); send the problem with ComputeLossStream"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckOutputBytes(const ProjectionsProblem& p, bool one_message,
-                              const ServerOptions& options) {
-  const IndexerKlOptions& o = p.logits.options;
-  const int64_t element = DTypeSize(o.grad_dtype);
-  const struct {
-    const char* field;
-    int64_t bytes;
-  } outputs[] = {
-      {"d_index_query", o.want_grad ? p.B * p.T * p.H_I * p.D_I * element : 0},
-      {"d_index_key", o.want_grad ? p.B * p.S * p.D_I * element : 0},
-      {"d_index_weights", o.want_grad ? p.B * p.T * p.H_I * element : 0},
-      {"topk_indices",
-       p.server_topk ? p.B * p.T * p.K * int64_t{sizeof(int32_t)} : 0},
-      {"row_kl", o.want_row_kl ? p.B * p.T * int64_t{sizeof(double)} : 0},
-  };
+absl::Status CheckOutputsFit(std::initializer_list<OutputBytes> outputs,
+                             absl::string_view remedy,
+                             const ServerOptions& options) {
   int64_t total = 0;
-  const char* largest = outputs[0].field;
-  int64_t largest_bytes = 0;
-  for (const auto& output : outputs) {
+  const OutputBytes* largest = nullptr;
+  for (const OutputBytes& output : outputs) {
+    if (output.bytes < 0) {  // its size overflowed: past any limit
+      return CheckTensorBytes(output.field, std::numeric_limits<int64_t>::max(),
+                              options);
+    }
     RETURN_IF_ERROR(CheckTensorBytes(output.field, output.bytes, options));
-    // Within 64 bits unless the tensor limit is near them.
+    if (!output.in_message) continue;
+    // Each is within the tensor limit; their sum within 64 bits unless that
+    // limit is near them.
     if (__builtin_add_overflow(total, output.bytes, &total)) {
       total = std::numeric_limits<int64_t>::max();
     }
-    if (output.bytes > largest_bytes) {
-      largest = output.field;
-      largest_bytes = output.bytes;
-    }
+    if (largest == nullptr || output.bytes > largest->bytes) largest = &output;
   }
-  if (one_message && total > options.max_message_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        largest, ": the response would carry ", total,
-        " bytes, over the message limit of ", options.max_message_bytes,
-        " (--max_message_bytes); send the problem with ComputeLossStream"));
+  if (total <= options.max_message_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      largest->field, ": the response would carry at least ", total,
+      " bytes, over the message limit of ", options.max_message_bytes,
+      " (--max_message_bytes); ", remedy));
+}
+
+int64_t OutputByteSize(int64_t element_bytes,
+                       std::initializer_list<int64_t> dims) {
+  int64_t bytes = element_bytes;
+  for (const int64_t dim : dims) {
+    if (__builtin_mul_overflow(bytes, dim, &bytes)) return -1;
   }
-  return absl::OkStatus();
+  return bytes;
+}
+
+absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,
+                              const v1::OutputRegions& placed,
+                              const ServerOptions& options) {
+  const IndexerKlOptions& o = p.options;
+  return CheckOutputsFit(
+      {{"grad",
+        o.want_grad
+            ? OutputByteSize(DTypeSize(o.grad_dtype), {rows, p.row_length})
+            : 0,
+        !placed.has_grad()},
+       {"row_kl", o.want_row_kl ? OutputByteSize(sizeof(double), {rows}) : 0,
+        !placed.has_row_kl()}},
+      "send the problem with ComputeLossStream", options);
+}
+
+absl::Status CheckOutputBytes(const ProjectionsProblem& p,
+                              const v1::OutputRegions& placed,
+                              const ServerOptions& options) {
+  const IndexerKlOptions& o = p.logits.options;
+  const int64_t element = DTypeSize(o.grad_dtype);
+  const bool grad = o.want_grad;
+  return CheckOutputsFit(
+      {{"d_index_query",
+        grad ? OutputByteSize(element, {p.B, p.T, p.H_I, p.D_I}) : 0,
+        !placed.has_d_index_query()},
+       {"d_index_key", grad ? OutputByteSize(element, {p.B, p.S, p.D_I}) : 0,
+        !placed.has_d_index_key()},
+       {"d_index_weights",
+        grad ? OutputByteSize(element, {p.B, p.T, p.H_I}) : 0,
+        !placed.has_d_index_weights()},
+       {"topk_indices",
+        p.server_topk ? OutputByteSize(sizeof(int32_t), {p.B, p.T, p.K}) : 0,
+        !placed.has_topk_indices()},
+       {"row_kl",
+        o.want_row_kl ? OutputByteSize(sizeof(double), {p.B, p.T}) : 0,
+        !placed.has_row_kl()}},
+      "send the problem with ComputeLossStream", options);
 }
 
 absl::Status CheckMessageBytes(absl::string_view field, int64_t encoded_bytes,

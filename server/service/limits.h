@@ -2,11 +2,13 @@
 #define KLSERVE_SERVER_SERVICE_LIMITS_H_
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "kernels/problem.h"
 #include "kernels/projections_problem.h"
+#include "klserve/v1/klserve.pb.h"
 #include "server/service/server_options.h"
 
 namespace klserve::server {
@@ -21,19 +23,40 @@ absl::Status CheckInputBytes(const IndexerKlInputs& inputs,
 absl::Status CheckInputBytes(const ProjectionsInputs& inputs,
                              const ServerOptions& options);
 
-// The outputs of `rows` rows of `problem` (gradient and row KL) against the
-// tensor limit and, for a response that carries them in one message
-// (`one_message`), the message limit. Checked before allocating them.
-absl::Status CheckOutputBytes(const IndexerKlProblem& problem, int64_t rows,
-                              bool one_message, const ServerOptions& options);
+// One output of a response: its field, its bytes (-1 when that size
+// overflows 64 bits) and whether the message carries it (not when it is
+// placed in a shared-memory region).
+struct OutputBytes {
+  const char* field;
+  int64_t bytes;
+  bool in_message;
+};
 
-// Each output of a projections problem (the three gradients, the service's
-// top-k selection, row KL) against the tensor limit and, for a response
-// that carries them in one message (`one_message`), their sum against the
-// message limit, named for the largest: before allocating them. The
-// encoded response is weighed once allocated (CheckMessageBytes).
+// The bytes of a tensor of `element_bytes` elements shaped `dims`; -1 when
+// that overflows 64 bits.
+int64_t OutputByteSize(int64_t element_bytes,
+                       std::initializer_list<int64_t> dims);
+
+// Checked before any output is allocated: each output against the tensor
+// limit, and the sum of those the message carries against the message limit
+// (RESOURCE_EXHAUSTED naming the largest; `remedy` says what the caller can
+// do). The sum is a lower bound of the encoded message, which is weighed
+// once allocated (CheckMessageBytes).
+absl::Status CheckOutputsFit(std::initializer_list<OutputBytes> outputs,
+                             absl::string_view remedy,
+                             const ServerOptions& options);
+
+// CheckOutputsFit of the outputs of `rows` rows of `problem` (gradient and
+// row KL), `placed` saying which go to regions (none in a stream).
+absl::Status CheckOutputBytes(const IndexerKlProblem& problem, int64_t rows,
+                              const v1::OutputRegions& placed,
+                              const ServerOptions& options);
+
+// The same for a projections problem's outputs: the three gradients, the
+// service's top-k selection, row KL.
 absl::Status CheckOutputBytes(const ProjectionsProblem& problem,
-                              bool one_message, const ServerOptions& options);
+                              const v1::OutputRegions& placed,
+                              const ServerOptions& options);
 
 // RESOURCE_EXHAUSTED naming `field` when a message that encodes to
 // `encoded_bytes` (gRPC's count: the protobuf encoding, framing included) is

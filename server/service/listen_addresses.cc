@@ -7,7 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
+#include <system_error>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -65,16 +65,19 @@ std::string WhyCannotBind(absl::string_view host_port) {
       error != 0) {
     return absl::StrCat("cannot resolve \"", host, "\": ", gai_strerror(error));
   }
+  // Every address the name stands for (localhost: ::1 and 127.0.0.1) must
+  // bind; the first that cannot says why.
   std::string why;
-  const int fd =
-      socket(found->ai_family, found->ai_socktype, found->ai_protocol);
-  if (fd < 0) {
-    why = strerror(errno);
-  } else {
+  for (const addrinfo* a = found; a != nullptr && why.empty(); a = a->ai_next) {
+    const int fd =
+        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;  // a family this host lacks (IPv6 off) is no reason
     // As servers bind: a port in TIME_WAIT is free to them.
     const int on = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-    if (bind(fd, found->ai_addr, found->ai_addrlen) != 0) why = strerror(errno);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      why = std::generic_category().message(errno);
+    }
     close(fd);
   }
   freeaddrinfo(found);

@@ -64,8 +64,7 @@ absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
   // Outputs placed in regions are not in the message: CheckResponseFits
   // below weighs what is.
   RETURN_IF_ERROR(CheckOutputBytes(problem, problem.num_rows(),
-                                   /*one_message=*/!request.has_outputs(),
-                                   *ctx.options));
+                                   request.outputs(), *ctx.options));
   LossOutputs outputs;
   if (options.want_grad) {
     ASSIGN_OR_RETURN(outputs.grad,
@@ -104,8 +103,7 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
                    ProjectionsProblem::Create(inputs, options));
   // Outputs placed in regions are not in the message: CheckResponseFits
   // below weighs what is.
-  RETURN_IF_ERROR(CheckOutputBytes(
-      problem, /*one_message=*/!request.has_outputs(), *ctx.options));
+  RETURN_IF_ERROR(CheckOutputBytes(problem, request.outputs(), *ctx.options));
   const IndexerKlOptions& o = problem.logits.options;
   ProjectionsOutputs outputs;
   if (o.want_grad) {
@@ -150,7 +148,7 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
   return result;
 }
 
-// What stops a unary projections computation between its chunks of tiles:
+// What stops a unary projections computation before its next tile:
 // the client gone (a cancel, its deadline) or --max_compute_duration since
 // the call arrived.
 StopCheck UnaryStopCheck(grpc::CallbackServerContext* context, absl::Time start,
@@ -173,8 +171,8 @@ StopCheck UnaryStopCheck(grpc::CallbackServerContext* context, absl::Time start,
 }
 
 // The whole unary computation, on an executor thread: `bytes` in, `out`
-// encoded; `rows_computed` gets the rows computed. `stop` is asked between
-// a projections computation's chunks of tiles.
+// encoded; `rows_computed` gets the rows computed. `stop` is asked before
+// each tile of a projections computation.
 absl::Status ComputeUnary(const ServiceContext& ctx, bool local_caller,
                           grpc::ByteBuffer& bytes, grpc::ByteBuffer& out,
                           int64_t& rows_computed, StopCheck stop) {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <limits>
 #include <string>
 #include <utility>
 
@@ -47,26 +46,19 @@ const char* FirstWantedOutput(const ProjectionsProblem& p) {
   return nullptr;
 }
 
-// Refuses, before any is allocated, the outputs of `rows` rows of `p` (one
-// GradBlock's) when one passes the tensor limit, or when their bytes alone
-// pass the message limit (named `field`; `remedy` says what the caller can
-// do). The encoded message is weighed once allocated.
+// CheckOutputsFit of the outputs of `rows` rows of `p`: one GradBlock's.
 absl::Status CheckRowOutputBytes(const ProjectionsProblem& p, int64_t rows,
-                                 absl::string_view field,
                                  absl::string_view remedy,
                                  const ServerOptions& limits) {
-  int64_t bytes = 0;
-  for (const RowOutput& output : RowOutputsOf(p)) {
-    if (!output.wanted) continue;
-    RETURN_IF_ERROR(
-        CheckTensorBytes(output.field, rows * output.row_bytes, limits));
-    // Each is within the tensor limit, their sum within 64 bits unless that
-    // limit is near them.
-    if (__builtin_add_overflow(bytes, rows * output.row_bytes, &bytes)) {
-      bytes = std::numeric_limits<int64_t>::max();
-    }
-  }
-  return CheckMessageBytes(field, bytes, remedy, limits);
+  const std::array<RowOutput, 4> outputs = RowOutputsOf(p);
+  const auto bytes = [&](const RowOutput& output) -> OutputBytes {
+    return {output.field,
+            output.wanted ? OutputByteSize(output.row_bytes, {rows}) : 0,
+            /*in_message=*/true};
+  };
+  return CheckOutputsFit({bytes(outputs[0]), bytes(outputs[1]),
+                          bytes(outputs[2]), bytes(outputs[3])},
+                         remedy, limits);
 }
 
 // Sets `out` to the outputs of `rows` rows of `p` (each tensor the problem
@@ -190,11 +182,11 @@ absl::Status LossStreamReactor::TakeProjectionsHeader() {
   if (const char* first = FirstWantedOutput(p); first != nullptr) {
     // A GradBlock carries at least the whole tile its block completes,
     // whatever the block's size: one tile's answer must fit a message.
-    const int64_t rows = std::min(p.tile_rows, p.T);
+    const int64_t rows = p.max_tile_rows();
     const std::string remedy =
         absl::StrCat("a block's answer carries whole tiles of ", rows,
                      " query rows, so one tile's must fit");
-    RETURN_IF_ERROR(CheckRowOutputBytes(p, rows, first, remedy, limits));
+    RETURN_IF_ERROR(CheckRowOutputBytes(p, rows, remedy, limits));
     Response tile;
     AllocateRows(p, rows, tile.mutable_grad_block());
     tile.mutable_grad_block()->set_row_begin(p.num_rows());
@@ -210,7 +202,7 @@ absl::Status LossStreamReactor::TakeProjectionsHeader() {
         ProjectionsComputation::MaxHeldBytes(p);
     if (held.total > limits.max_message_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          held.largest.field, ": a tile of ", std::min(p.tile_rows, p.T),
+          held.largest.field, ": a tile of ", p.max_tile_rows(),
           " query rows is ", held.total, " bytes (", held.largest.field, " ",
           held.largest.bytes, " of them), over the message limit of ",
           limits.max_message_bytes,
@@ -272,7 +264,8 @@ absl::Status LossStreamReactor::TakeBlock() {
     // A counting block is answered without tensors; the projections form's
     // outputs depend on the rows held back, and are checked as computed.
     RETURN_IF_ERROR(CheckOutputBytes(*problem_, block.num_rows(),
-                                     /*one_message=*/true, options));
+                                     v1::OutputRegions::default_instance(),
+                                     options));
   }
   if (!admitted.counting) rows_ += block.num_rows();
   blocks_.push_back(
@@ -381,7 +374,7 @@ absl::Status LossStreamReactor::ComputeProjectionsBlock(const Block& block,
   const std::string remedy = absl::StrCat(
       "send smaller blocks (a block's answer also carries the ",
       projections_->held_rows(), " rows held back from earlier blocks)");
-  RETURN_IF_ERROR(CheckRowOutputBytes(p, capacity, "num_rows", remedy, limits));
+  RETURN_IF_ERROR(CheckRowOutputBytes(p, capacity, remedy, limits));
   v1::GradBlock* out = response.mutable_grad_block();
   const ProjectionsBlockOutputs outputs = AllocateRows(p, capacity, out);
   RETURN_IF_ERROR(CheckMessageBytes(

@@ -105,8 +105,9 @@ class StreamReactorBase
       // ends as if the client had closed its side); then the status this
       // reactor finished with never reached the client. A watchdog's cancel
       // keeps its own reason.
-      if (call_->IsCancelled() && !expired_)
+      if (call_->IsCancelled() && !expired_) {
         code_ = absl::StatusCode::kCancelled;
+      }
     }
     OnCallDone();
   }

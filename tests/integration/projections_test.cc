@@ -397,7 +397,7 @@ ProjectionsSpec LongProblem(const std::string& name) {
 }
 
 // A client that gives up (here its deadline passes) frees its slot within a
-// few tiles: the server's one compute slot takes the next request at once,
+// tile: the server's one compute slot takes the next request at once,
 // where finishing the abandoned problem (T = S = 98304) would hold it for
 // tens of seconds.
 TEST_F(ServerTest, ProjectionsComputationStopsWhenTheClientGivesUp) {

@@ -448,6 +448,33 @@ TEST_F(SharedMemoryTest, OutputsInARegionAreNotInTheMessage) {
   EXPECT_TRUE(CloseTensor(ref.grad, got.grad(), GradTolerance("FP32")));
 }
 
+// An output left in the message while others go to regions is weighed
+// before anything is computed or allocated: the key gradient inline (128 KiB
+// here) passes a 100000-byte limit though the query-side ones are placed.
+TEST_F(SharedMemoryTest, AnOutputLeftInTheMessageIsWeighedBeforeComputing) {
+  Start({"--max_message_bytes=100000"});
+  ProjectionsSpec spec;
+  spec.name = "partly placed";
+  spec.T = 8, spec.S = 8192;
+  spec.seed = 95;
+  ShmObject object(4 << 20);
+  ASSERT_TRUE(Register("r", object.key(), 0, 4 << 20).ok());
+  RegionLayout layout(object, "r");
+  v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  MoveAllIn(request, layout);
+  v1::OutputRegions& outputs = *request.mutable_outputs();
+  *outputs.mutable_d_index_query() =
+      layout.Next(spec.T * spec.H_I * spec.D_I * 4);
+  *outputs.mutable_d_index_weights() = layout.Next(spec.T * spec.H_I * 4);
+  const absl::Status refused = client().ComputeLossUnary(request).status();
+  ExpectCode(refused, absl::StatusCode::kResourceExhausted, "d_index_key:");
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                "the response would carry at least 131072"))
+      << Describe(refused);
+  *outputs.mutable_d_index_key() = layout.Next(spec.S * spec.D_I * 4);
+  EXPECT_TRUE(client().ComputeLossUnary(request).ok());
+}
+
 TEST_F(SharedMemoryTest, StreamsCarryTheirBytes) {
   Start();
   ShmObject object(4096);

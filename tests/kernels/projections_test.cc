@@ -94,7 +94,7 @@ struct Extras {
   std::optional<cpu::Isa> isa;
   // Breaks the inputs after encoding: (tensor name, flat index, value).
   std::optional<std::pair<std::string, std::pair<int64_t, float>>> poke;
-  // Asked between chunks of tiles (unary only).
+  // Asked before each tile (unary only).
   StopCheck stop;
 };
 
@@ -700,6 +700,13 @@ TEST(ProjectionsTest, RowsInBlocksGiveTheUnaryBits) {
     }
   }
   ExpectBlocksGiveUnaryBits(sparse, {});
+  // Batch entries shorter than a tile: the held rows' room, and lse's head
+  // stride in it, is T rows.
+  RefProjections short_entries = RandomProblem(24, 2, 10, 12, 2, 1, 4, 2, 4);
+  short_entries.options.causal = true;
+  Extras short_lse;
+  short_lse.lse = ExactLse(short_entries);
+  ExpectBlocksGiveUnaryBits(short_entries, short_lse);
 }
 
 TEST(ProjectionsTest, EveryIsaVariantGivesTheSameBits) {
@@ -883,10 +890,11 @@ TEST(ProjectionsTest, OverflowAtAMaskedKeyIsNoError) {
   ExpectMatchesReference(sparse);
 }
 
-// A stop check is asked between chunks of tiles, not once: one that says go
-// on leaves the bits as they were, and the first status it returns ends the
-// computation with that status. The service's top-k uses 16-row tiles, so
-// 200 rows on one thread are 13 tiles, more than one chunk.
+// A stop check is asked before each tile, not once a call or once a chunk
+// of tiles (a tile against a long key side is already much work): one that
+// says go on leaves the bits as they were, and the first status it returns
+// ends the computation with that status, no tile after it computed. The
+// service's top-k uses 16-row tiles, so 200 rows are 13 tiles.
 TEST(ProjectionsTest, StopCheckEndsTheComputationBetweenTiles) {
   RefProjections p = RandomProblem(22, 1, 200, 40, 1, 1, 4, 1, 4);
   Extras x;
@@ -902,7 +910,7 @@ TEST(ProjectionsTest, StopCheckEndsTheComputationBetweenTiles) {
   };
   const LibraryRun checked = RunLibrary(p, x);
   ASSERT_TRUE(checked.status.ok()) << checked.status;
-  EXPECT_GE(asked, 2);
+  EXPECT_EQ(asked, 13);
   EXPECT_EQ(checked.raw_dq, plain.raw_dq);
   EXPECT_EQ(checked.raw_dk, plain.raw_dk);
   EXPECT_EQ(checked.raw_dw, plain.raw_dw);
@@ -916,6 +924,15 @@ TEST(ProjectionsTest, StopCheckEndsTheComputationBetweenTiles) {
   const LibraryRun stopped = RunLibrary(p, x);
   EXPECT_EQ(stopped.status, absl::DeadlineExceededError("out of time"));
   EXPECT_EQ(before_stop, 2);
+  // The first tile's d_index_query rows are written, the rest untouched.
+  const int64_t tile_bytes = 16 * p.H_I * p.D_I * int64_t{sizeof(float)};
+  ASSERT_EQ(stopped.raw_dq.size(), plain.raw_dq.size());
+  EXPECT_TRUE(std::equal(plain.raw_dq.begin(),
+                         plain.raw_dq.begin() + tile_bytes,
+                         stopped.raw_dq.begin()));
+  EXPECT_TRUE(std::all_of(stopped.raw_dq.begin() + tile_bytes,
+                          stopped.raw_dq.end(),
+                          [](std::byte b) { return b == std::byte{0}; }));
 }
 
 // The logits form's gradient is at most |c * grad_scale| per entry, which the
