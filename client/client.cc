@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/call_status.h"
 #include "client/stream_codec.h"
@@ -47,6 +48,25 @@ absl::StatusOr<std::string> ReadFile(absl::string_view field,
         "ClientOptions.", field, ": cannot read \"", path, "\" (or empty)"));
   }
   return buffer.str();
+}
+
+// A web URL ("http://host:port") is no gRPC target: gRPC would take it all
+// for a DNS name and retry its resolution until the deadline.
+absl::Status CheckTarget(const std::string& target) {
+  if (target.empty()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.target: must not be empty");
+  }
+  for (absl::string_view scheme :
+       {"http://", "https://", "grpc://", "grpcs://", "tcp://"}) {
+    if (absl::StartsWithIgnoreCase(target, scheme)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ClientOptions.target: \"", target, "\" is a URL; gRPC takes ",
+          "host:port, dns:///host:port or unix:/path (TLS is set by the "
+          "tls_* options, not an https:// scheme)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Plaintext, or TLS with the options' roots (and client certificate).
@@ -142,7 +162,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   const auto invalid = [](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("ClientOptions.", what));
   };
-  if (options.target.empty()) return invalid("target: must not be empty");
+  RETURN_IF_ERROR(CheckTarget(options.target));
   if (options.deadline <= absl::ZeroDuration() ||
       options.deadline == absl::InfiniteDuration()) {
     return invalid(absl::StrCat("deadline: must be finite and > 0, got ",

@@ -35,7 +35,8 @@
 namespace klserve {
 
 struct ClientOptions {
-  // Server address, "host:port" or any gRPC target URI.
+  // Server address, "host:port" or any gRPC target URI ("dns:///host:port",
+  // "unix:/path"); a web URL ("http://...") is refused.
   std::string target = "localhost:50051";
   // Time limit of one call, its retries included. Finite and > 0.
   absl::Duration deadline = absl::Seconds(120);

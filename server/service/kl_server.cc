@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -222,8 +223,11 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
     if (absl::Status dir =
             TensorBoardWriter::PrepareLogDirectory(options.tensorboard_dir);
         !dir.ok()) {
-      return absl::Status(dir.code(),
-                          absl::StrCat("--tensorboard_dir: ", dir.message()));
+      // The flag names the subject in place of the writer's own prefix.
+      return absl::Status(
+          dir.code(),
+          absl::StrCat("--tensorboard_dir: ",
+                       absl::StripPrefix(dir.message(), "tensorboard: ")));
     }
   }
   LossReporterOptions reporting;

@@ -596,6 +596,21 @@ TEST_F(KlctlTest, UnreachableServerExitsNonZeroWithUnavailable) {
   EXPECT_TRUE(absl::StrContains(run.err, "UNAVAILABLE")) << run.err;
 }
 
+// gRPC would resolve "http://localhost:50051" as one DNS name, retrying
+// until the deadline; the client refuses it before any call.
+TEST(KlctlTargetTest, AUrlIsRefusedNamingTheTarget) {
+  const CommandResult run =
+      RunCommand({KLCTL_BIN, "health", "--target=http://localhost:50051",
+                  "--deadline=60s"},
+                 absl::Seconds(30));
+  EXPECT_EQ(run.exit_code, 1) << run.err;
+  EXPECT_TRUE(absl::StrContains(
+      run.err,
+      "target: \"http://localhost:50051\" is a URL; gRPC takes "
+      "host:port"))
+      << run.err;
+}
+
 TEST_F(KlctlTest, BenchRunsBothModes) {
   const CommandResult run = Klctl({"bench", "--count=2", "--mode=both",
                                    "--shape=1,64,256", "--duration=20s"});

@@ -626,8 +626,8 @@ TEST(CommandLineTest, AnUnusableTensorBoardDirectoryIsAStartupError) {
       ServerProcess::Start({"--tensorboard_dir=/proc/klserve-nope"});
   ASSERT_FALSE(server.ok()) << "started";
   EXPECT_TRUE(absl::StrContains(server.status().message(),
-                                "--tensorboard_dir: tensorboard: cannot "
-                                "create directory /proc/klserve-nope"))
+                                "--tensorboard_dir: cannot create "
+                                "directory /proc/klserve-nope"))
       << server.status();
 }
 

@@ -286,6 +286,15 @@ def free_port():
         return s.getsockname()[1]
 
 
+def test_a_url_is_refused_as_a_target():
+    # gRPC would resolve "http://localhost:50051" as one DNS name, retrying
+    # until the deadline; the client refuses it at once, naming the argument.
+    for url in ("http://localhost:50051", "HTTPS://example.com:443",
+                "grpc://127.0.0.1:50051"):
+        with pytest.raises(ValueError, match=r"^target: .* is a URL"):
+            klserve.Client(url)
+
+
 def test_unavailable_is_retried_then_raised():
     port = free_port()
     with klserve.Client("127.0.0.1:%d" % port, deadline=5.0, max_attempts=3,
