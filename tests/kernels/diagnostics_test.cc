@@ -1,10 +1,12 @@
 // The optional diagnostics (entropies of p and q, top-k recall, row counts)
 // against the reference and a few values worked by hand.
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/loss.h"
@@ -172,6 +174,61 @@ TEST_P(Diagnostics, NothingCountedGivesZeros) {
   EXPECT_EQ(lib.result.diagnostics->mean_entropy_q, 0);
   ASSERT_TRUE(lib.result.diagnostics->topk_recall.has_value());
   EXPECT_EQ(*lib.result.diagnostics->topk_recall, 0);
+}
+
+// Without diagnostics a MAXTEXT row sums only its target's weights, where
+// with them (and in EXACT) it also sums their logs for the entropy of p. The
+// loss, the gradient and the row KL must come out the same to the bit
+// either way, and match the reference without diagnostics too.
+TEST_P(Diagnostics, AskingForThemChangesNoBitOfTheLoss) {
+  std::mt19937_64 rng(91);
+  uint64_t seed = 900;
+  const auto bits = [](double x) { return std::bit_cast<uint64_t>(x); };
+  const auto same = [&](const Case& plain) {
+    Case asking = plain;
+    asking.options.want_diagnostics = true;
+    const LibOutput a = RunLibrary(plain), b = RunLibrary(asking);
+    ASSERT_TRUE(a.status.ok()) << a.status;
+    ASSERT_TRUE(b.status.ok()) << b.status;
+    EXPECT_EQ(bits(a.result.loss), bits(b.result.loss));
+    EXPECT_EQ(a.grad_bytes, b.grad_bytes);
+    ASSERT_EQ(a.row_kl.size(), b.row_kl.size());
+    for (size_t i = 0; i < a.row_kl.size(); ++i) {
+      ASSERT_EQ(bits(a.row_kl[i]), bits(b.row_kl[i])) << "row " << i;
+    }
+  };
+  for (int i = 0; i < 48; ++i) {
+    CaseSpec spec = RandomSpec(rng);
+    spec.options.want_diagnostics = false;
+    for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
+      spec.options.flavor = flavor;
+      SCOPED_TRACE(Describe(spec));
+      const Case plain = MakeRandomCase(spec, seed);
+      CheckAgainstReference(plain);
+      same(plain);
+    }
+    ++seed;
+  }
+  // Subnormal weights, which the scan with logs takes in a pass of its own,
+  // beside one normal weight per row.
+  for (InputForm form :
+       {InputForm::kDenseAggregated, InputForm::kSparseAggregated}) {
+    CaseSpec spec;
+    spec.form = form;
+    spec.T = 3;
+    spec.S = 300;
+    spec.K = form == InputForm::kSparseAggregated ? 200 : 0;
+    spec.options.flavor = Flavor::kMaxText;
+    spec.options.want_diagnostics = false;
+    SCOPED_TRACE(Describe(spec));
+    Case c = MakeRandomCase(spec, seed++);
+    std::vector<double>& w = c.attention_weights->values;
+    for (size_t j = 0; j < w.size(); ++j) {
+      w[j] = j % 50 == 7 ? 1e-3 : 1e-40 * static_cast<double>(1 + j % 5);
+    }
+    CheckAgainstReference(c);
+    same(c);
+  }
 }
 
 }  // namespace

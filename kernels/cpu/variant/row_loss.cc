@@ -46,12 +46,34 @@ struct ScannedRow {
   RowTarget target;
   const float* I = nullptr;
   ScanResult scores;
-  TargetTerms terms;
+  TargetTerms terms;  // sum_w alone unless NeedsTargetLogTerms
 };
+
+// Whether a row needs the target's log terms (TargetTermsSums): the EXACT KL
+// is made of them, and so is the diagnostics' entropy of p. Otherwise the
+// scan takes sum(w) only (TargetWeightSum).
+bool NeedsTargetLogTerms(const IndexerKlProblem& p) {
+  return p.options.flavor == Flavor::kExact || p.options.want_diagnostics;
+}
+
+// f.template operator()<kMasked, Terms>() with the row's mask kind and the
+// target sums it needs.
+template <typename F>
+auto ForRowKind(const IndexerKlProblem& p, const RowValidity& v, F&& f) {
+  using Logs = TargetTermsSums<false>;
+  using SumOnly = TargetWeightSum;
+  const bool logs = NeedsTargetLogTerms(p);
+  if (v.bytes != nullptr) {
+    return logs ? f.template operator()<true, Logs>()
+                : f.template operator()<true, SumOnly>();
+  }
+  return logs ? f.template operator()<false, Logs>()
+              : f.template operator()<false, SumOnly>();
+}
 
 // A built target (per-head, or the projections form's) against scores I in
 // float: the pass over I. With no valid slot, w is undefined: checks only.
-template <bool kMasked>
+template <bool kMasked, typename Terms>
 ScannedRow ScanBuiltTarget(const IndexerKlProblem& p, const RowValidity& v,
                            const RowTarget& target, const float* I,
                            Prefetcher& next) {
@@ -62,14 +84,14 @@ ScannedRow ScanBuiltTarget(const IndexerKlProblem& p, const RowValidity& v,
     row.scores = ScanLogits<kMasked>(I, p.row_length, v.limit, v.bytes);
     return row;
   }
-  const RowScan scan = ScanRow<kMasked, false>(target.w, I, p.row_length,
-                                               v.limit, v.bytes, nullptr, next);
+  const RowScan scan = ScanRow<kMasked, false, Terms>(
+      target.w, I, p.row_length, v.limit, v.bytes, nullptr, next);
   row.scores = scan.scores;
   row.terms = scan.terms;
   return row;
 }
 
-template <bool kMasked>
+template <bool kMasked, typename Terms>
 absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
                                                const RowData& data, int64_t r,
                                                const RowValidity& v,
@@ -83,7 +105,7 @@ absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
     absl::StatusOr<RowTarget> target =
         LoadPerHeadTarget(p, data, r, v, scratch);
     if (!target.ok()) return target.status();
-    return ScanBuiltTarget<kMasked>(
+    return ScanBuiltTarget<kMasked, Terms>(
         p, v, *target,
         FloatRow(data.scores.dtype, data.scores.Row(r, p.T), p.row_length,
                  scratch.scores()),
@@ -95,8 +117,8 @@ absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
   row.I = FloatRow(data.scores.dtype, data.scores.Row(r, p.T), p.row_length,
                    scratch.scores());
   float* masked_copy = kMasked ? scratch.w() : nullptr;
-  const RowScan scan = ScanRow<kMasked, true>(x, row.I, p.row_length, v.limit,
-                                              v.bytes, masked_copy, next);
+  const RowScan scan = ScanRow<kMasked, true, Terms>(
+      x, row.I, p.row_length, v.limit, v.bytes, masked_copy, next);
   if (scan.target.any_bad) {
     const int64_t j = BadValueToReport(x, p.row_length, /*weights=*/true);
     return RowErrorStatus(RowError::kWeightsBad,
@@ -108,9 +130,10 @@ absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
   row.scores = scan.scores;
   row.terms = scan.terms;
   if (rescaled) {  // the terms follow the rescaled weights
-    row.terms = ScanRow<kMasked, false>(row.target.w, row.I, p.row_length,
-                                        v.limit, v.bytes, nullptr, none)
-                    .terms;
+    row.terms =
+        ScanRow<kMasked, false, Terms>(row.target.w, row.I, p.row_length,
+                                       v.limit, v.bytes, nullptr, none)
+            .terms;
   }
   return row;
 }
@@ -206,27 +229,28 @@ absl::StatusOr<RowResult> ScannedRowLoss(const IndexerKlProblem& p, int64_t r,
   return result;
 }
 
-template <bool kMasked>
+template <bool kMasked, typename Terms>
 absl::StatusOr<RowResult> RowLoss(const IndexerKlProblem& p,
                                   const RowData& data, int64_t r,
                                   const RowValidity& v, float grad_scale,
                                   float* grad, bool grad_is_output,
                                   Prefetcher& next, RowScratch& scratch) {
   absl::StatusOr<ScannedRow> scanned =
-      ScanTargetAndScores<kMasked>(p, data, r, v, next, scratch);
+      ScanTargetAndScores<kMasked, Terms>(p, data, r, v, next, scratch);
   if (!scanned.ok()) return scanned.status();
   return ScannedRowLoss<kMasked>(p, r, v, *scanned, grad_scale, grad,
                                  grad_is_output, scratch);
 }
 
-template <bool kMasked>
+template <bool kMasked, typename Terms>
 absl::StatusOr<RowResult> BuiltTargetLoss(const IndexerKlProblem& p, int64_t r,
                                           const RowValidity& v,
                                           const RowTarget& target,
                                           const float* I, float grad_scale,
                                           float* grad, RowScratch& scratch) {
   Prefetcher none;
-  const ScannedRow scanned = ScanBuiltTarget<kMasked>(p, v, target, I, none);
+  const ScannedRow scanned =
+      ScanBuiltTarget<kMasked, Terms>(p, v, target, I, none);
   return ScannedRowLoss<kMasked>(p, r, v, scanned, grad_scale, grad,
                                  /*grad_is_output=*/false, scratch);
 }
@@ -237,11 +261,10 @@ absl::StatusOr<RowResult> ComputeRowLossFromTarget(
     const IndexerKlProblem& problem, int64_t r, const RowValidity& validity,
     const RowTarget& target, const float* scores, float grad_scale, float* grad,
     RowScratch& scratch) {
-  return validity.bytes != nullptr
-             ? BuiltTargetLoss<true>(problem, r, validity, target, scores,
-                                     grad_scale, grad, scratch)
-             : BuiltTargetLoss<false>(problem, r, validity, target, scores,
-                                      grad_scale, grad, scratch);
+  return ForRowKind(problem, validity, [&]<bool kMasked, typename Terms>() {
+    return BuiltTargetLoss<kMasked, Terms>(problem, r, validity, target, scores,
+                                           grad_scale, grad, scratch);
+  });
 }
 
 absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& problem,
@@ -250,11 +273,10 @@ absl::StatusOr<RowResult> ComputeRowLoss(const IndexerKlProblem& problem,
                                          float grad_scale, float* grad,
                                          bool grad_is_output, Prefetcher& next,
                                          RowScratch& scratch) {
-  return validity.bytes != nullptr
-             ? RowLoss<true>(problem, data, r, validity, grad_scale, grad,
-                             grad_is_output, next, scratch)
-             : RowLoss<false>(problem, data, r, validity, grad_scale, grad,
-                              grad_is_output, next, scratch);
+  return ForRowKind(problem, validity, [&]<bool kMasked, typename Terms>() {
+    return RowLoss<kMasked, Terms>(problem, data, r, validity, grad_scale, grad,
+                                   grad_is_output, next, scratch);
+  });
 }
 
 }  // namespace klserve::cpu::KLSERVE_ISA
