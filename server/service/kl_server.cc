@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -83,16 +84,6 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TransportCredentials(
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(ssl);
-}
-
-// The gRPC port's credentials: plaintext, TLS, or mutual TLS, with the
-// token check when `auth` is set.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
-    const ServerOptions& options, std::shared_ptr<TokenAuth> auth) {
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                   TransportCredentials(options, auth != nullptr));
-  if (auth != nullptr) credentials->SetAuthMetadataProcessor(std::move(auth));
-  return credentials;
 }
 
 // Every option's own rule; the cross-checks (TLS files) come with their use.
@@ -192,6 +183,15 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   std::unique_ptr<KlServer> s(new KlServer(options));
   ASSIGN_OR_RETURN(s->backends_, SelectBackends(options.backend,
                                                 options.threads, options.isa));
+  // The files the flags name are read before any port is bound: a start
+  // refused for a missing key or token then says so first, whatever else
+  // is wrong, and holds no port while it fails.
+  std::optional<std::string> token;
+  if (!options.auth_token_file.empty()) {
+    ASSIGN_OR_RETURN(token, ReadTokenFile(options.auth_token_file));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   TransportCredentials(options, token.has_value()));
   MetricsOptions metrics;
   metrics.listen_address = options.metrics_listen;
   metrics.version = std::string(kVersion);
@@ -211,12 +211,12 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   for (absl::string_view method : kIndexerKlMethods) {
     s->metrics_->RegisterMethod(method);
   }
-  if (!options.auth_token_file.empty()) {
-    ASSIGN_OR_RETURN(std::string token, ReadTokenFile(options.auth_token_file));
-    s->auth_ = std::make_shared<TokenAuth>(std::move(token), s->metrics_.get());
+  if (token.has_value()) {
+    // The check counts its refusals in the metrics, so it comes after them.
+    s->auth_ =
+        std::make_shared<TokenAuth>(*std::move(token), s->metrics_.get());
+    credentials->SetAuthMetadataProcessor(s->auth_);
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                   ListenCredentials(options, s->auth_));
   // Made once the flags, the metrics address and the credentials have
   // passed, so that a start refused for one of them leaves no directory.
   if (!options.tensorboard_dir.empty()) {

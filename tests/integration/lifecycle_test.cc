@@ -588,6 +588,31 @@ TEST_F(ServerTest, SecondServerOnTheSamePortRefusesToStart) {
   EXPECT_TRUE(*serving);
 }
 
+// The files the flags name are read before any port is bound: with the
+// metrics port taken too, a missing token file or TLS key is what the
+// refusal names, so that a misconfigured start says first what is wrong
+// with its configuration.
+TEST_F(ServerTest, AMissingFileIsNamedBeforeABusyPort) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const std::string busy_metrics =
+      absl::StrCat("--metrics_listen=127.0.0.1:", server().metrics_port());
+  const std::string missing = ::testing::TempDir() + "klserve-no-such-file";
+  for (const auto& [flags, want] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--auth_token_file=" + missing},
+            "--auth_token_file: cannot read \"" + missing + "\""},
+           {{"--tls_cert=" + missing, "--tls_key=" + missing},
+            "--tls_cert: cannot read \"" + missing + "\""}}) {
+    std::vector<std::string> args = flags;
+    args.push_back(busy_metrics);
+    absl::StatusOr<std::unique_ptr<ServerProcess>> refused =
+        ServerProcess::Start(args);
+    ASSERT_FALSE(refused.ok()) << want << ": started";
+    EXPECT_TRUE(absl::StrContains(refused.status().message(), want))
+        << refused.status();
+  }
+}
+
 TEST_F(ServerTest, SigintOnAnIdleServerExitsZero) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   ExpectServerToExit();
