@@ -2,6 +2,7 @@
 jax.grad through the service against jax.grad of a pure-JAX implementation
 of the same loss."""
 
+import logging
 import time
 
 import grpc
@@ -246,9 +247,10 @@ def test_vmap_one_request_per_element(client):
         assert float(per_element[i]) == pytest.approx(single.loss, rel=1e-6)
 
 
-def test_errors_surface_through_jax(client):
+def test_errors_surface_through_jax(client, caplog):
     scores, logits = problem(7)
     scores = scores.at[0, 0, 0].set(jnp.nan)
+    caplog.set_level(logging.DEBUG)
     # Eager: the client's own error, code and details.
     for call in (
             lambda s: indexer_kl_loss(s, attention_logits=logits,
@@ -265,6 +267,11 @@ def test_errors_surface_through_jax(client):
             s, attention_logits=logits, client=client))(scores))
     assert "INVALID_ARGUMENT" in str(info.value)
     assert "indexer_scores" in str(info.value)
+    # The error is said once, where it is raised: JAX's log of the failed
+    # callback, with its traceback, is not printed beside it.
+    logged = [r.getMessage() for r in caplog.records
+              if r.exc_info and isinstance(r.exc_info[1], klserve.KlserveError)]
+    assert logged == []
     with pytest.raises(TypeError):
         indexer_kl_loss(scores, attention_logits=logits, client=client,
                         want_row_kl=True)

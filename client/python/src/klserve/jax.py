@@ -45,6 +45,7 @@ index_weights, which the backward pass carries on into the parameters that
 made them; query and key (and lse, masks) get zero cotangents.
 """
 
+import logging
 from typing import Any, Optional
 
 import jax
@@ -98,6 +99,25 @@ def _take_operands(options):
 def _operand_values(operands_np):
     """The operands as the Python scalars the client takes."""
     return {k: np.asarray(v).item() for k, v in operands_np.items()}
+
+
+class _ServiceErrorLogFilter(logging.Filter):
+    """Drops JAX's log of a callback that failed with a KlserveError ("jax.
+    pure_callback failed" and the traceback through this module and the
+    client): the error reaches the caller anyway, raised itself from an
+    eager call and as the text of JAX's error under jax.jit, so the log only
+    printed it twice. A callback that fails with anything else (a bug) is
+    still logged."""
+
+    def filter(self, record):
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, KlserveError)
+
+
+# The logger of the module that runs callbacks (jax/_src/callback.py logs
+# under its __name__); if JAX moves it, the filter stops applying and the
+# log is only noisier.
+logging.getLogger("jax._src.callback").addFilter(_ServiceErrorLogFilter())
 
 
 class _ServiceErrors:
