@@ -1,7 +1,5 @@
 #include "client/bench_load.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -10,6 +8,7 @@
 #include <initializer_list>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -18,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/stream_codec.h"
 #include "client/tensor_util.h"
+#include "kernels/cpu/usable_memory.h"
 #include "kernels/half.h"
 #include "kernels/status_macros.h"
 #include "proto/request_tensors.h"
@@ -89,7 +89,8 @@ absl::Status CheckInputBytes(
       "bench problem: the inputs of ", problem, " would take ",
       overflow ? "more than 2^63" : absl::StrCat(total),
       " bytes, past the bound of ", bound,
-      " bytes (a quarter of this machine's memory); make --shape smaller"));
+      " bytes (a quarter of the memory this process may use: the machine's, "
+      "or its container's limit); make --shape smaller"));
 }
 
 // A refusal for lack of a slot, as the server words it
@@ -127,12 +128,9 @@ LoadResult RunLoad(const ClientOptions& client_options,
 }  // namespace
 
 int64_t MaxSyntheticInputBytes() {
-  const int64_t pages = sysconf(_SC_PHYS_PAGES);
-  const int64_t page_bytes = sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page_bytes <= 0) {
-    return std::numeric_limits<int64_t>::max();  // the memory is unknown
-  }
-  return pages / 4 * page_bytes;
+  const std::optional<int64_t> memory = cpu::UsableMemoryBytes();
+  if (!memory) return std::numeric_limits<int64_t>::max();  // unknown
+  return *memory / 4;
 }
 
 LoadResult RunWorkers(

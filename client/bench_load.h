@@ -22,8 +22,9 @@ namespace klserve {
 // How ComputeLoss requests travel.
 enum class StreamMode { kAuto, kAlways, kNever };
 
-// The most bytes a synthetic problem's inputs may take: a quarter of this
-// machine's physical memory (the bench holds the inputs, a message of them
+// The most bytes a synthetic problem's inputs may take: a quarter of the
+// memory this process may use, its container's limit where that is lower
+// than the machine's memory (the bench holds the inputs, a message of them
 // per request in flight and the gradients that come back).
 int64_t MaxSyntheticInputBytes();
 

@@ -196,7 +196,8 @@ ABSL_FLAG(klserve::Unsettable<int32_t>, microbatch, {},
 // bench.
 ABSL_FLAG(std::string, shape, "1,4096,4096",
           absl::StrFormat("bench: B,T,S; the problem's inputs must fit in a "
-                          "quarter of this machine's memory (%.1f GiB here)",
+                          "quarter of the memory klctl may use (%.1f GiB "
+                          "here: the machine's, or its container's limit)",
                           std::ldexp(klserve::MaxSyntheticInputBytes(), -30)));
 ABSL_FLAG(int64_t, heads, 0,
           "bench: H of per-head logits; 0 sends a head-aggregated target");

@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,54 +11,33 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
+#include "kernels/cpu/cgroup_files.h"
 
 namespace klserve::cpu {
 namespace {
 
-std::optional<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// This process's cgroup v2 path ("0::<path>" in /proc/self/cgroup).
-std::optional<std::string> CgroupV2Path() {
-  const std::optional<std::string> cgroups = ReadFile("/proc/self/cgroup");
-  if (!cgroups) return std::nullopt;
-  for (absl::string_view line : absl::StrSplit(*cgroups, '\n')) {
-    if (absl::ConsumePrefix(&line, "0::")) return std::string(line);
-  }
-  return std::nullopt;
-}
-
-// The fewest CPUs any cgroup v2 quota on the way from this process's
-// cgroup up to the root allows (a limit set on a parent holds for its
-// children, "max" on the way included); without one, cgroup v1's.
+// The fewest CPUs any cgroup CPU quota on the way from this process's
+// cgroup up to the root allows ("max" on the way included): cgroup v2's,
+// else (none, or a hybrid host with the cpu controller on v1) v1's.
 std::optional<int> CpusOfCgroup() {
   std::optional<int> fewest;
   const auto take = [&](std::optional<int> cpus) {
     if (cpus && (!fewest || *cpus < *fewest)) fewest = cpus;
   };
-  if (std::optional<std::string> path = CgroupV2Path()) {
-    while (true) {
-      if (const std::optional<std::string> max =
-              ReadFile("/sys/fs/cgroup" + *path + "/cpu.max")) {
-        take(CpusOfQuota(*max));
-      }
-      const size_t slash = path->find_last_of('/');
-      if (slash == std::string::npos || *path == "/") break;
-      path->resize(slash == 0 ? 1 : slash);
+  ForEachCgroupDir("", [&](const std::string& dir) {
+    if (const std::optional<std::string> max =
+            ReadCgroupFile(dir + "/cpu.max")) {
+      take(CpusOfQuota(*max));
     }
-    if (fewest) return fewest;  // else a hybrid host: the cpu controller on v1
-  }
-  const std::optional<std::string> quota =
-      ReadFile("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
-  const std::optional<std::string> period =
-      ReadFile("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
-  if (quota && period) take(CpusOfQuota(*quota + " " + *period));
+  });
+  if (fewest) return fewest;
+  ForEachCgroupDir("cpu", [&](const std::string& dir) {
+    const std::optional<std::string> quota =
+        ReadCgroupFile(dir + "/cpu.cfs_quota_us");
+    const std::optional<std::string> period =
+        ReadCgroupFile(dir + "/cpu.cfs_period_us");
+    if (quota && period) take(CpusOfQuota(*quota + " " + *period));
+  });
   return fewest;
 }
 

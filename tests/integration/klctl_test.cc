@@ -6,9 +6,12 @@
 // --help.
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -673,7 +676,7 @@ TEST(KlctlBenchTest, InputsPastTheMemoryBoundAreRefused) {
     EXPECT_EQ(run.out, "") << what;
     for (const char* text :
          {"INVALID_ARGUMENT", "--shape", " bytes, past the bound of ",
-          "a quarter of this machine's memory"}) {
+          "a quarter of the memory this process may use"}) {
       EXPECT_TRUE(absl::StrContains(run.err, text))
           << what << ": " << text << " missing in\n"
           << run.err;
@@ -683,6 +686,41 @@ TEST(KlctlBenchTest, InputsPastTheMemoryBoundAreRefused) {
       RunCommand({KLCTL_BIN, "bench", "--target=127.0.0.1:1",
                   "--shape=1,1000000,1000000", "--duration=1s"});
   EXPECT_TRUE(absl::StrContains(run.err, "would take 8000000000000 bytes"))
+      << run.err;
+}
+
+// In a container the bound is a quarter of its memory limit, not of the
+// machine's memory: a klctl under a 2 GiB limit that counted the machine's
+// 24 GiB would make 1 GiB of inputs, and more per request, and be killed
+// by the kernel instead of refusing. Run in a cgroup v1 memory group made
+// for the test, where the machine lets it make one (root, cgroup v1).
+TEST(KlctlBenchTest, TheMemoryBoundFollowsTheContainersLimit) {
+  const std::string group =
+      absl::StrCat("/sys/fs/cgroup/memory/klserve-klctl-test-", getpid());
+  if (mkdir(group.c_str(), 0755) != 0) {
+    GTEST_SKIP() << "no cgroup v1 memory group can be made here: "
+                 << strerror(errno);
+  }
+  struct RemoveGroup {
+    std::string path;
+    ~RemoveGroup() { rmdir(path.c_str()); }  // empty once klctl has exited
+  } remove{group};
+  {
+    std::ofstream limit(group + "/memory.limit_in_bytes");
+    limit << (int64_t{2} << 30);
+    ASSERT_TRUE(limit.good());
+  }
+  const CommandResult run = RunCommand(
+      {"/bin/sh", "-c",
+       absl::StrCat("echo $$ > ", group, "/cgroup.procs && exec ", KLCTL_BIN,
+                    " bench --target=127.0.0.1:1 --duration=1s "
+                    "--shape=1,8192,16384")},
+      absl::Seconds(20));
+  EXPECT_EQ(run.exit_code, 1) << run.err;
+  EXPECT_TRUE(absl::StrContains(
+      run.err,
+      "would take 1073741824 bytes, past the bound of 536870912 "
+      "bytes (a quarter of the memory this process may use"))
       << run.err;
 }
 
@@ -761,7 +799,7 @@ TEST(KlctlHelpTest, HelpExitsZeroAndNamesTheFileInTheRepository) {
     EXPECT_TRUE(absl::StrContains(help, "default: unset;")) << help;
   }
   EXPECT_TRUE(absl::StrContains(FlagHelp(run.out, "shape"),
-                                "quarter of this machine's memory"))
+                                "quarter of the memory klctl may use"))
       << FlagHelp(run.out, "shape");
 }
 
