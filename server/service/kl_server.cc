@@ -184,8 +184,8 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   ASSIGN_OR_RETURN(s->backends_, SelectBackends(options.backend,
                                                 options.threads, options.isa));
   // The files the flags name are read before any port is bound: a start
-  // refused for a missing key or token then says so first, whatever else
-  // is wrong, and holds no port while it fails.
+  // refused for a missing key or token then says so even when a port is
+  // taken too, and holds no port while it fails.
   std::optional<std::string> token;
   if (!options.auth_token_file.empty()) {
     ASSIGN_OR_RETURN(token, ReadTokenFile(options.auth_token_file));

@@ -589,8 +589,8 @@ TEST_F(ServerTest, SecondServerOnTheSamePortRefusesToStart) {
 }
 
 // The files the flags name are read before any port is bound: with the
-// metrics port taken too, a missing token file or TLS key is what the
-// refusal names, so that a misconfigured start says first what is wrong
+// metrics port taken too, a missing token file or TLS certificate is what
+// the refusal names, so that a misconfigured start says first what is wrong
 // with its configuration.
 TEST_F(ServerTest, AMissingFileIsNamedBeforeABusyPort) {
   ASSERT_NO_FATAL_FAILURE(StartServer());

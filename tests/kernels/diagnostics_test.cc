@@ -210,7 +210,7 @@ TEST_P(Diagnostics, AskingForThemChangesNoBitOfTheLoss) {
     ++seed;
   }
   // Subnormal weights, which the scan with logs takes in a pass of its own,
-  // beside one normal weight per row.
+  // beside a few normal weights per row.
   for (InputForm form :
        {InputForm::kDenseAggregated, InputForm::kSparseAggregated}) {
     CaseSpec spec;

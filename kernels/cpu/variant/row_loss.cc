@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numbers>
+#include <type_traits>
 
 #include "kernels/cpu/variant/log_double.h"
 #include "kernels/cpu/variant/row_convert.h"
@@ -46,7 +47,8 @@ struct ScannedRow {
   RowTarget target;
   const float* I = nullptr;
   ScanResult scores;
-  TargetTerms terms;  // sum_w alone unless NeedsTargetLogTerms
+  // Without NeedsTargetLogTerms, sum_w and mass_on_minus_inf only.
+  TargetTerms terms;
 };
 
 // Whether a row needs the target's log terms (TargetTermsSums): the EXACT KL
@@ -129,7 +131,8 @@ absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
                                 scan.target.sum, scratch, rescaled);
   row.scores = scan.scores;
   row.terms = scan.terms;
-  if (rescaled) {  // the terms follow the rescaled weights
+  // The terms follow the rescaled weights; sum(w) alone is not read again.
+  if (rescaled && !std::is_same_v<Terms, TargetWeightSum>) {
     row.terms =
         ScanRow<kMasked, false, Terms>(row.target.w, row.I, p.row_length,
                                        v.limit, v.bytes, nullptr, none)

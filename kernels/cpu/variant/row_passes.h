@@ -253,7 +253,7 @@ bool FindRareValues(const float* w, const float* I, int64_t n, int64_t limit,
 }
 
 // Terms: the sums to take of the target, TargetTermsSums<false> or
-// TargetWeightSum.
+// TargetWeightSum (TargetTermsSums<true> in the rescan it makes).
 template <bool kMasked, bool kRawWeights, typename Terms>
 RowScan ScanRow(const float* w, const float* I, int64_t n, int64_t limit,
                 const uint8_t* valid, float* masked_copy, Prefetcher& next) {
