@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -210,24 +211,33 @@ TEST_P(Diagnostics, AskingForThemChangesNoBitOfTheLoss) {
     ++seed;
   }
   // Subnormal weights, which the scan with logs takes in a pass of its own,
-  // beside a few normal weights per row.
-  for (InputForm form :
-       {InputForm::kDenseAggregated, InputForm::kSparseAggregated}) {
-    CaseSpec spec;
-    spec.form = form;
-    spec.T = 3;
-    spec.S = 300;
-    spec.K = form == InputForm::kSparseAggregated ? 200 : 0;
-    spec.options.flavor = Flavor::kMaxText;
-    spec.options.want_diagnostics = false;
-    SCOPED_TRACE(Describe(spec));
-    Case c = MakeRandomCase(spec, seed++);
-    std::vector<double>& w = c.attention_weights->values;
-    for (size_t j = 0; j < w.size(); ++j) {
-      w[j] = j % 50 == 7 ? 1e-3 : 1e-40 * static_cast<double>(1 + j % 5);
+  // beside a few normal weights per row, or alone (MAXTEXT's epsilon keeps
+  // Z above 1e-8 there); and rows whose weights sum past 2^100, which are
+  // rescaled by a power of two and, with diagnostics, scanned again.
+  const std::function<double(size_t)> weights[] = {
+      [](size_t j) {
+        return j % 50 == 7 ? 1e-3 : 1e-40 * static_cast<double>(1 + j % 5);
+      },
+      [](size_t j) { return 1e-42 * static_cast<double>(1 + j % 5); },
+      [](size_t j) { return 1e37 * static_cast<double>(1 + j % 5); },
+  };
+  for (const auto& weight : weights) {
+    for (InputForm form :
+         {InputForm::kDenseAggregated, InputForm::kSparseAggregated}) {
+      CaseSpec spec;
+      spec.form = form;
+      spec.T = 3;
+      spec.S = 300;
+      spec.K = form == InputForm::kSparseAggregated ? 200 : 0;
+      spec.options.flavor = Flavor::kMaxText;
+      spec.options.want_diagnostics = false;
+      SCOPED_TRACE(Describe(spec));
+      Case c = MakeRandomCase(spec, seed++);
+      std::vector<double>& w = c.attention_weights->values;
+      for (size_t j = 0; j < w.size(); ++j) w[j] = weight(j);
+      CheckAgainstReference(c);
+      same(c);
     }
-    CheckAgainstReference(c);
-    same(c);
   }
 }
 
