@@ -59,7 +59,7 @@ class ProjectionsComputation {
   absl::Status Count(const ProjectionsRowData& rows);
 
   // The most the held rows take, once a block ends inside a tile: a tile of
-  // every query-side tensor (at most 128 rows dense, 16 sparse, and T), in
+  // every query-side tensor (ProjectionsProblem::max_tile_rows() rows), in
   // all and the largest tensor's share.
   struct HeldTensor {
     const char* field;

@@ -180,7 +180,7 @@ absl::StatusOr<ProjectionsProblem> ProjectionsProblem::Create(
   p.server_topk = server_topk;
   p.index_weight_scale = static_cast<float>(weight_scale);
   p.use_relu = options.use_relu;
-  p.tile_rows = K > 0 ? kSparseTileRows : kDenseTileRows;
+  p.tile_rows = cpu::ProjectionTileRows(p.TileShape());
   p.key = in.key;
   p.index_key = in.index_key;
   p.query_dtype = in.query.dtype;
@@ -194,6 +194,21 @@ absl::StatusOr<ProjectionsProblem> ProjectionsProblem::Create(
   }
   p.has_attention_mask = in.attention_mask.has_value();
   return p;
+}
+
+cpu::ProjectionTileShape ProjectionsProblem::TileShape() const {
+  return {.S = S,
+          .K = K,
+          .server_topk = server_topk,
+          .H = H,
+          .H_kv = H_kv,
+          .D = D,
+          .H_I = H_I,
+          .D_I = D_I};
+}
+
+cpu::ProjectionTileScratch ProjectionsProblem::thread_scratch() const {
+  return cpu::ProjectionTileScratchOf(TileShape(), max_tile_rows());
 }
 
 RowRange ProjectionsProblem::TileOf(int64_t r) const {

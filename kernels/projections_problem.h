@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "kernels/cpu/projection_tile_memory.h"
 #include "kernels/dtype.h"
 #include "kernels/problem.h"
 #include "kernels/tensor_view.h"
@@ -77,18 +78,21 @@ class ProjectionsProblem {
   bool use_relu = true;
   // The computation's unit: tiles of this many consecutive query rows of
   // one batch entry, from each entry's first row (the last of an entry may
-  // be shorter). Fixed by the form alone, so that what is summed over rows
+  // be shorter). Fixed by the problem's shape alone
+  // (cpu::ProjectionTileRows), so that what is summed over rows
   // (d_index_key) is summed alike whatever the thread count or the stream's
   // blocks. Dense: large enough for the tile's matrix products to run near
-  // the BLAS's rate, small enough for its rows ([rows, S] floats, a few of
-  // them) to stay a few MiB; sparse: each row gathers its own keys, and the
+  // the BLAS's rate, few enough for its [rows, S] buffers to stay within
+  // cpu::kTileRowsBytes; sparse: each row gathers its own keys, and the
   // tile bounds the d_index_key contributions kept for the fold.
   int64_t tile_rows = 0;
   // The most rows one tile has: tile_rows, or T where a batch entry is
   // shorter.
   int64_t max_tile_rows() const { return tile_rows < T ? tile_rows : T; }
-  static constexpr int64_t kDenseTileRows = 128;
-  static constexpr int64_t kSparseTileRows = 16;
+  // What one compute thread holds while it computes one of the tiles, at
+  // most: it grows with S (K in the sparse stage) and the head sizes, not
+  // with the request's bytes.
+  cpu::ProjectionTileScratch thread_scratch() const;
 
   // The logits-form problem that a and I describe: per-head, over S keys
   // (dense) or K slots (sparse). Its masks, options, N and row rules are
@@ -114,6 +118,8 @@ class ProjectionsProblem {
   RowRange TileOf(int64_t r) const;
 
  private:
+  cpu::ProjectionTileShape TileShape() const;
+
   explicit ProjectionsProblem(IndexerKlProblem logits)
       : logits(std::move(logits)) {}
 };

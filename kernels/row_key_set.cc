@@ -12,11 +12,7 @@ RowKeySet::RowKeySet() {
 }
 
 void RowKeySet::StartRow(int64_t slots, int64_t S) {
-  // Four times the row's keys at least, so that at most a quarter of the
-  // slots are taken: at half, the probes past the first slot made the
-  // sparse benchmark 1.8 times slower.
-  const int64_t wanted =
-      std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(4 * slots, 16)));
+  const int64_t wanted = TableSlots(slots);
   if (wanted > slots_) {
     slots_ = wanted;
     table_.reset(new uint64_t[slots_]);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/return_memory.h"
 #include "kernels/cpu/row_scratch.h"
 #include "kernels/fold_rows.h"
 
@@ -161,9 +162,16 @@ absl::Status CpuBackend::ComputeProjectionRows(
         // never wait for one that will not come.
         key_grad.Fold(number, tile.b, folds ? &partial : nullptr);
       },
-      [this] {
+      [this, &p] {
         cpu::RowScratch::ReleaseExcessOfThisThread();
         kernels_.release_projection_scratch();
+        // The tile's buffers, freed, would otherwise stay with the
+        // allocator (tcmalloc keeps what it frees): a wide request's
+        // gigabytes must not outlive it.
+        const int64_t bytes = p.thread_scratch().bytes;
+        if (bytes > cpu::RowScratch::kRetainedBytes) {
+          cpu::ReturnFreedMemory(bytes);
+        }
       });
   return error.status();
 }

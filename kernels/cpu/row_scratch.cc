@@ -28,17 +28,20 @@ void RowScratch::ReleaseExcessOfThisThread() {
 }
 
 int64_t RowScratch::bytes() const {
-  const int64_t per_slot = sizeof(uint8_t) + sizeof(std::pair<float, int32_t>);
-  return kRows * row_stride_ * int64_t{sizeof(float)} + slots_ * per_slot +
+  return kRows * row_stride_ * int64_t{sizeof(float)} + slots_ * kPerSlotBytes +
          row_keys_.bytes();
+}
+
+int64_t RowScratch::BytesFor(int64_t slots, bool sparse) {
+  return kRows * StrideFor(slots) * int64_t{sizeof(float)} +
+         slots * kPerSlotBytes + (sparse ? RowKeySet::MaxBytesFor(slots) : 0);
 }
 
 void RowScratch::Reserve(const IndexerKlProblem& problem) {
   if (problem.row_length > slots_) {
     slots_ = problem.row_length;
     // Left uninitialised: every pass writes a slot before reading it.
-    // Whole 4 KiB pages plus 5 cache lines per row.
-    row_stride_ = (slots_ + 1023) / 1024 * 1024 + 5 * 16;
+    row_stride_ = StrideFor(slots_);
     rows_.reset(new float[kRows * row_stride_]);
     valid_.reset(new uint8_t[slots_]);
     ranked_.reset(new std::pair<float, int32_t>[slots_]);

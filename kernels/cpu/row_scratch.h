@@ -46,6 +46,9 @@ class RowScratch {
 
   // What the buffers hold, in bytes.
   int64_t bytes() const;
+  // At most what they grow to for rows of `slots` slots, with the sparse
+  // duplicate check's key set or without (the dense stage has none).
+  static int64_t BytesFor(int64_t slots, bool sparse);
 
  private:
   void Reserve(const IndexerKlProblem& problem);
@@ -53,6 +56,13 @@ class RowScratch {
 
   static constexpr int kRows = 8;
   float* row(int i) { return rows_.get() + i * row_stride_; }
+  // The floats between rows for `slots` slots: whole 4 KiB pages plus 5
+  // cache lines.
+  static int64_t StrideFor(int64_t slots) {
+    return (slots + 1023) / 1024 * 1024 + 5 * 16;
+  }
+  static constexpr int64_t kPerSlotBytes =
+      sizeof(uint8_t) + sizeof(std::pair<float, int32_t>);
 
   int64_t slots_ = 0;
   // The float rows, carved from one block at a stride that is not a multiple

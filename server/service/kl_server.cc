@@ -129,6 +129,8 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(at_least("max_tensor_bytes", options.max_tensor_bytes, 1));
   RETURN_IF_ERROR(
       at_least("max_stream_key_bytes", options.max_stream_key_bytes, 1));
+  RETURN_IF_ERROR(at_least("max_thread_scratch_bytes",
+                           options.max_thread_scratch_bytes, 1));
   // Below a few MiB gRPC could not hold one connection's buffers.
   RETURN_IF_ERROR(at_least("transport_memory_bytes",
                            options.transport_memory_bytes, int64_t{16} << 20));

@@ -85,6 +85,11 @@ ABSL_FLAG(int64_t, max_tensor_bytes, Defaults().max_tensor_bytes,
 ABSL_FLAG(int64_t, max_stream_key_bytes, Defaults().max_stream_key_bytes,
           "what one projections-form stream may hold for its key side: key "
           "and index_key bytes plus 8 * B * S * D_I for the d_index_key sum");
+ABSL_FLAG(int64_t, max_thread_scratch_bytes,
+          Defaults().max_thread_scratch_bytes,
+          "what one compute thread may hold for a tile of a projections-form "
+          "request (it grows with S and the head sizes); --threads times it "
+          "in all");
 ABSL_FLAG(bool, shared_memory, Defaults().shared_memory,
           "serve shared-memory regions (RegisterRegion) to callers on this "
           "host (a Unix socket or loopback); docs/shared-memory.md");
@@ -192,6 +197,8 @@ int main(int argc, char** argv) {
   options.enable_echo = absl::GetFlag(FLAGS_enable_echo);
   options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
   options.max_stream_key_bytes = absl::GetFlag(FLAGS_max_stream_key_bytes);
+  options.max_thread_scratch_bytes =
+      absl::GetFlag(FLAGS_max_thread_scratch_bytes);
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   options.max_regions = absl::GetFlag(FLAGS_max_regions);
   options.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes);

@@ -114,6 +114,29 @@ absl::Status CheckOutputBytes(const ProjectionsProblem& p,
       "send the problem with ComputeLossStream", options);
 }
 
+absl::Status CheckThreadScratch(const ProjectionsProblem& problem,
+                                const ServerOptions& options) {
+  const cpu::ProjectionTileScratch scratch = problem.thread_scratch();
+  if (scratch.bytes <= options.max_thread_scratch_bytes) {
+    return absl::OkStatus();
+  }
+  // Named by what makes most of it: the query rows' widths, or the keys
+  // (dense) or slots (sparse) each row is computed against.
+  const bool sparse = problem.sparse();
+  const char* field = 2 * scratch.query_side_bytes > scratch.bytes ? "query"
+                      : !sparse                                    ? "index_key"
+                      : problem.server_topk                        ? "topk"
+                                            : "topk_indices";
+  return absl::ResourceExhaustedError(absl::StrCat(
+      field, ": a tile of ", problem.max_tile_rows(), " query rows (H = ",
+      problem.H, ", D = ", problem.D, ", H_I = ", problem.H_I,
+      ", D_I = ", problem.D_I, ") against S = ", problem.S, " keys",
+      sparse ? absl::StrCat(" (K = ", problem.K, " slots a row)") : "",
+      " needs ", scratch.bytes,
+      " bytes in each compute thread, over the limit of ",
+      options.max_thread_scratch_bytes, " (--max_thread_scratch_bytes)"));
+}
+
 absl::Status CheckMessageBytes(absl::string_view field, int64_t encoded_bytes,
                                absl::string_view remedy,
                                const ServerOptions& options) {

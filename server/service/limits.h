@@ -58,6 +58,11 @@ absl::Status CheckOutputBytes(const ProjectionsProblem& problem,
                               const v1::OutputRegions& placed,
                               const ServerOptions& options);
 
+// RESOURCE_EXHAUSTED naming the key side when a compute thread would hold
+// more than --max_thread_scratch_bytes for one tile of `problem`.
+absl::Status CheckThreadScratch(const ProjectionsProblem& problem,
+                                const ServerOptions& options);
+
 // RESOURCE_EXHAUSTED naming `field` when a message that encodes to
 // `encoded_bytes` (gRPC's count: the protobuf encoding, framing included) is
 // over --max_message_bytes; `remedy` says what the caller can do instead.

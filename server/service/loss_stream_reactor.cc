@@ -194,6 +194,7 @@ absl::Status LossStreamReactor::TakeProjectionsHeader() {
     RETURN_IF_ERROR(CheckMessageBytes(
         first, static_cast<int64_t>(tile.ByteSizeLong()), remedy, limits));
   }
+  RETURN_IF_ERROR(CheckThreadScratch(p, limits));
   {
     // A block that ends inside a tile leaves that tile's rows held until
     // the next block completes it: at most a tile of every query-side

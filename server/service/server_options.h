@@ -77,6 +77,12 @@ struct ServerOptions {
   // bytes). Past it the stream is RESOURCE_EXHAUSTED naming key. Every open
   // stream may hold this much at once (--max_open_streams).
   int64_t max_stream_key_bytes = int64_t{1} << 30;
+  // What one compute thread may hold to compute a tile of a projections-form
+  // request (ProjectionsProblem::thread_scratch: it grows with S, or K,
+  // and the head sizes, not with the request's bytes); past it the request
+  // is RESOURCE_EXHAUSTED before it computes. The compute threads together
+  // hold at most --threads times this.
+  int64_t max_thread_scratch_bytes = int64_t{1} << 30;
   // Shared-memory regions (docs/shared-memory.md): RegisterRegion serves
   // callers on this host (a Unix socket or loopback) only when on. Off by
   // default: a region names any object in /dev/shm that the server's user

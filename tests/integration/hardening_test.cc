@@ -684,22 +684,34 @@ TEST(ProjectionsAmplificationTest, AUnaryCallHoldsNoTileOfItsRows) {
 
 TEST(ProjectionsAmplificationTest, AStreamRefusesATileItCouldNotHold) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start();
+      ServerProcess::Start({"--max_message_bytes=2097152"});
   ASSERT_TRUE(server.ok()) << server.status();
   std::unique_ptr<v1::IndexerKl::Stub> stub = MakeStub((*server)->target());
   absl::StatusOr<int64_t> before = (*server)->RssKiB();
   ASSERT_TRUE(before.ok());
-  // A query row of 4 MiB (H = 2^20 heads of one dimension): a tile of 128
-  // such rows is 512 MiB, over the 256 MiB message limit. The server took
-  // the room at the first block; with H = 2^30 it died.
+  // A query row of 4 MiB (H = 2^20 heads of one dimension): a tile of it
+  // (one row, at these widths) is over the 2 MiB message limit. With tiles
+  // of 128 rows and the default limit, the server took 512 MiB of room at
+  // the first block.
   constexpr int64_t kH = int64_t{1} << 20;
-  const grpc::Status status = StreamWithHeader(
+  grpc::Status status = StreamWithHeader(
       *stub, ProjectionsHeader(128, kH, 1, v1::LossOptions()), kH * 4);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << status.error_message();
-  EXPECT_TRUE(absl::StartsWith(status.error_message(), "query: a tile of 128"))
+  EXPECT_TRUE(absl::StartsWith(status.error_message(), "query: a tile of 1 "))
       << status.error_message();
   EXPECT_TRUE(absl::StrContains(status.error_message(), "--max_message_bytes"))
+      << status.error_message();
+  // With H = 2^30 the server died: a row's heads alone are 28 GiB of a
+  // thread's scratch.
+  status = StreamWithHeader(
+      *stub, ProjectionsHeader(128, int64_t{1} << 30, 1, v1::LossOptions()), 4);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << status.error_message();
+  EXPECT_TRUE(absl::StartsWith(status.error_message(), "query: a tile of 1 "))
+      << status.error_message();
+  EXPECT_TRUE(
+      absl::StrContains(status.error_message(), "--max_thread_scratch_bytes"))
       << status.error_message();
   const int64_t growth = RssGrowthKiB(**server, *before);
   EXPECT_LT(growth, 128 * 1024) << "RSS grew by " << growth << " KiB";
@@ -726,7 +738,10 @@ TEST(ProjectionsAmplificationTest, AHugeTopkIsRefusedBeforeItsAnswerIsMade) {
         StreamWithHeader(*stub, ProjectionsHeader(16, 1, 1, options), 4);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
         << status.error_message();
-    EXPECT_TRUE(absl::StartsWith(status.error_message(), "topk_indices:"))
+    // The answer of a tile (of 16 rows) over the message limit, or (a
+    // tile of one row) what a thread would hold for it.
+    EXPECT_TRUE(absl::StartsWith(status.error_message(), "topk_indices:") ||
+                absl::StartsWith(status.error_message(), "topk: a tile of"))
         << status.error_message();
   }
   // Unary: [1, 1, 2^28] is the 1 GiB tensor limit, and four times the
@@ -744,6 +759,86 @@ TEST(ProjectionsAmplificationTest, AHugeTopkIsRefusedBeforeItsAnswerIsMade) {
   // Nothing is left hanging: the server drains and exits at once.
   (*server)->Signal(SIGTERM);
   EXPECT_TRUE((*server)->WaitForExit(absl::Seconds(10)).has_value());
+}
+
+// A projections problem of S keys and T query rows, every head one wide:
+// a message of about 8 (T + S) bytes.
+ProjectionsSpec ManyKeys(int64_t T, int64_t S) {
+  ProjectionsSpec spec;
+  spec.name = "ManyKeys";
+  spec.T = T, spec.S = S;
+  spec.H = 1, spec.H_kv = 1, spec.D = 1;
+  spec.H_I = 1, spec.D_I = 1;
+  return spec;
+}
+
+// A dense tile held [128, S] floats three times over in every compute
+// thread: a 17 MB request of 2^21 keys and 64 rows took 1.8 GB, one of 2^24
+// keys would have taken 28 GB a thread, and what a tile took stayed with
+// the allocator after the answer. Tiles now take fewer rows as S grows.
+TEST(ProjectionsAmplificationTest, ManyKeysTakeTilesOfFewRowsAndGiveThemBack) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  absl::StatusOr<int64_t> before = (*server)->RssKiB();
+  ASSERT_TRUE(before.ok());
+  absl::StatusOr<v1::ComputeLossResponse> response = client->ComputeLossUnary(
+      MakeProjectionsRequest(ManyKeys(64, int64_t{1} << 21)));
+  ASSERT_TRUE(response.ok()) << Describe(response.status());
+  EXPECT_TRUE(std::isfinite(response->result().loss()));
+  absl::StatusOr<int64_t> peak = (*server)->PeakRssKiB();
+  ASSERT_TRUE(peak.ok());
+  // The request and its answer (about 50 MB in all, a few copies of it in
+  // gRPC and the service) and two threads' tiles of one row.
+  EXPECT_LT(*peak - *before, 512 * 1024)
+      << "VmHWM " << *peak << " KiB, VmRSS before " << *before << " KiB";
+  const int64_t growth = RssGrowthKiB(**server, *before);
+  EXPECT_LT(growth, 128 * 1024) << "RSS grew by " << growth << " KiB";
+}
+
+// What a tile would take in each compute thread is weighed before anything
+// is computed, against --max_thread_scratch_bytes, in the unary call and at
+// the stream's header.
+TEST(ProjectionsAmplificationTest, ATileOverTheThreadScratchLimitIsRefused) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({"--max_thread_scratch_bytes=67108864"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  std::unique_ptr<v1::IndexerKl::Stub> stub = MakeStub((*server)->target());
+  absl::StatusOr<int64_t> before = (*server)->RssKiB();
+  ASSERT_TRUE(before.ok());
+  const v1::ComputeLossRequest dense =
+      MakeProjectionsRequest(ManyKeys(4, int64_t{1} << 21));
+  const absl::Status unary = client->ComputeLossUnary(dense).status();
+  EXPECT_TRUE(HasCode(unary, absl::StatusCode::kResourceExhausted,
+                      "index_key: a tile of 1 query rows (H = 1, D = 1, "
+                      "H_I = 1, D_I = 1) against S = 2097152 keys needs "))
+      << unary;
+  EXPECT_TRUE(absl::StrContains(unary.message(),
+                                "over the limit of 67108864 "
+                                "(--max_thread_scratch_bytes)"))
+      << unary;
+  ProjectionsSpec selecting = ManyKeys(4, int64_t{1} << 21);
+  selecting.options.set_topk(1024);
+  const absl::Status sparse =
+      client->ComputeLossUnary(MakeProjectionsRequest(selecting)).status();
+  EXPECT_TRUE(
+      HasCode(sparse, absl::StatusCode::kResourceExhausted, "topk: a tile of "))
+      << sparse;
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(dense);
+  ASSERT_TRUE(slicer.ok()) << slicer.status();
+  const grpc::Status stream = StreamWithHeader(*stub, slicer->MakeHeader(), 4);
+  EXPECT_EQ(stream.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << stream.error_message();
+  EXPECT_TRUE(absl::StartsWith(stream.error_message(), "index_key: a tile of"))
+      << stream.error_message();
+  // Fewer keys go through on the same server.
+  absl::StatusOr<v1::ComputeLossResponse> small =
+      client->ComputeLossUnary(MakeProjectionsRequest(ManyKeys(4, 4096)));
+  EXPECT_TRUE(small.ok()) << Describe(small.status());
+  const int64_t growth = RssGrowthKiB(**server, *before);
+  EXPECT_LT(growth, 128 * 1024) << "RSS grew by " << growth << " KiB";
 }
 
 // ---------------------------------------------------------------------------

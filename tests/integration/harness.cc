@@ -232,18 +232,27 @@ std::optional<int> ServerProcess::WaitForExit(absl::Duration timeout) {
 }
 
 absl::StatusOr<int64_t> ServerProcess::RssKiB() const {
+  return StatusKiB("VmRSS");
+}
+
+absl::StatusOr<int64_t> ServerProcess::PeakRssKiB() const {
+  return StatusKiB("VmHWM");
+}
+
+absl::StatusOr<int64_t> ServerProcess::StatusKiB(
+    absl::string_view field) const {
   std::ifstream in(absl::StrCat("/proc/", pid_, "/status"));
   std::string line;
   while (std::getline(in, line)) {
     absl::string_view rest = line;
-    if (absl::ConsumePrefix(&rest, "VmRSS:")) {
+    if (absl::ConsumePrefix(&rest, field) && absl::ConsumePrefix(&rest, ":")) {
       rest = absl::StripAsciiWhitespace(rest);
       absl::ConsumeSuffix(&rest, "kB");
       int64_t kib = 0;
       if (absl::SimpleAtoi(absl::StripAsciiWhitespace(rest), &kib)) return kib;
     }
   }
-  return absl::NotFoundError(absl::StrCat("no VmRSS for pid ", pid_));
+  return absl::NotFoundError(absl::StrCat("no ", field, " for pid ", pid_));
 }
 
 std::string ServerProcess::Log() const { return ReadWholeFile(log_path_); }

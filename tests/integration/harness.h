@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/stream_codec.h"
@@ -83,11 +84,15 @@ class ServerProcess {
   std::optional<int> WaitForExit(absl::Duration timeout);
   // VmRSS of /proc/<pid>/status, in KiB.
   absl::StatusOr<int64_t> RssKiB() const;
+  // VmHWM: the most VmRSS has been since the process started, in KiB.
+  absl::StatusOr<int64_t> PeakRssKiB() const;
   // What the process has written to stdout and stderr so far.
   std::string Log() const;
 
  private:
   ServerProcess() = default;
+  // A "<field>: <n> kB" line of /proc/<pid>/status, in KiB.
+  absl::StatusOr<int64_t> StatusKiB(absl::string_view field) const;
 
   pid_t pid_ = -1;
   bool exited_ = false;
