@@ -125,6 +125,16 @@ absl::Status TakeTarget(const IndexerKlInputs& in, IndexerKlProblem& p) {
     RETURN_IF_ERROR(CheckBytesIfAny("attention_logits", logits));
     p.target_dtype = logits.dtype;
   } else {
+    // Weights are probabilities already: a scale of the logits has nothing
+    // to apply to, and a client that sends its 1 / sqrt(D) with them has
+    // taken the weights for logits. 1 (a client's constant default) is
+    // the same as none.
+    if (p.options.softmax_scale != 1.0f) {
+      return Invalid("softmax_scale",
+                     "scales attention_logits, not attention_weights "
+                     "(probabilities); leave it unset or 1",
+                     absl::StrCat(p.options.softmax_scale));
+    }
     p.H = 1;
     RETURN_IF_ERROR(CheckTensor(
         "attention_weights", *in.attention_weights, kFloatTypes,

@@ -99,8 +99,10 @@ TEST_P(Invariants, KlIsZeroWhenTheIndexerReproducesTheTarget) {
       for (double kl : lib.row_kl) EXPECT_NEAR(kl, 0, 1e-6);
       for (double g : lib.grad) ASSERT_NEAR(g, 0, 1e-6);
 
-      // Aggregated: scores = log(weights), -inf where the weight is 0.
+      // Aggregated: scores = log(weights), -inf where the weight is 0 (no
+      // scale: it applies to logits only).
       spec.form = MakeInputForm(sparse, /*per_head=*/false);
+      spec.options.softmax_scale = 1.0f;
       spec.zero_weight_fraction = 0.3;
       c = MakeRandomCase(spec, seed++);
       const klref::RefResult ref = klref::ComputeReference(ToReference(c));
@@ -291,6 +293,7 @@ TEST_P(Invariants, IdenticalHeadsEqualTheAggregatedForm) {
         // library sees, 0 at invalid slots.
         Case agg = one;
         agg.H = 0;
+        agg.options.softmax_scale = 1.0f;  // the weights come scaled
         agg.attention_logits.reset();
         agg.attention_weights = HostTensor(DType::kFloat32, {one.B, one.T, L});
         const klref::RefProblem decoded = ToReference(one);

@@ -493,6 +493,8 @@ CaseSpec RandomSpec(std::mt19937_64& rng) {
   o.scaling_factor = Pick(rng, {1.0, 0.01, 0.0, 2.5});
   o.grad_dtype = Pick(rng, floats);
   o.softmax_scale = Pick(rng, {1.0f, 0.125f, 0.7f});
+  // A scale applies to logits only (weights with another are refused).
+  if (!IsPerHead(spec.form)) o.softmax_scale = 1.0f;
   o.recall_k = Pick(rng, {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{50}});
   return spec;
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/loss.h"
@@ -429,6 +430,23 @@ TEST_P(Validate, RejectsBadSoftmaxScale) {
       SCOPED_TRACE(scale);
       ExpectCreateRejects(c, {"softmax_scale"});
     }
+  }
+}
+
+// Weights are probabilities: a scale of the logits sent with them was meant
+// for logits, and is refused rather than ignored; 1 is the same as none.
+TEST_P(Validate, RejectsASoftmaxScaleWithWeights) {
+  for (bool sparse : {false, true}) {
+    Case c = FullBase(MakeInputForm(sparse, /*per_head=*/false));
+    c.options.softmax_scale = 0.125f;
+    ExpectCreateRejects(c, {"softmax_scale"});
+    EXPECT_TRUE(absl::StrContains(CreateStatus(EncodedCase(c)).message(),
+                                  "scales attention_logits, not "
+                                  "attention_weights"))
+        << CreateStatus(EncodedCase(c));
+    c.options.softmax_scale = 1.0f;
+    EXPECT_TRUE(CreateStatus(EncodedCase(c)).ok())
+        << CreateStatus(EncodedCase(c));
   }
 }
 

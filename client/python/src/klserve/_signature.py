@@ -32,7 +32,8 @@ class ComputeLossOptions:
         query with the first key: their jobs send q_offset=0 when T != S.
     num_keys: S; required with topk_indices (the sparse stage).
     softmax_scale: multiplies the attention logits (default 1); in the
-        projections form, query . key.
+        projections form, query . key. Refused with attention_weights
+        (probabilities), unless 1.
     flavor: "exact" or "maxtext" (or the proto enum value).
     reduction: "mean", "mean_valid" or "sum" (or the proto enum value).
     scaling_factor: c, the loss's factor (default 1).
