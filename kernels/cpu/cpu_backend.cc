@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -162,17 +163,22 @@ absl::Status CpuBackend::ComputeProjectionRows(
         // never wait for one that will not come.
         key_grad.Fold(number, tile.b, folds ? &partial : nullptr);
       },
-      [this, &p] {
+      [this] {
         cpu::RowScratch::ReleaseExcessOfThisThread();
         kernels_.release_projection_scratch();
-        // The tile's buffers, freed, would otherwise stay with the
-        // allocator (tcmalloc keeps what it frees): a wide request's
-        // gigabytes must not outlive it.
-        const int64_t bytes = p.thread_scratch().bytes;
-        if (bytes > cpu::RowScratch::kRetainedBytes) {
-          cpu::ReturnFreedMemory(bytes);
-        }
       });
+  // Every thread has freed its tiles' buffers by now; freed, they would
+  // otherwise stay with the allocator (tcmalloc keeps what it frees), and a
+  // wide request's gigabytes must not outlive it. Once for all threads: the
+  // allocator's free memory is the process's.
+  const int64_t bytes = p.thread_scratch().bytes;
+  if (bytes > cpu::RowScratch::kRetainedBytes) {
+    int64_t all = 0;
+    if (__builtin_mul_overflow(bytes, pool_.num_threads(), &all)) {
+      all = std::numeric_limits<int64_t>::max();
+    }
+    cpu::ReturnFreedMemory(all);
+  }
   return error.status();
 }
 
