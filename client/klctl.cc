@@ -330,6 +330,8 @@ absl::Status Info() {
   std::printf("max_open_streams: %d\n", info.max_open_streams());
   std::printf("max_stream_key_bytes: %lld\n",
               static_cast<long long>(info.max_stream_key_bytes()));
+  std::printf("max_thread_scratch_bytes: %lld\n",
+              static_cast<long long>(info.max_thread_scratch_bytes()));
   std::printf("input_dtypes: %s\n",
               absl::StrJoin(info.input_dtypes(), ",").c_str());
   std::printf("grad_dtypes: %s\n",

@@ -314,6 +314,7 @@ grpc::ServerUnaryReactor* LossService::GetServerInfo(
     info.set_max_concurrent_requests(options.max_concurrent_requests);
     info.set_max_open_streams(options.max_open_streams);
     info.set_max_stream_key_bytes(options.max_stream_key_bytes);
+    info.set_max_thread_scratch_bytes(options.max_thread_scratch_bytes);
     info.set_shared_memory(context_.regions != nullptr);
     for (const char* dtype : {"FP32", "BF16", "FP16"}) {
       info.add_input_dtypes(dtype);

@@ -306,6 +306,7 @@ TEST_F(KlctlTest, InfoPrintsTheBackend) {
   EXPECT_FALSE(kv["version"].empty()) << run.out;
   EXPECT_EQ(kv["max_concurrent_requests"], "8") << run.out;
   EXPECT_EQ(kv["max_stream_key_bytes"], "1073741824") << run.out;
+  EXPECT_EQ(kv["max_thread_scratch_bytes"], "1073741824") << run.out;
   EXPECT_EQ(kv["shared_memory"], "false") << run.out;
 }
 

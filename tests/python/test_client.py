@@ -68,6 +68,8 @@ def test_health_and_server_info(client):
     assert info.max_open_streams > 0
     # The server's default --max_stream_key_bytes: 1 GiB.
     assert info.max_stream_key_bytes == 1 << 30
+    # And --max_thread_scratch_bytes: 1 GiB.
+    assert info.max_thread_scratch_bytes == 1 << 30
     assert set(info.grad_dtypes) >= {"FP32", "BF16", "FP16"}
     assert set(info.input_dtypes) >= {"FP32", "BF16", "FP16"}
 

@@ -125,6 +125,9 @@ class ServerInfo:
     # hold for its key side (--max_stream_key_bytes).
     max_open_streams: int
     max_stream_key_bytes: int
+    # What one compute thread may hold for a tile of a projections-form
+    # request (--max_thread_scratch_bytes).
+    max_thread_scratch_bytes: int
     # Whether it serves shared-memory regions (--shared_memory), to callers
     # on its host.
     shared_memory: bool = False
@@ -471,6 +474,7 @@ class Client:
             grad_dtypes=tuple(r.grad_dtypes),
             max_open_streams=r.max_open_streams,
             max_stream_key_bytes=r.max_stream_key_bytes,
+            max_thread_scratch_bytes=r.max_thread_scratch_bytes,
             shared_memory=r.shared_memory)
 
     def finish_step(self, run: str, step: int) -> StepResult:
