@@ -1,6 +1,7 @@
 #ifndef KLSERVE_KERNELS_ROW_BLOCK_H_
 #define KLSERVE_KERNELS_ROW_BLOCK_H_
 
+#include <array>
 #include <cstdint>
 
 #include "absl/status/statusor.h"
@@ -27,6 +28,24 @@ struct RowBlockBytes {
   const void* mask = nullptr;
   int64_t mask_bytes = 0;
 };
+
+// One tensor of a block: its field, and its layout [heads, n, width] for a
+// block of n rows (absent when the problem does not use it).
+struct BlockTensor {
+  const char* field;
+  bool used;
+  DType dtype;
+  int64_t heads;
+  int64_t width;
+
+  // Its bytes in a block of `rows` rows (0 when unused).
+  int64_t BytesOf(int64_t rows) const {
+    return used ? heads * rows * width * DTypeSize(dtype) : 0;
+  }
+};
+
+// The block tensors of `problem`: target, scores, indices, mask.
+std::array<BlockTensor, 4> BlockTensorsOf(const IndexerKlProblem& problem);
 
 // Views of a block of rows `rows` of `problem`, after checking that the rows
 // lie within the problem and that each tensor holds exactly its rows' bytes

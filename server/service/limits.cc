@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/row_block.h"
 #include "kernels/status_macros.h"
 #include "proto/request_tensors.h"
 
@@ -77,6 +78,7 @@ int64_t OutputByteSize(int64_t element_bytes,
 
 absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,
                               const v1::OutputRegions& placed,
+                              absl::string_view remedy,
                               const ServerOptions& options) {
   const IndexerKlOptions& o = p.options;
   return CheckOutputsFit(
@@ -87,7 +89,34 @@ absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,
         !placed.has_grad()},
        {"row_kl", o.want_row_kl ? OutputByteSize(sizeof(double), {rows}) : 0,
         !placed.has_row_kl()}},
-      "send the problem with ComputeLossStream", options);
+      remedy, options);
+}
+
+absl::Status CheckOneRowFits(const IndexerKlProblem& p,
+                             const ServerOptions& options) {
+  constexpr absl::string_view kWhy =
+      "a block carries whole rows, so no block of this problem could be sent";
+  int64_t total = 0;
+  const BlockTensor* largest = nullptr;
+  for (const BlockTensor& tensor : BlockTensorsOf(p)) {
+    if (!tensor.used) continue;
+    const int64_t bytes = tensor.BytesOf(1);
+    if (bytes > options.max_tensor_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          tensor.field, ": one row is ", bytes, " bytes, over the limit of ",
+          options.max_tensor_bytes, " (--max_tensor_bytes); ", kWhy));
+    }
+    total += bytes;
+    if (largest == nullptr || bytes > largest->BytesOf(1)) largest = &tensor;
+  }
+  if (total > options.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        largest->field, ": one row's tensors are ", total,
+        " bytes, over the message limit of ", options.max_message_bytes,
+        " (--max_message_bytes); ", kWhy));
+  }
+  return CheckOutputBytes(p, 1, v1::OutputRegions::default_instance(), kWhy,
+                          options);
 }
 
 absl::Status CheckOutputBytes(const ProjectionsProblem& p,

@@ -50,7 +50,15 @@ absl::Status CheckOutputsFit(std::initializer_list<OutputBytes> outputs,
 // row KL), `placed` saying which go to regions (none in a stream).
 absl::Status CheckOutputBytes(const IndexerKlProblem& problem, int64_t rows,
                               const v1::OutputRegions& placed,
+                              absl::string_view remedy,
                               const ServerOptions& options);
+
+// At a stream's header: a block carries whole rows, so one row's tensors
+// must fit the tensor and message limits, and so must its answer; else no
+// block of `problem` could ever be sent (RESOURCE_EXHAUSTED naming the
+// largest tensor).
+absl::Status CheckOneRowFits(const IndexerKlProblem& problem,
+                             const ServerOptions& options);
 
 // The same for a projections problem's outputs: the three gradients, the
 // service's top-k selection, row KL.

@@ -63,8 +63,9 @@ absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
   ASSIGN_OR_RETURN(const RowData rows, WholeRowData(problem, inputs));
   // Outputs placed in regions are not in the message: CheckResponseFits
   // below weighs what is.
-  RETURN_IF_ERROR(CheckOutputBytes(problem, problem.num_rows(),
-                                   request.outputs(), *ctx.options));
+  RETURN_IF_ERROR(CheckOutputBytes(
+      problem, problem.num_rows(), request.outputs(),
+      "send the problem with ComputeLossStream", *ctx.options));
   LossOutputs outputs;
   if (options.want_grad) {
     ASSIGN_OR_RETURN(outputs.grad,

@@ -128,6 +128,7 @@ absl::Status LossStreamReactor::TakeHeader() {
   }
   ASSIGN_OR_RETURN(IndexerKlProblem problem,
                    IndexerKlProblem::Create(inputs, options));
+  RETURN_IF_ERROR(CheckOneRowFits(problem, *context_.options));
   problem_.emplace(std::move(problem));
   computation_.emplace(context_.backends->For(*problem_), *problem_);
   return absl::OkStatus();
@@ -266,7 +267,7 @@ absl::Status LossStreamReactor::TakeBlock() {
     // outputs depend on the rows held back, and are checked as computed.
     RETURN_IF_ERROR(CheckOutputBytes(*problem_, block.num_rows(),
                                      v1::OutputRegions::default_instance(),
-                                     options));
+                                     "send smaller blocks", options));
   }
   if (!admitted.counting) rows_ += block.num_rows();
   blocks_.push_back(

@@ -969,6 +969,43 @@ TEST_F(BadInputTest, HeaderTensorsCountAgainstTheTensorLimit) {
                       grpc::StatusCode::RESOURCE_EXHAUSTED, "row_valid"));
 }
 
+// A block carries whole rows: a stream whose single row could never pass
+// the tensor limit is refused at its header, naming the tensor, where its
+// first block used to be. A row that fits still streams.
+TEST_F(BadInputTest, AStreamWhoseRowCouldNeverBeSentIsRefusedAtItsHeader) {
+  const auto header_status = [&](const ProblemSpec& s) {
+    const v1::ComputeLossRequest request = MakeRequest(s);  // the slicer's
+    absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+    EXPECT_TRUE(slicer.ok()) << Describe(slicer.status());
+    return RunStream(*stub_, {HeaderMessage(*slicer)}).status;
+  };
+  ProblemSpec s;
+  s.name = "wide";
+  s.B = 1, s.T = 2;
+  // Per-head logits: one row is 4 heads x 300 keys x 4 bytes = 4800.
+  s.S = 300, s.H = 4;
+  EXPECT_TRUE(HasCode(header_status(s), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "attention_logits: one row is 4800 bytes"));
+  // Head-aggregated weights: 1100 x 4 = 4400.
+  s.S = 1100, s.H = 0;
+  EXPECT_TRUE(HasCode(header_status(s), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "attention_weights: one row is 4400 bytes"));
+  // bfloat16 inputs of 3000 bytes a row, a float32 gradient of 6000.
+  s.S = 1500, s.target_dtype = s.scores_dtype = "BF16";
+  s.options.set_grad_dtype("FP32");
+  EXPECT_TRUE(HasCode(header_status(s), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "grad: 6000 bytes"));
+  // With a bfloat16 gradient every row fits, and the stream computes.
+  s.options.set_grad_dtype("BF16");
+  const v1::ComputeLossRequest request = MakeRequest(s);
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << Describe(slicer.status());
+  const StreamOutcome streamed =
+      RunStream(*stub_, {HeaderMessage(*slicer), BlockMessage(*slicer, 0, 1),
+                         BlockMessage(*slicer, 1, 1)});
+  EXPECT_TRUE(streamed.status.ok()) << Describe(streamed.status);
+}
+
 TEST_F(BadInputTest, AScalingFactorThatWouldOverflowTheGradientIsRefused) {
   v1::ComputeLossRequest request = Small();
   request.mutable_options()->set_scaling_factor(1e308);
