@@ -49,7 +49,8 @@ absl::Status CheckOptions(const IndexerKlOptions& options) {
                      LargestFinite(options.grad_dtype), ", the largest finite ",
                      DTypeName(options.grad_dtype),
                      " (so that the gradient is finite)"),
-        absl::StrCat(options.grad_scale));
+        absl::StrCat(options.scaling_factor, " * ", options.grad_scale, " = ",
+                     options.scaling_factor * options.grad_scale));
   }
   if (options.recall_k < 0) {
     return Invalid("recall_k", "must be >= 0", absl::StrCat(options.recall_k));

@@ -499,6 +499,18 @@ TEST_P(Validate, GradScaleMustKeepTheGradientFinite) {
       ExpectCreateRejects(c, {"grad_scale"});
     }
   }
+  // The message quotes the product the bound is on, not grad_scale alone.
+  Case over = FullBase(InputForm::kDenseAggregated);
+  over.options.grad_dtype = DType::kFloat16;
+  over.options.scaling_factor = 300;
+  over.options.grad_scale = 300;
+  const EncodedCase encoded_over(over);
+  const absl::Status refused = CreateStatus(encoded_over);
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                "grad_scale: |scaling_factor * grad_scale|"))
+      << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "got 300 * 300 = 90000"))
+      << refused;
   // Without a gradient the bound has nothing to protect.
   Case no_grad = FullBase(InputForm::kDenseAggregated);
   no_grad.options.want_grad = false;
