@@ -1,22 +1,17 @@
 #include "auth/token_file.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "auth/credential_file.h"
+#include "kernels/status_macros.h"
 
 namespace klserve {
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--auth_token_file: cannot read \"", path, "\""));
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  std::string token = buffer.str();
+  // Past this the token is refused for its length below; more is not read.
+  constexpr size_t kMaxFileBytes = 16 * kMaxTokenBytes;
+  ASSIGN_OR_RETURN(std::string token, ReadCredentialFile("--auth_token_file",
+                                                         path, kMaxFileBytes));
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) {
     token.pop_back();
   }

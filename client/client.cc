@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <climits>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -14,6 +12,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "auth/credential_file.h"
 #include "client/call_status.h"
 #include "client/stream_codec.h"
 #include "client/tensor_util.h"
@@ -36,18 +35,6 @@ void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
     context.AddMetadata("authorization",
                         absl::StrCat("Bearer ", options.auth_token));
   }
-}
-
-absl::StatusOr<std::string> ReadFile(absl::string_view field,
-                                     const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  if (in) buffer << in.rdbuf();
-  if (!in || buffer.str().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ClientOptions.", field, ": cannot read \"", path, "\" (or empty)"));
-  }
-  return buffer.str();
 }
 
 // A web URL ("http://host:port") is no gRPC target: gRPC would take it all
@@ -86,13 +73,16 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
         "ClientOptions.tls_cert_file, tls_key_file: set both or neither");
   }
   grpc::SslCredentialsOptions ssl;
-  ASSIGN_OR_RETURN(ssl.pem_root_certs,
-                   ReadFile("tls_ca_file", options.tls_ca_file));
+  ASSIGN_OR_RETURN(
+      ssl.pem_root_certs,
+      ReadCredentialFile("ClientOptions.tls_ca_file", options.tls_ca_file));
   if (!options.tls_cert_file.empty()) {
     ASSIGN_OR_RETURN(ssl.pem_cert_chain,
-                     ReadFile("tls_cert_file", options.tls_cert_file));
-    ASSIGN_OR_RETURN(ssl.pem_private_key,
-                     ReadFile("tls_key_file", options.tls_key_file));
+                     ReadCredentialFile("ClientOptions.tls_cert_file",
+                                        options.tls_cert_file));
+    ASSIGN_OR_RETURN(
+        ssl.pem_private_key,
+        ReadCredentialFile("ClientOptions.tls_key_file", options.tls_key_file));
   }
   if (!options.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls_server_name);

@@ -5,9 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "auth/credential_file.h"
 #include "auth/token_file.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -33,18 +32,6 @@
 
 namespace klserve::server {
 namespace {
-
-absl::StatusOr<std::string> ReadPemFile(absl::string_view flag,
-                                        const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  if (in) buffer << in.rdbuf();
-  if (!in || buffer.str().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": cannot read \"", path, "\" (or empty)"));
-  }
-  return buffer.str();
-}
 
 // The transport: plaintext, TLS, or mutual TLS. `with_token`: credentials
 // that take the token check.
@@ -73,13 +60,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TransportCredentials(
       GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
   ASSIGN_OR_RETURN(pair.cert_chain,
-                   ReadPemFile("tls_cert", options.tls_cert_file));
+                   ReadCredentialFile("--tls_cert", options.tls_cert_file));
   ASSIGN_OR_RETURN(pair.private_key,
-                   ReadPemFile("tls_key", options.tls_key_file));
+                   ReadCredentialFile("--tls_key", options.tls_key_file));
   ssl.pem_key_cert_pairs.push_back(std::move(pair));
   if (!options.tls_client_ca_file.empty()) {
-    ASSIGN_OR_RETURN(ssl.pem_root_certs,
-                     ReadPemFile("tls_client_ca", options.tls_client_ca_file));
+    ASSIGN_OR_RETURN(
+        ssl.pem_root_certs,
+        ReadCredentialFile("--tls_client_ca", options.tls_client_ca_file));
     ssl.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }

@@ -1,0 +1,75 @@
+#include "auth/credential_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace klserve {
+namespace {
+
+absl::Status Unreadable(absl::string_view field, const std::string& path,
+                        absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": cannot read \"", path, "\": ", why));
+}
+
+// Closes the descriptor on every return.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadCredentialFile(absl::string_view field,
+                                               const std::string& path,
+                                               size_t max_bytes) {
+  // Non-blocking, so that opening a FIFO with no writer returns at once;
+  // it is then refused as not a regular file.
+  const FileDescriptor fd(
+      open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) return Unreadable(field, path, std::strerror(errno));
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) {
+    return Unreadable(field, path, std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return Unreadable(field, path, "not a regular file");
+  }
+  // One byte past the bound tells a file at the bound from a longer one,
+  // whatever st_size said when it was opened.
+  std::string content(max_bytes + 1, '\0');
+  size_t size = 0;
+  while (size < content.size()) {
+    const ssize_t n =
+        read(fd.get(), content.data() + size, content.size() - size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Unreadable(field, path, std::strerror(errno));
+    if (n == 0) break;
+    size += static_cast<size_t>(n);
+  }
+  if (size > max_bytes) {
+    return Unreadable(field, path,
+                      absl::StrCat("larger than ", max_bytes, " bytes"));
+  }
+  if (size == 0) return Unreadable(field, path, "empty");
+  content.resize(size);
+  return content;
+}
+
+}  // namespace klserve

@@ -1,0 +1,90 @@
+// The bounded reader of credential files (auth/credential_file.h): what a
+// flag may point at by mistake or by malice is refused at once, without
+// reading it whole or waiting on it.
+
+#include "auth/credential_file.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+
+namespace klserve {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "klserve_credential_" + name;
+}
+
+std::string WriteTemp(const std::string& name, const std::string& content) {
+  const std::string path = TempPath(name);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
+  return path;
+}
+
+// INVALID_ARGUMENT naming the field and the file, with `words` in it.
+void ExpectRefused(const std::string& path, const std::string& words,
+                   size_t max_bytes = kMaxCredentialFileBytes) {
+  const absl::StatusOr<std::string> read =
+      ReadCredentialFile("--tls_cert", path, max_bytes);
+  ASSERT_FALSE(read.ok()) << "read " << read->size() << " bytes";
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(read.status().message(),
+                               "--tls_cert: cannot read \"" + path + "\""))
+      << read.status();
+  EXPECT_TRUE(absl::StrContains(read.status().message(), words))
+      << read.status();
+}
+
+TEST(ReadCredentialFileTest, ReadsARegularFileAndASymlinkToOne) {
+  const std::string path = WriteTemp("pem", "-----BEGIN\x01\n");
+  absl::StatusOr<std::string> read = ReadCredentialFile("--tls_cert", path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "-----BEGIN\x01\n");
+  // Kubernetes mounts a secret's files as symlinks.
+  const std::string link = TempPath("link");
+  unlink(link.c_str());
+  ASSERT_EQ(symlink(path.c_str(), link.c_str()), 0);
+  read = ReadCredentialFile("--tls_cert", link);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "-----BEGIN\x01\n");
+}
+
+TEST(ReadCredentialFileTest, TheBoundIsInclusive) {
+  const std::string path = WriteTemp("bound", std::string(100, 'a'));
+  const absl::StatusOr<std::string> read =
+      ReadCredentialFile("--tls_cert", path, 100);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->size(), 100u);
+  ExpectRefused(path, "larger than 99 bytes", 99);
+}
+
+TEST(ReadCredentialFileTest, RefusesMissingEmptyAndDirectories) {
+  ExpectRefused(TempPath("no/such/file"), "No such file");
+  ExpectRefused(WriteTemp("empty", ""), "empty");
+  ExpectRefused(::testing::TempDir(), "not a regular file");
+}
+
+// /dev/zero never ends: read whole, it filled the memory until the server
+// was killed.
+TEST(ReadCredentialFileTest, RefusesAnEndlessDeviceWithoutReadingIt) {
+  ExpectRefused("/dev/zero", "not a regular file");
+}
+
+// A FIFO with no writer used to block the server's start forever, SIGTERM
+// included.
+TEST(ReadCredentialFileTest, RefusesAFifoWithoutWaitingForAWriter) {
+  const std::string path = TempPath("fifo");
+  unlink(path.c_str());
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  ExpectRefused(path, "not a regular file");
+  unlink(path.c_str());
+}
+
+}  // namespace
+}  // namespace klserve
