@@ -98,7 +98,7 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(
                      " bytes (", strerror(error), ")"));
   }
   std::unique_ptr<MappedRegion> region(
-      new MappedRegion(fd, mapping, map_size,
+      new MappedRegion(fd, st.st_dev, st.st_ino, mapping, map_size,
                        static_cast<std::byte*>(mapping) + (offset - map_offset),
                        end, byte_size));
   absl::StatusOr<int> slot = Guard(mapping, map_size, &region->damaged_);
@@ -115,7 +115,15 @@ MappedRegion::~MappedRegion() {
 
 absl::Status MappedRegion::CheckIntact(absl::string_view name) const {
   struct stat st;
-  if (!damaged_.load(std::memory_order_relaxed) && fstat(fd_, &st) == 0 &&
+  const bool stated = fstat(fd_, &st) == 0;
+  if (stated && st.st_nlink == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "region '", name, "': its shared-memory object was removed from ",
+        "/dev/shm after it was registered; the call's outputs are void; ",
+        "register the region again (a new object under the same key is ",
+        "mapped then)"));
+  }
+  if (stated && !damaged_.load(std::memory_order_relaxed) &&
       st.st_size >= end_) {
     return absl::OkStatus();
   }
@@ -123,6 +131,14 @@ absl::Status MappedRegion::CheckIntact(absl::string_view name) const {
       "region '", name, "': its shared-memory object shrank below the ",
       "region (", end_, " bytes); the call's outputs are void; unregister ",
       "it and register a new one"));
+}
+
+bool MappedRegion::IsObjectAt(absl::string_view key) const {
+  struct stat st;
+  const std::string path = absl::StrCat("/dev/shm/", key);
+  // lstat: a symlink planted under the key is not the object either.
+  return lstat(path.c_str(), &st) == 0 && st.st_dev == device_ &&
+         st.st_ino == inode_;
 }
 
 }  // namespace klserve::server

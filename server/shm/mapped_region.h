@@ -4,6 +4,8 @@
 // One registered region's bytes, mapped read-write into the server: a slice
 // of a POSIX shared-memory object that a client on this host created.
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -40,23 +42,34 @@ class MappedRegion {
   int64_t byte_size() const { return byte_size_; }
 
   // FAILED_PRECONDITION naming the region when its object no longer holds
-  // all of it: it shrank, now or while a call read it (fault_guard.h). A
-  // damaged region stays damaged.
+  // all of it: it shrank, now or while a call read it (fault_guard.h), or it
+  // was removed from /dev/shm, so that what the client writes under its key
+  // now (a job restarted, say) is another object. A damaged region stays
+  // damaged.
   absl::Status CheckIntact(absl::string_view name) const;
+  // Whether /dev/shm/<key> is still the object this maps (not removed, nor
+  // replaced by a new one under the same key).
+  bool IsObjectAt(absl::string_view key) const;
   // Whether a call found the object shrunk under it (fault_guard.h).
   bool damaged() const { return damaged_.load(std::memory_order_relaxed); }
 
  private:
-  MappedRegion(int fd, void* mapping, size_t mapping_size, std::byte* data,
-               int64_t end, int64_t byte_size)
+  MappedRegion(int fd, dev_t device, ino_t inode, void* mapping,
+               size_t mapping_size, std::byte* data, int64_t end,
+               int64_t byte_size)
       : fd_(fd),
+        device_(device),
+        inode_(inode),
         mapping_(mapping),
         mapping_size_(mapping_size),
         data_(data),
         end_(end),
         byte_size_(byte_size) {}
 
-  int fd_;         // kept open to see the object's size when a call starts
+  int fd_;  // kept open to see the object's size when a call starts
+  // The object's identity, to tell it from another under the same key.
+  dev_t device_;
+  ino_t inode_;
   void* mapping_;  // from the page below the offset
   size_t mapping_size_;
   std::byte* data_;

@@ -65,6 +65,9 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
   RETURN_IF_ERROR(CheckPlainName("key", key, kMaxRegionKeyBytes));
   // Before any bytes are reserved for it below.
   RETURN_IF_ERROR(MappedRegion::CheckBounds(offset, byte_size));
+  // A registration this call replaces, unmapped after the locks (see
+  // Unregister).
+  std::shared_ptr<Entry> replaced;
   {
     absl::MutexLock lock(&mu_);
     if (auto it = regions_.find(name); it != regions_.end()) {
@@ -81,8 +84,23 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
             "name: region '", name, "' is damaged (its object shrank under ",
             "a call); unregister it and register it again"));
       }
-      held.last_used = absl::Now();
-      return limits_.lease;
+      if (held.mapping->IsObjectAt(key)) {
+        held.last_used = absl::Now();
+        return limits_.lease;
+      }
+      // The object under the key was removed or replaced since (a job that
+      // restarted with a fixed key): renewing would keep serving the old
+      // bytes, so the registration maps the object there now.
+      if (held.users > 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "name: region '", name, "' maps an object that /dev/shm/", key,
+            " no longer is (removed or replaced), and ", held.users,
+            " call(s) use it; register it again once they finish"));
+      }
+      mapped_bytes_ -= held.mapping->byte_size();
+      replaced = std::move(it->second);
+      regions_.erase(it);
+      Changed();
     }
     RETURN_IF_ERROR(CheckRoomForOneMore());
     if (byte_size > limits_.max_bytes - mapped_bytes_) {
@@ -110,7 +128,8 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
     mapped_bytes_ -= byte_size;
     const Entry& held = *it->second;
     if (held.key == key && held.offset == offset &&
-        held.mapping->byte_size() == byte_size) {
+        held.mapping->byte_size() == byte_size &&
+        held.mapping->IsObjectAt(key)) {
       return limits_.lease;  // the same registration: a renewal
     }
     return absl::AlreadyExistsError(

@@ -608,6 +608,41 @@ TEST_F(SharedMemoryTest, AnObjectShrunkUnderTheServerFailsTheCallOnly) {
   EXPECT_TRUE(Unregister("shrinks").ok());
 }
 
+// A job that restarts with a fixed key: its new object under the old key is
+// not what the server mapped. Calls on the old registration fail rather
+// than read the removed object; registering again maps the new one.
+TEST_F(SharedMemoryTest, AnObjectReplacedUnderItsKeyIsNeverServedStale) {
+  Start();
+  ProblemSpec spec = SparseSpec();
+  const v1::ComputeLossRequest first = MakeRequest(spec);
+  spec.seed = 92;
+  const v1::ComputeLossRequest second = MakeRequest(spec);
+  auto old_object = std::make_unique<ShmObject>(1 << 20);
+  const std::string key = old_object->key();
+  ASSERT_TRUE(Register("job", key, 0, 1 << 20).ok());
+  v1::ComputeLossRequest request = first;
+  RegionLayout old_layout(*old_object, "job");
+  MoveAllIn(request, old_layout);
+  ASSERT_TRUE(client().ComputeLossUnary(request).ok());
+
+  old_object->Unlink();
+  ShmObject new_object(1 << 20, key);
+  request = second;
+  RegionLayout new_layout(new_object, "job");
+  MoveAllIn(request, new_layout);
+  ExpectCode(client().ComputeLossUnary(request).status(),
+             absl::StatusCode::kFailedPrecondition, "region 'job'");
+  ASSERT_TRUE(Register("job", key, 0, 1 << 20).ok());
+  absl::StatusOr<v1::ComputeLossResponse> through_region =
+      client().ComputeLossUnary(request);
+  ASSERT_TRUE(through_region.ok()) << Describe(through_region.status());
+  absl::StatusOr<v1::ComputeLossResponse> expected =
+      client().ComputeLossUnary(second);
+  ASSERT_TRUE(expected.ok()) << Describe(expected.status());
+  EXPECT_TRUE(SameResponse(*expected, *through_region));
+  EXPECT_TRUE(Unregister("job").ok());
+}
+
 // A client rewriting its inputs while the server reads them gets an error
 // or a finite answer, never a crash, whatever it writes: NaN, infinities,
 // garbage indices.

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -182,6 +183,46 @@ TEST(RegionRegistry, AnObjectShrinkingUnderTheMappingIsCaught) {
   // Re-registering the same values does not renew a damaged region.
   ExpectError(registry.Register("r", object.key(), 0, 3 * 4096).status(),
               absl::StatusCode::kFailedPrecondition, "name:");
+}
+
+// A job that restarts with a fixed key removes its object and makes a new
+// one under the same key. Its calls on the old registration are refused
+// (what it writes now is not what is mapped), and registering the same
+// values again maps the new object, where a renewal used to keep the old.
+TEST(RegionRegistry, AnObjectReplacedUnderItsKeyIsMappedAnew) {
+  auto old_object = std::make_unique<ShmObject>(4096);
+  const std::string key = old_object->key();
+  old_object->data()[0] = std::byte{1};
+  RegionRegistry registry(RegionLimits{.max_bytes = 4096});
+  ASSERT_TRUE(registry.Register("r", key, 0, 4096).ok());
+  old_object->Unlink();
+  {
+    absl::StatusOr<RegionUse> use = registry.Use("x", "r");
+    ASSERT_TRUE(use.ok());
+    const absl::Status removed = use->CheckIntact();
+    EXPECT_EQ(removed.code(), absl::StatusCode::kFailedPrecondition) << removed;
+    EXPECT_TRUE(absl::StrContains(removed.message(), "was removed")) << removed;
+  }
+  ShmObject new_object(4096, key);
+  new_object.data()[0] = std::byte{2};
+  {
+    // Not while a call holds the old mapping.
+    absl::StatusOr<RegionUse> use = registry.Use("x", "r");
+    ASSERT_TRUE(use.ok());
+    ExpectError(registry.Register("r", key, 0, 4096).status(),
+                absl::StatusCode::kFailedPrecondition, "name:");
+  }
+  // Within --max_region_bytes: the old mapping's bytes are given back.
+  ASSERT_TRUE(registry.Register("r", key, 0, 4096).ok());
+  absl::StatusOr<RegionUse> use = registry.Use("x", "r");
+  ASSERT_TRUE(use.ok());
+  EXPECT_TRUE(use->CheckIntact().ok()) << use->CheckIntact();
+  EXPECT_EQ(use->data()[0], std::byte{2});
+  use->data()[1] = std::byte{3};
+  EXPECT_EQ(new_object.data()[1], std::byte{3});
+  ASSERT_EQ(registry.List().size(), 1u);
+  // With the object unchanged, registering again is a renewal.
+  EXPECT_TRUE(registry.Register("r", key, 0, 4096).ok());
 }
 
 // A SIGBUS that no access raised (kill) is not taken for a fault in a

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -20,9 +21,12 @@ namespace klserve::testing_shm {
 
 class ShmObject {
  public:
-  explicit ShmObject(int64_t byte_size) : byte_size_(byte_size) {
-    static std::atomic<int> serial{0};
-    key_ = absl::StrCat("klserve-test-", getpid(), "-", serial++);
+  explicit ShmObject(int64_t byte_size)
+      : ShmObject(byte_size,
+                  absl::StrCat("klserve-test-", getpid(), "-", NextSerial())) {}
+  // Under a key of the test's choosing, which must be free.
+  ShmObject(int64_t byte_size, std::string key)
+      : byte_size_(byte_size), key_(std::move(key)) {
     const std::string name = "/" + key_;
     fd_ = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     EXPECT_GE(fd_, 0) << name;
@@ -35,7 +39,7 @@ class ShmObject {
   ~ShmObject() {
     munmap(data_, byte_size_);
     close(fd_);
-    shm_unlink(("/" + key_).c_str());
+    if (linked_) shm_unlink(("/" + key_).c_str());
   }
   ShmObject(const ShmObject&) = delete;
   ShmObject& operator=(const ShmObject&) = delete;
@@ -45,12 +49,24 @@ class ShmObject {
   int64_t byte_size() const { return byte_size_; }
   // Shrinks (or grows) the object under whoever has it mapped.
   void Truncate(int64_t bytes) { ASSERT_EQ(ftruncate(fd_, bytes), 0); }
+  // Removes its name from /dev/shm, as a client does at exit; whoever has
+  // it mapped keeps the bytes, and the key is free for a new object.
+  void Unlink() {
+    ASSERT_EQ(shm_unlink(("/" + key_).c_str()), 0);
+    linked_ = false;
+  }
 
  private:
+  static int NextSerial() {
+    static std::atomic<int> serial{0};
+    return serial++;
+  }
+
   int64_t byte_size_;
   std::string key_;
   int fd_ = -1;
   std::byte* data_ = nullptr;
+  bool linked_ = true;
 };
 
 }  // namespace klserve::testing_shm
