@@ -1,8 +1,10 @@
 #include "server/service/limits.h"
 
+#include <array>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "kernels/row_block.h"
 #include "kernels/status_macros.h"
 #include "proto/request_tensors.h"
@@ -10,11 +12,13 @@
 namespace klserve::server {
 
 absl::Status CheckTensorBytes(absl::string_view field, int64_t bytes,
-                              const ServerOptions& options) {
+                              const ServerOptions& options,
+                              absl::string_view why) {
   if (bytes <= options.max_tensor_bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(
       absl::StrCat(field, ": ", bytes, " bytes is over the limit of ",
-                   options.max_tensor_bytes, " (--max_tensor_bytes)"));
+                   options.max_tensor_bytes, " (--max_tensor_bytes)",
+                   why.empty() ? "" : "; ", why));
 }
 
 namespace {
@@ -96,22 +100,32 @@ absl::Status CheckOneRowFits(const IndexerKlProblem& p,
                              const ServerOptions& options) {
   constexpr absl::string_view kWhy =
       "a block carries whole rows, so no block of this problem could be sent";
-  int64_t total = 0;
+  using google::protobuf::io::CodedOutputStream;
+  // The smallest block message, as gRPC weighs it (its protobuf encoding):
+  // one row, with the last row's row_begin, the widest varint a block of
+  // this problem needs.
+  const int64_t last_row = p.num_rows() - 1;
+  int64_t block = 2;  // num_rows = 1
+  if (last_row > 0) {
+    block +=
+        1 + CodedOutputStream::VarintSize64(static_cast<uint64_t>(last_row));
+  }
   const BlockTensor* largest = nullptr;
-  for (const BlockTensor& tensor : BlockTensorsOf(p)) {
+  const std::array<BlockTensor, 4> tensors = BlockTensorsOf(p);
+  for (const BlockTensor& tensor : tensors) {
     if (!tensor.used) continue;
     const int64_t bytes = tensor.BytesOf(1);
-    if (bytes > options.max_tensor_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          tensor.field, ": one row is ", bytes, " bytes, over the limit of ",
-          options.max_tensor_bytes, " (--max_tensor_bytes); ", kWhy));
-    }
-    total += bytes;
+    RETURN_IF_ERROR(CheckTensorBytes(absl::StrCat(tensor.field, " (one row)"),
+                                     bytes, options, kWhy));
+    block += 1 + CodedOutputStream::VarintSize64(static_cast<uint64_t>(bytes)) +
+             bytes;
     if (largest == nullptr || bytes > largest->BytesOf(1)) largest = &tensor;
   }
-  if (total > options.max_message_bytes) {
+  const int64_t message =
+      1 + CodedOutputStream::VarintSize64(static_cast<uint64_t>(block)) + block;
+  if (message > options.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        largest->field, ": one row's tensors are ", total,
+        largest->field, ": a block of one row encodes to ", message,
         " bytes, over the message limit of ", options.max_message_bytes,
         " (--max_message_bytes); ", kWhy));
   }

@@ -13,9 +13,11 @@
 
 namespace klserve::server {
 
-// RESOURCE_EXHAUSTED when a tensor of `bytes` is over --max_tensor_bytes.
+// RESOURCE_EXHAUSTED when a tensor of `bytes` is over --max_tensor_bytes;
+// `why`, when given, ends the message.
 absl::Status CheckTensorBytes(absl::string_view field, int64_t bytes,
-                              const ServerOptions& options);
+                              const ServerOptions& options,
+                              absl::string_view why = "");
 
 // Every tensor a whole request carries, against --max_tensor_bytes.
 absl::Status CheckInputBytes(const IndexerKlInputs& inputs,

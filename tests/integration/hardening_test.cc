@@ -855,6 +855,15 @@ TEST(ProjectionsAmplificationTest, ATileOverTheThreadScratchLimitIsRefused) {
 // ---------------------------------------------------------------------------
 // Items 6, 12, 13, 15, 16: requests that were answered wrongly or badly.
 
+// The status of a stream that sends only the header of `spec`'s request.
+grpc::Status HeaderStatus(v1::IndexerKl::Stub& stub, const ProblemSpec& spec) {
+  const v1::ComputeLossRequest request = MakeRequest(spec);  // the slicer's
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  EXPECT_TRUE(slicer.ok()) << Describe(slicer.status());
+  if (!slicer.ok()) return grpc::Status::CANCELLED;
+  return RunStream(stub, {HeaderMessage(*slicer)}).status;
+}
+
 class BadInputTest : public ServerTest {
  protected:
   void SetUp() override {
@@ -970,30 +979,27 @@ TEST_F(BadInputTest, HeaderTensorsCountAgainstTheTensorLimit) {
 }
 
 // A block carries whole rows: a stream whose single row could never pass
-// the tensor limit is refused at its header, naming the tensor, where its
-// first block used to be. A row that fits still streams.
+// the tensor or message limit is refused at its header, naming the tensor,
+// where its first block used to be. A row that fits still streams.
 TEST_F(BadInputTest, AStreamWhoseRowCouldNeverBeSentIsRefusedAtItsHeader) {
-  const auto header_status = [&](const ProblemSpec& s) {
-    const v1::ComputeLossRequest request = MakeRequest(s);  // the slicer's
-    absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
-    EXPECT_TRUE(slicer.ok()) << Describe(slicer.status());
-    return RunStream(*stub_, {HeaderMessage(*slicer)}).status;
-  };
   ProblemSpec s;
   s.name = "wide";
   s.B = 1, s.T = 2;
   // Per-head logits: one row is 4 heads x 300 keys x 4 bytes = 4800.
   s.S = 300, s.H = 4;
-  EXPECT_TRUE(HasCode(header_status(s), grpc::StatusCode::RESOURCE_EXHAUSTED,
-                      "attention_logits: one row is 4800 bytes"));
+  EXPECT_TRUE(HasCode(HeaderStatus(*stub_, s),
+                      grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "attention_logits (one row): 4800 bytes"));
   // Head-aggregated weights: 1100 x 4 = 4400.
   s.S = 1100, s.H = 0;
-  EXPECT_TRUE(HasCode(header_status(s), grpc::StatusCode::RESOURCE_EXHAUSTED,
-                      "attention_weights: one row is 4400 bytes"));
+  EXPECT_TRUE(HasCode(HeaderStatus(*stub_, s),
+                      grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "attention_weights (one row): 4400 bytes"));
   // bfloat16 inputs of 3000 bytes a row, a float32 gradient of 6000.
   s.S = 1500, s.target_dtype = s.scores_dtype = "BF16";
   s.options.set_grad_dtype("FP32");
-  EXPECT_TRUE(HasCode(header_status(s), grpc::StatusCode::RESOURCE_EXHAUSTED,
+  EXPECT_TRUE(HasCode(HeaderStatus(*stub_, s),
+                      grpc::StatusCode::RESOURCE_EXHAUSTED,
                       "grad: 6000 bytes"));
   // With a bfloat16 gradient every row fits, and the stream computes.
   s.options.set_grad_dtype("BF16");
@@ -1003,6 +1009,43 @@ TEST_F(BadInputTest, AStreamWhoseRowCouldNeverBeSentIsRefusedAtItsHeader) {
   const StreamOutcome streamed =
       RunStream(*stub_, {HeaderMessage(*slicer), BlockMessage(*slicer, 0, 1),
                          BlockMessage(*slicer, 1, 1)});
+  EXPECT_TRUE(streamed.status.ok()) << Describe(streamed.status);
+}
+
+// Each tensor of a row within the tensor limit, but not the row's block
+// within the message limit, counted as gRPC counts it: the encoding of the
+// tensors (4000 + 4000 bytes) with their framing.
+TEST(OneRowMessageTest, ARowWhoseBlockCannotFitAMessageIsRefusedAtTheHeader) {
+  ProblemSpec s;
+  s.name = "row-message";
+  s.B = 1, s.T = 2, s.S = 1000, s.H = 0;
+  s.options.set_skip_grad(true);
+  const auto header_status = [&](int64_t max_message_bytes) {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::Start(
+            {"--max_message_bytes=" + std::to_string(max_message_bytes)});
+    EXPECT_TRUE(server.ok()) << Describe(server.status());
+    if (!server.ok()) return grpc::Status::CANCELLED;
+    return HeaderStatus(*MakeStub((*server)->target()), s);
+  };
+  // The block: row_begin (up to 1: 2 bytes), num_rows (2), the two tensors
+  // (1 + 2 + 4000 each), the message's own tag and length (1 + 2).
+  constexpr int64_t kBlockMessage = 2 + 2 + 2 * (1 + 2 + 4000) + 1 + 2;
+  EXPECT_TRUE(HasCode(header_status(kBlockMessage - 1),
+                      grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "attention_weights: a block of one row encodes to 8013 "
+                      "bytes"));
+  // At the limit exactly the rows stream one by one.
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      {"--max_message_bytes=" + std::to_string(kBlockMessage)});
+  ASSERT_TRUE(server.ok()) << Describe(server.status());
+  const v1::ComputeLossRequest request = MakeRequest(s);
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << Describe(slicer.status());
+  const StreamOutcome streamed =
+      RunStream(*MakeStub((*server)->target()),
+                {HeaderMessage(*slicer), BlockMessage(*slicer, 0, 1),
+                 BlockMessage(*slicer, 1, 1)});
   EXPECT_TRUE(streamed.status.ok()) << Describe(streamed.status);
 }
 
