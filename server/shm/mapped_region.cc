@@ -113,24 +113,23 @@ MappedRegion::~MappedRegion() {
   close(fd_);
 }
 
-absl::Status MappedRegion::CheckIntact(absl::string_view name) const {
+absl::Status MappedRegion::CheckIntact(absl::string_view name,
+                                       absl::string_view key) const {
   struct stat st;
-  const bool stated = fstat(fd_, &st) == 0;
-  if (stated && st.st_nlink == 0) {
+  if (damaged_.load(std::memory_order_relaxed) || fstat(fd_, &st) != 0 ||
+      st.st_size < end_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "region '", name, "': its shared-memory object was removed from ",
-        "/dev/shm after it was registered; the call's outputs are void; ",
-        "register the region again (a new object under the same key is ",
-        "mapped then)"));
+        "region '", name, "': its shared-memory object shrank below the ",
+        "region (", end_, " bytes); the call's outputs are void; unregister ",
+        "it and register a new one"));
   }
-  if (stated && !damaged_.load(std::memory_order_relaxed) &&
-      st.st_size >= end_) {
-    return absl::OkStatus();
+  if (!IsObjectAt(key)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "region '", name, "': /dev/shm/", key, " is no longer the object ",
+        "registered (it was removed or replaced); the call's outputs are ",
+        "void; register the region again to map the object there now"));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "region '", name, "': its shared-memory object shrank below the ",
-      "region (", end_, " bytes); the call's outputs are void; unregister ",
-      "it and register a new one"));
+  return absl::OkStatus();
 }
 
 bool MappedRegion::IsObjectAt(absl::string_view key) const {

@@ -42,13 +42,13 @@ class MappedRegion {
   int64_t byte_size() const { return byte_size_; }
 
   // FAILED_PRECONDITION naming the region when its object no longer holds
-  // all of it: it shrank, now or while a call read it (fault_guard.h), or it
-  // was removed from /dev/shm, so that what the client writes under its key
-  // now (a job restarted, say) is another object. A damaged region stays
-  // damaged.
-  absl::Status CheckIntact(absl::string_view name) const;
-  // Whether /dev/shm/<key> is still the object this maps (not removed, nor
-  // replaced by a new one under the same key).
+  // all of it: it shrank, now or while a call read it (fault_guard.h); a
+  // damaged region stays damaged. Or when /dev/shm/<key> is no longer this
+  // object (IsObjectAt): what the client writes under the key now (a job
+  // that restarted, say) is not what the server would read.
+  absl::Status CheckIntact(absl::string_view name, absl::string_view key) const;
+  // Whether /dev/shm/<key> is still the object this maps (not removed,
+  // renamed, nor replaced by a new one under the same key).
   bool IsObjectAt(absl::string_view key) const;
   // Whether a call found the object shrunk under it (fault_guard.h).
   bool damaged() const { return damaged_.load(std::memory_order_relaxed); }

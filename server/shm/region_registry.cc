@@ -30,7 +30,7 @@ std::byte* RegionUse::data() const { return entry_->mapping->data(); }
 int64_t RegionUse::byte_size() const { return entry_->mapping->byte_size(); }
 const std::string& RegionUse::name() const { return entry_->name; }
 absl::Status RegionUse::CheckIntact() const {
-  return entry_->mapping->CheckIntact(entry_->name);
+  return entry_->mapping->CheckIntact(entry_->name, entry_->key);
 }
 
 RegionRegistry::RegionRegistry(const RegionLimits& limits, Observer observer)
@@ -113,6 +113,9 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
     // pass the limit; given back if the mapping fails.
     mapped_bytes_ += byte_size;
   }
+  // Unmapped before the new mapping is made, so that the two never pass
+  // --max_region_bytes together.
+  replaced.reset();
   // Declared before the lock, so that a mapping this call does not keep is
   // unmapped after the lock is released (see Unregister).
   absl::StatusOr<std::unique_ptr<MappedRegion>> mapping =
@@ -127,14 +130,20 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
   if (const auto it = regions_.find(name); it != regions_.end()) {
     mapped_bytes_ -= byte_size;
     const Entry& held = *it->second;
-    if (held.key == key && held.offset == offset &&
-        held.mapping->byte_size() == byte_size &&
-        held.mapping->IsObjectAt(key)) {
-      return limits_.lease;  // the same registration: a renewal
+    if (held.key != key || held.offset != offset ||
+        held.mapping->byte_size() != byte_size) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("name: region '", name, "' was registered with other ",
+                       "values by another call at the same time"));
     }
-    return absl::AlreadyExistsError(
-        absl::StrCat("name: region '", name, "' was registered with other ",
-                     "values by another call at the same time"));
+    if (!held.mapping->IsObjectAt(key)) {
+      // The other call mapped the object that this one's replaced.
+      return absl::AbortedError(absl::StrCat(
+          "name: region '", name, "' was registered by another call at the ",
+          "same time, while /dev/shm/", key, " was replaced; register it ",
+          "again"));
+    }
+    return limits_.lease;  // the same registration: a renewal
   }
   if (absl::Status room = CheckRoomForOneMore(); !room.ok()) {
     mapped_bytes_ -= byte_size;

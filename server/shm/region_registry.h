@@ -84,11 +84,11 @@ class RegionRegistry {
   RegionRegistry& operator=(const RegionRegistry&) = delete;
 
   // Maps and registers; returns the lease. The same name with the same key,
-  // offset and byte_size renews the lease, unless the object under the key
-  // is no longer the one mapped (removed, or replaced by a new one): then
-  // the new one is mapped in its place (FAILED_PRECONDITION while calls use
-  // the old). With other values it is ALREADY_EXISTS. RESOURCE_EXHAUSTED
-  // past the limits.
+  // offset and byte_size renews the lease, unless the key no longer names
+  // the object mapped (removed, renamed or replaced): then the stale
+  // registration is dropped and the key's object now registered as anew
+  // (FAILED_PRECONDITION while calls use the old). With other values it is
+  // ALREADY_EXISTS. RESOURCE_EXHAUSTED past the limits.
   absl::StatusOr<absl::Duration> Register(absl::string_view name,
                                           absl::string_view key, int64_t offset,
                                           int64_t byte_size);

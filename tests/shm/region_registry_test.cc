@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -201,7 +202,8 @@ TEST(RegionRegistry, AnObjectReplacedUnderItsKeyIsMappedAnew) {
     ASSERT_TRUE(use.ok());
     const absl::Status removed = use->CheckIntact();
     EXPECT_EQ(removed.code(), absl::StatusCode::kFailedPrecondition) << removed;
-    EXPECT_TRUE(absl::StrContains(removed.message(), "was removed")) << removed;
+    EXPECT_TRUE(absl::StrContains(removed.message(), "removed or replaced"))
+        << removed;
   }
   ShmObject new_object(4096, key);
   new_object.data()[0] = std::byte{2};
@@ -223,6 +225,28 @@ TEST(RegionRegistry, AnObjectReplacedUnderItsKeyIsMappedAnew) {
   ASSERT_EQ(registry.List().size(), 1u);
   // With the object unchanged, registering again is a renewal.
   EXPECT_TRUE(registry.Register("r", key, 0, 4096).ok());
+}
+
+// An object renamed away keeps its links, but the key no longer names it:
+// the rule is the object under the key, not the object's link count.
+TEST(RegionRegistry, AnObjectRenamedAwayNoLongerServesItsKey) {
+  ShmObject object(4096);
+  RegionRegistry registry(RegionLimits{});
+  ASSERT_TRUE(registry.Register("r", object.key(), 0, 4096).ok());
+  const std::string from = "/dev/shm/" + object.key();
+  const std::string to = from + "-moved";
+  ASSERT_EQ(rename(from.c_str(), to.c_str()), 0);
+  {
+    absl::StatusOr<RegionUse> use = registry.Use("x", "r");
+    ASSERT_TRUE(use.ok());
+    EXPECT_EQ(use->CheckIntact().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  // Nothing under the key now: registering again drops the stale
+  // registration and fails as a new one would.
+  ExpectError(registry.Register("r", object.key(), 0, 4096).status(),
+              absl::StatusCode::kNotFound, "key:");
+  EXPECT_TRUE(registry.List().empty());
+  ASSERT_EQ(rename(to.c_str(), from.c_str()), 0);  // for ShmObject to remove
 }
 
 // A SIGBUS that no access raised (kill) is not taken for a fault in a
