@@ -39,12 +39,20 @@ class FileDescriptor {
 absl::StatusOr<std::string> ReadCredentialFile(absl::string_view field,
                                                const std::string& path,
                                                size_t max_bytes) {
-  // Non-blocking, so that opening a FIFO with no writer returns at once;
-  // it is then refused as not a regular file.
-  const FileDescriptor fd(
-      open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
-  if (fd.get() < 0) return Unreadable(field, path, std::strerror(errno));
+  // stat first: opening some devices does something (a watchdog, a tape),
+  // so what is not a regular file is never opened. The descriptor is
+  // checked again, as the path may change in between; non-blocking, so
+  // that a FIFO put there meanwhile does not wait for a writer.
   struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return Unreadable(field, path, std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return Unreadable(field, path, "not a regular file");
+  }
+  const FileDescriptor fd(
+      open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (fd.get() < 0) return Unreadable(field, path, std::strerror(errno));
   if (fstat(fd.get(), &st) != 0) {
     return Unreadable(field, path, std::strerror(errno));
   }

@@ -2,6 +2,7 @@
 real klserve started with --tls_cert, --tls_key, --tls_client_ca and
 --auth_token_file, with certificates made here by openssl."""
 
+import os
 import subprocess
 
 import grpc
@@ -131,7 +132,11 @@ def test_plaintext_wrong_ca_and_no_client_certificate_are_refused(
     assert "tls_cert_file" in e.details, e.details
 
 
-def test_bad_security_options_name_the_option(pki):
+def test_bad_security_options_name_the_option(pki, tmp_path):
+    fifo = tmp_path / "ca.fifo"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.pem"
+    huge.write_bytes(b"x" * ((1 << 20) + 1))
     cases = [
         (dict(tls_cert_file=str(pki / "client.pem"),
               tls_key_file=str(pki / "client.key")), "need tls_ca_file"),
@@ -140,6 +145,11 @@ def test_bad_security_options_name_the_option(pki):
               tls_cert_file=str(pki / "client.pem")), "set both or neither"),
         (dict(tls_ca_file=str(pki / "missing.pem")), "tls_ca_file: cannot read"),
         (dict(tls_ca_file=str(pki / "empty.pem")), "tls_ca_file: .* is empty"),
+        # Read whole, /dev/zero filled the memory; a FIFO waited for a writer.
+        (dict(tls_ca_file="/dev/zero"), "tls_ca_file: .* not a regular file"),
+        (dict(tls_ca_file=str(fifo)), "tls_ca_file: .* not a regular file"),
+        (dict(tls_ca_file=str(pki)), "tls_ca_file: .* not a regular file"),
+        (dict(tls_ca_file=str(huge)), "tls_ca_file: .* larger than 1048576"),
         (dict(auth_token=""), "auth_token"),
         (dict(auth_token="new\nline"), "auth_token"),
         (dict(auth_token="caf\u00e9"), "auth_token"),

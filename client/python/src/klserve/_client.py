@@ -5,7 +5,9 @@ klserve::Client (client/client.h)."""
 import dataclasses
 import inspect
 import logging
+import os
 import random
+import stat
 import threading
 import time
 import weakref
@@ -171,12 +173,31 @@ class _Attempt:
 _T = TypeVar("_T")
 
 
+# The largest credential file read, as the C++ client's reader bounds it
+# (auth/credential_file.h): a PEM chain of a few dozen certificates.
+_MAX_CREDENTIAL_FILE_BYTES = 1 << 20
+
+
 def _read_file(field: str, path: str) -> bytes:
+    """A regular file's bytes (a symlink to one counts), at most
+    _MAX_CREDENTIAL_FILE_BYTES: a path to /dev/zero must not fill the
+    memory, nor one to a FIFO wait for a writer."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError("%s: cannot read %r: not a regular file" %
+                             (field, path))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY |
+                     os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ValueError("%s: cannot read %r: not a regular file" %
+                                 (field, path))
+            data = f.read(_MAX_CREDENTIAL_FILE_BYTES + 1)
     except OSError as e:
         raise ValueError("%s: cannot read %r: %s" % (field, path, e)) from e
+    if len(data) > _MAX_CREDENTIAL_FILE_BYTES:
+        raise ValueError("%s: cannot read %r: larger than %d bytes" %
+                         (field, path, _MAX_CREDENTIAL_FILE_BYTES))
     if not data.strip():
         raise ValueError("%s: %r is empty" % (field, path))
     return data
