@@ -1,14 +1,10 @@
 #include "server/service/loss_service.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstddef>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/loss.h"
-#include "kernels/non_finite.h"
 #include "kernels/projections_loss.h"
 #include "kernels/projections_problem.h"
 #include "kernels/status_macros.h"
@@ -21,6 +17,7 @@
 #include "server/service/limits.h"
 #include "server/service/loss_stream_reactor.h"
 #include "server/service/loss_tags_from.h"
+#include "server/service/region_answer_checks.h"
 #include "server/service/region_rpcs.h"
 #include "server/service/version.h"
 
@@ -91,29 +88,12 @@ absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
   ASSIGN_OR_RETURN(
       const IndexerKlResult result,
       ComputeIndexerKl(ctx.backends->For(problem), problem, rows, outputs));
-  if (!regions.empty()) {
-    // Checked inputs give a finite gradient and row KL, but bytes the
-    // client rewrote while the kernels read them in several passes may not
-    // (docs/shared-memory.md); such an answer is refused, not sent.
-    const int64_t bad_grad =
-        outputs.grad == nullptr
-            ? -1
-            : FirstNonFinite(
-                  options.grad_dtype,
-                  static_cast<const std::byte*>(outputs.grad),
-                  outputs.grad_byte_size / DTypeSize(options.grad_dtype),
-                  /*infinities_allowed=*/false);
-    const bool bad_row_kl =
-        outputs.row_kl != nullptr &&
-        !std::all_of(outputs.row_kl, outputs.row_kl + outputs.row_kl_size,
-                     [](double kl) { return std::isfinite(kl); });
-    if (bad_grad >= 0 || bad_row_kl) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "region '", regions.first_name(), "': the ",
-          bad_grad >= 0 ? "gradient" : "row KL",
-          " came out NaN or infinite: an input changed while the server read "
-          "it"));
-    }
+  if (!regions.empty() && outputs.grad != nullptr) {
+    // A row KL that is not finite also makes the loss so, which the caller
+    // checks.
+    RETURN_IF_ERROR(CheckGradientFinite(regions.first_name(),
+                                        options.grad_dtype, outputs.grad,
+                                        outputs.grad_byte_size));
   }
   rows_computed = problem.num_rows();
   return result;
@@ -240,21 +220,7 @@ absl::Status ComputeUnary(const ServiceContext& ctx, bool local_caller,
   }
   if (!result.ok()) return result.status();
   if (!regions.empty()) {
-    // Checked inputs give a finite loss and diagnostics; bytes rewritten by
-    // the client while the server read them may not (docs/shared-memory.md).
-    const std::optional<Diagnostics>& d = result->diagnostics;
-    const bool finite =
-        std::isfinite(result->loss) && std::isfinite(result->unscaled_loss) &&
-        (!d.has_value() || (std::isfinite(d->mean_entropy_p) &&
-                            std::isfinite(d->mean_entropy_q) &&
-                            std::isfinite(d->topk_recall.value_or(0))));
-    if (!finite) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "region '", regions.first_name(), "': the loss came out ",
-          result->loss,
-          " (or a diagnostic NaN or infinite): an input changed while the "
-          "server read it"));
-    }
+    RETURN_IF_ERROR(CheckResultFinite(regions.first_name(), *result));
   }
   ResultTo(*result, response.mutable_result());
   RETURN_IF_ERROR(EncodeMessage(response, out));
