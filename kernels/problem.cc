@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/status_macros.h"
 #include "kernels/tensor_checks.h"
@@ -49,8 +50,11 @@ absl::Status CheckOptions(const IndexerKlOptions& options) {
                      LargestFinite(options.grad_dtype), ", the largest finite ",
                      DTypeName(options.grad_dtype),
                      " (so that the gradient is finite)"),
-        absl::StrCat(options.scaling_factor, " * ", options.grad_scale, " = ",
-                     options.scaling_factor * options.grad_scale));
+        // All 17 digits: a product just past the bound must not print as
+        // the bound.
+        absl::StrFormat("%.17g * %.17g = %.17g", options.scaling_factor,
+                        options.grad_scale,
+                        options.scaling_factor * options.grad_scale));
   }
   if (options.recall_k < 0) {
     return Invalid("recall_k", "must be >= 0", absl::StrCat(options.recall_k));

@@ -511,6 +511,13 @@ TEST_P(Validate, GradScaleMustKeepTheGradientFinite) {
       << refused;
   EXPECT_TRUE(absl::StrContains(refused.message(), "got 300 * 300 = 90000"))
       << refused;
+  // Just past the bound, the product prints past it.
+  over.options.scaling_factor = 1;
+  over.options.grad_scale = 65504.000000000015;
+  const EncodedCase just_over(over);
+  EXPECT_TRUE(absl::StrContains(CreateStatus(just_over).message(),
+                                "= 65504.000000000015"))
+      << CreateStatus(just_over);
   // Without a gradient the bound has nothing to protect.
   Case no_grad = FullBase(InputForm::kDenseAggregated);
   no_grad.options.want_grad = false;
