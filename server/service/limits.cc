@@ -105,7 +105,8 @@ absl::Status CheckOneRowFits(const IndexerKlProblem& p,
   // one row, with the last row's row_begin, the widest varint a block of
   // this problem needs.
   const int64_t last_row = p.num_rows() - 1;
-  int64_t block = 2;  // num_rows = 1
+  int64_t block = 2;                           // num_rows = 1
+  if (!p.denominator.has_value()) block += 2;  // counting = true, first pass
   if (last_row > 0) {
     block +=
         1 + CodedOutputStream::VarintSize64(static_cast<uint64_t>(last_row));

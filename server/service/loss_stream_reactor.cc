@@ -91,6 +91,30 @@ void KeepRows(int64_t rows, int64_t row_bytes, v1::Tensor* tensor) {
   tensor->mutable_data()->resize(rows * row_bytes);
 }
 
+// The answer to a logits-form block of rows `rows` in `response`: its
+// GradBlock, with the gradient and row KL the computation writes (none for
+// a block of the counting pass).
+LossOutputs AllocateBlockAnswer(const IndexerKlProblem& p, RowRange rows,
+                                bool counting,
+                                v1::ComputeLossStreamResponse& response) {
+  const IndexerKlOptions& options = p.options;
+  v1::GradBlock* out = response.mutable_grad_block();
+  out->set_row_begin(rows.begin);
+  out->set_num_rows(rows.size());
+  LossOutputs outputs;
+  if (!counting && options.want_grad) {
+    outputs.grad = AllocateTensor(
+        options.grad_dtype, {rows.size(), p.row_length}, out->mutable_grad());
+    outputs.grad_byte_size = static_cast<int64_t>(out->grad().data().size());
+  }
+  if (!counting && options.want_row_kl) {
+    outputs.row_kl =
+        AllocateFloat64Tensor({rows.size()}, out->mutable_row_kl());
+    outputs.row_kl_size = rows.size();
+  }
+  return outputs;
+}
+
 }  // namespace
 
 LossStreamReactor* LossStreamReactor::Start(const ServiceContext& context,
@@ -129,6 +153,20 @@ absl::Status LossStreamReactor::TakeHeader() {
   ASSIGN_OR_RETURN(IndexerKlProblem problem,
                    IndexerKlProblem::Create(inputs, options));
   RETURN_IF_ERROR(CheckOneRowFits(problem, *context_.options));
+  if (problem.options.want_grad || problem.options.want_row_kl) {
+    // The answer to a one-row block, with the widest row_begin, measured as
+    // ComputeLogitsBlock measures it (its raw bytes passed the limits above,
+    // so it is at most a message).
+    Response answer;
+    const int64_t last = problem.num_rows() - 1;
+    AllocateBlockAnswer(problem, {last, last + 1}, /*counting=*/false, answer);
+    RETURN_IF_ERROR(CheckMessageBytes(
+        problem.options.want_grad ? "grad" : "row_kl",
+        static_cast<int64_t>(answer.ByteSizeLong()),
+        "a block's answer carries whole rows, so no block of this problem "
+        "could be answered",
+        *context_.options));
+  }
   problem_.emplace(std::move(problem));
   computation_.emplace(context_.backends->For(*problem_), *problem_);
   return absl::OkStatus();
@@ -312,22 +350,8 @@ absl::Status LossStreamReactor::ComputeLogitsBlock(const Block& block,
   ASSIGN_OR_RETURN(
       const RowData data,
       BlockRowData(*problem_, rows, BlockBytesOf(block.request->block())));
-  const IndexerKlOptions& options = problem_->options;
-  v1::GradBlock* out = response.mutable_grad_block();
-  out->set_row_begin(rows.begin);
-  out->set_num_rows(rows.size());
-  LossOutputs outputs;
-  if (!block.admitted.counting && options.want_grad) {
-    outputs.grad =
-        AllocateTensor(options.grad_dtype, {rows.size(), problem_->row_length},
-                       out->mutable_grad());
-    outputs.grad_byte_size = static_cast<int64_t>(out->grad().data().size());
-  }
-  if (!block.admitted.counting && options.want_row_kl) {
-    outputs.row_kl =
-        AllocateFloat64Tensor({rows.size()}, out->mutable_row_kl());
-    outputs.row_kl_size = rows.size();
-  }
+  const LossOutputs outputs =
+      AllocateBlockAnswer(*problem_, rows, block.admitted.counting, response);
   RETURN_IF_ERROR(CheckMessageBytes(
       "num_rows", static_cast<int64_t>(response.ByteSizeLong()),
       "send smaller blocks", *context_.options));

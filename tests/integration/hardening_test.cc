@@ -864,6 +864,16 @@ grpc::Status HeaderStatus(v1::IndexerKl::Stub& stub, const ProblemSpec& spec) {
   return RunStream(stub, {HeaderMessage(*slicer)}).status;
 }
 
+// HeaderStatus on a server of its own, started with --max_message_bytes.
+grpc::Status HeaderStatusUnder(int64_t max_message_bytes,
+                               const ProblemSpec& spec) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      {"--max_message_bytes=" + std::to_string(max_message_bytes)});
+  EXPECT_TRUE(server.ok()) << Describe(server.status());
+  if (!server.ok()) return grpc::Status::CANCELLED;
+  return HeaderStatus(*MakeStub((*server)->target()), spec);
+}
+
 class BadInputTest : public ServerTest {
  protected:
   void SetUp() override {
@@ -1020,18 +1030,10 @@ TEST(OneRowMessageTest, ARowWhoseBlockCannotFitAMessageIsRefusedAtTheHeader) {
   s.name = "row-message";
   s.B = 1, s.T = 2, s.S = 1000, s.H = 0;
   s.options.set_skip_grad(true);
-  const auto header_status = [&](int64_t max_message_bytes) {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-        ServerProcess::Start(
-            {"--max_message_bytes=" + std::to_string(max_message_bytes)});
-    EXPECT_TRUE(server.ok()) << Describe(server.status());
-    if (!server.ok()) return grpc::Status::CANCELLED;
-    return HeaderStatus(*MakeStub((*server)->target()), s);
-  };
   // The block: row_begin (up to 1: 2 bytes), num_rows (2), the two tensors
   // (1 + 2 + 4000 each), the message's own tag and length (1 + 2).
   constexpr int64_t kBlockMessage = 2 + 2 + 2 * (1 + 2 + 4000) + 1 + 2;
-  EXPECT_TRUE(HasCode(header_status(kBlockMessage - 1),
+  EXPECT_TRUE(HasCode(HeaderStatusUnder(kBlockMessage - 1, s),
                       grpc::StatusCode::RESOURCE_EXHAUSTED,
                       "attention_weights: a block of one row encodes to 8013 "
                       "bytes"));
@@ -1046,6 +1048,45 @@ TEST(OneRowMessageTest, ARowWhoseBlockCannotFitAMessageIsRefusedAtTheHeader) {
       RunStream(*MakeStub((*server)->target()),
                 {HeaderMessage(*slicer), BlockMessage(*slicer, 0, 1),
                  BlockMessage(*slicer, 1, 1)});
+  EXPECT_TRUE(streamed.status.ok()) << Describe(streamed.status);
+}
+
+// The one-row answer is weighed as it is sent, framing included: a
+// float32 gradient of 16-bit inputs is wider than the block it answers.
+// And a stream that counts first sends each row twice, once with
+// counting = true, whose block is two bytes longer (found by an attacking
+// helper: both were accepted at the header and then failed every block).
+TEST(OneRowMessageTest, TheAnswerAndTheCountingBlockAreWeighedToo) {
+  ProblemSpec s;
+  s.name = "wide-answer";
+  s.B = 1, s.T = 2, s.S = 1019, s.H = 0;
+  s.target_dtype = s.scores_dtype = "BF16";
+  s.options.set_grad_dtype("FP32");
+  // The block is 4089 bytes; the answer's gradient alone 4076.
+  EXPECT_TRUE(HasCode(HeaderStatusUnder(4096, s),
+                      grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "grad: the response would encode to"));
+  s.name = "counting";
+  s.S = 510, s.target_dtype = s.scores_dtype = "FP32";
+  s.options.set_skip_grad(true);
+  s.options.set_reduction(v1::REDUCTION_MEAN_VALID);
+  // 2 x 2040 bytes of tensors, 13 of framing, 2 of counting = true.
+  EXPECT_TRUE(HasCode(HeaderStatusUnder(4094, s),
+                      grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "attention_weights: a block of one row encodes to 4095"));
+  // At 4095 bytes the rows stream one by one, counting pass first.
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({"--max_message_bytes=4095"});
+  ASSERT_TRUE(server.ok()) << Describe(server.status());
+  const v1::ComputeLossRequest request = MakeRequest(s);
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << Describe(slicer.status());
+  ASSERT_TRUE(slicer->counts_first());
+  const StreamOutcome streamed = RunStream(
+      *MakeStub((*server)->target()),
+      {HeaderMessage(*slicer), BlockMessage(*slicer, 0, 1, /*counting=*/true),
+       BlockMessage(*slicer, 1, 1, /*counting=*/true),
+       BlockMessage(*slicer, 0, 1), BlockMessage(*slicer, 1, 1)});
   EXPECT_TRUE(streamed.status.ok()) << Describe(streamed.status);
 }
 
