@@ -79,23 +79,21 @@ absl::StatusOr<absl::Duration> RegionRegistry::Register(absl::string_view name,
                          held.key, "', offset ", held.offset, ", byte_size ",
                          held.mapping->byte_size(), "; unregister it first"));
       }
-      if (held.mapping->damaged()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "name: region '", name, "' is damaged (its object shrank under ",
-            "a call); unregister it and register it again"));
-      }
-      if (held.mapping->IsObjectAt(key)) {
+      const absl::Status intact = held.mapping->CheckIntact(name, key);
+      if (intact.ok()) {
         held.last_used = absl::Now();
         return limits_.lease;
       }
-      // The object under the key was removed or replaced since (a job that
-      // restarted with a fixed key): renewing would keep serving the old
-      // bytes, so the registration maps the object there now.
+      // The object shrank under the region, or the key no longer names it
+      // (a job that restarted with a fixed key): renewing would keep a
+      // registration no call can use, or serve the old bytes. So the
+      // registration is made anew from the object under the key now.
       if (held.users > 0) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "name: region '", name, "' maps an object that /dev/shm/", key,
-            " no longer is (removed or replaced), and ", held.users,
-            " call(s) use it; register it again once they finish"));
+            "name: region '", name, "' can no longer be used as registered ",
+            "(its object shrank, or /dev/shm/", key, " is no longer it), ",
+            "and ", held.users, " call(s) use it; register it again once ",
+            "they finish"));
       }
       mapped_bytes_ -= held.mapping->byte_size();
       replaced = std::move(it->second);

@@ -84,9 +84,9 @@ class RegionRegistry {
   RegionRegistry& operator=(const RegionRegistry&) = delete;
 
   // Maps and registers; returns the lease. The same name with the same key,
-  // offset and byte_size renews the lease, unless the key no longer names
-  // the object mapped (removed, renamed or replaced): then the stale
-  // registration is dropped and the key's object now registered as anew
+  // offset and byte_size renews the lease, unless no call could use the
+  // registration (its object shrank, or the key no longer names it): then
+  // it is dropped and the key's object now registered anew
   // (FAILED_PRECONDITION while calls use the old). With other values it is
   // ALREADY_EXISTS. RESOURCE_EXHAUSTED past the limits.
   absl::StatusOr<absl::Duration> Register(absl::string_view name,

@@ -249,6 +249,25 @@ TEST(RegionRegistry, AnObjectRenamedAwayNoLongerServesItsKey) {
   ASSERT_EQ(rename(to.c_str(), from.c_str()), 0);  // for ShmObject to remove
 }
 
+// An object shrunk in place (same key, same object) leaves a registration
+// no call can use: registering the same values again does not renew it but
+// registers anew, which fails while the object is too small and succeeds
+// once it has grown back (found by an attacking helper: it renewed).
+TEST(RegionRegistry, ARegionShrunkInPlaceIsRegisteredAnewNotRenewed) {
+  ShmObject object(2 * 4096);
+  RegionRegistry registry(RegionLimits{.max_bytes = 2 * 4096});
+  ASSERT_TRUE(registry.Register("r", object.key(), 0, 2 * 4096).ok());
+  object.Truncate(4096);
+  ExpectError(registry.Register("r", object.key(), 0, 2 * 4096).status(),
+              absl::StatusCode::kInvalidArgument, "byte_size:");
+  EXPECT_TRUE(registry.List().empty());
+  object.Truncate(2 * 4096);
+  ASSERT_TRUE(registry.Register("r", object.key(), 0, 2 * 4096).ok());
+  absl::StatusOr<RegionUse> use = registry.Use("x", "r");
+  ASSERT_TRUE(use.ok());
+  EXPECT_TRUE(use->CheckIntact().ok()) << use->CheckIntact();
+}
+
 // A SIGBUS that no access raised (kill) is not taken for a fault in a
 // guarded region: the process's own handler, or the default, gets it.
 TEST(FaultGuardDeathTest, ASentSigbusStillEndsTheProcess) {
