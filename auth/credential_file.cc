@@ -1,7 +1,9 @@
 #include "auth/credential_file.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -58,6 +60,13 @@ absl::StatusOr<std::string> ReadCredentialFile(absl::string_view field,
   }
   if (!S_ISREG(st.st_mode)) {
     return Unreadable(field, path, "not a regular file");
+  }
+  // procfs and sysfs files pass for regular ones, but they are the kernel's
+  // (a token read from /proc/sys/kernel/hostname is anyone's guess).
+  struct statfs fs;
+  if (fstatfs(fd.get(), &fs) == 0 &&
+      (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC)) {
+    return Unreadable(field, path, "a file of procfs or sysfs");
   }
   // One byte past the bound tells a file at the bound from a longer one,
   // whatever st_size said when it was opened.

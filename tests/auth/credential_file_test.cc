@@ -76,6 +76,16 @@ TEST(ReadCredentialFileTest, RefusesAnEndlessDeviceWithoutReadingIt) {
   ExpectRefused("/dev/zero", "not a regular file");
 }
 
+// Regular files to stat, but the kernel's: a token read from one is
+// anyone's to read.
+TEST(ReadCredentialFileTest, RefusesProcfsAndSysfsFiles) {
+  ExpectRefused("/proc/sys/kernel/hostname", "procfs or sysfs");
+  if (access("/sys/kernel/mm/transparent_hugepage/enabled", R_OK) == 0) {
+    ExpectRefused("/sys/kernel/mm/transparent_hugepage/enabled",
+                  "procfs or sysfs");
+  }
+}
+
 // A FIFO with no writer used to block the server's start forever, SIGTERM
 // included.
 TEST(ReadCredentialFileTest, RefusesAFifoWithoutWaitingForAWriter) {
