@@ -864,6 +864,24 @@ grpc::Status HeaderStatus(v1::IndexerKl::Stub& stub, const ProblemSpec& spec) {
   return RunStream(stub, {HeaderMessage(*slicer)}).status;
 }
 
+// The status of a stream of `spec`'s request that sends its rows one per
+// block, each twice (counting first) when the problem counts first.
+grpc::Status StreamRowByRow(v1::IndexerKl::Stub& stub,
+                            const ProblemSpec& spec) {
+  const v1::ComputeLossRequest request = MakeRequest(spec);  // the slicer's
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  EXPECT_TRUE(slicer.ok()) << Describe(slicer.status());
+  if (!slicer.ok()) return grpc::Status::CANCELLED;
+  std::vector<v1::ComputeLossStreamRequest> messages = {HeaderMessage(*slicer)};
+  for (const bool counting : {true, false}) {
+    if (counting && !slicer->counts_first()) continue;
+    for (int64_t row = 0; row < slicer->num_rows(); ++row) {
+      messages.push_back(BlockMessage(*slicer, row, 1, counting));
+    }
+  }
+  return RunStream(stub, messages).status;
+}
+
 // HeaderStatus on a server of its own, started with --max_message_bytes.
 grpc::Status HeaderStatusUnder(int64_t max_message_bytes,
                                const ProblemSpec& spec) {
@@ -1013,13 +1031,8 @@ TEST_F(BadInputTest, AStreamWhoseRowCouldNeverBeSentIsRefusedAtItsHeader) {
                       "grad: 6000 bytes"));
   // With a bfloat16 gradient every row fits, and the stream computes.
   s.options.set_grad_dtype("BF16");
-  const v1::ComputeLossRequest request = MakeRequest(s);
-  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
-  ASSERT_TRUE(slicer.ok()) << Describe(slicer.status());
-  const StreamOutcome streamed =
-      RunStream(*stub_, {HeaderMessage(*slicer), BlockMessage(*slicer, 0, 1),
-                         BlockMessage(*slicer, 1, 1)});
-  EXPECT_TRUE(streamed.status.ok()) << Describe(streamed.status);
+  const grpc::Status streamed = StreamRowByRow(*stub_, s);
+  EXPECT_TRUE(streamed.ok()) << Describe(streamed);
 }
 
 // Each tensor of a row within the tensor limit, but not the row's block
@@ -1041,14 +1054,9 @@ TEST(OneRowMessageTest, ARowWhoseBlockCannotFitAMessageIsRefusedAtTheHeader) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
       {"--max_message_bytes=" + std::to_string(kBlockMessage)});
   ASSERT_TRUE(server.ok()) << Describe(server.status());
-  const v1::ComputeLossRequest request = MakeRequest(s);
-  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
-  ASSERT_TRUE(slicer.ok()) << Describe(slicer.status());
-  const StreamOutcome streamed =
-      RunStream(*MakeStub((*server)->target()),
-                {HeaderMessage(*slicer), BlockMessage(*slicer, 0, 1),
-                 BlockMessage(*slicer, 1, 1)});
-  EXPECT_TRUE(streamed.status.ok()) << Describe(streamed.status);
+  const grpc::Status streamed =
+      StreamRowByRow(*MakeStub((*server)->target()), s);
+  EXPECT_TRUE(streamed.ok()) << Describe(streamed);
 }
 
 // The one-row answer is weighed as it is sent, framing included: a
@@ -1079,15 +1087,10 @@ TEST(OneRowMessageTest, TheAnswerAndTheCountingBlockAreWeighedToo) {
       ServerProcess::Start({"--max_message_bytes=4095"});
   ASSERT_TRUE(server.ok()) << Describe(server.status());
   const v1::ComputeLossRequest request = MakeRequest(s);
-  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
-  ASSERT_TRUE(slicer.ok()) << Describe(slicer.status());
-  ASSERT_TRUE(slicer->counts_first());
-  const StreamOutcome streamed = RunStream(
-      *MakeStub((*server)->target()),
-      {HeaderMessage(*slicer), BlockMessage(*slicer, 0, 1, /*counting=*/true),
-       BlockMessage(*slicer, 1, 1, /*counting=*/true),
-       BlockMessage(*slicer, 0, 1), BlockMessage(*slicer, 1, 1)});
-  EXPECT_TRUE(streamed.status.ok()) << Describe(streamed.status);
+  ASSERT_TRUE(RequestSlicer::Create(request)->counts_first());
+  const grpc::Status streamed =
+      StreamRowByRow(*MakeStub((*server)->target()), s);
+  EXPECT_TRUE(streamed.ok()) << Describe(streamed);
 }
 
 TEST_F(BadInputTest, AScalingFactorThatWouldOverflowTheGradientIsRefused) {
