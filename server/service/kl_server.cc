@@ -144,6 +144,13 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(
       positive("max_compute_duration", options.max_compute_duration));
   RETURN_IF_ERROR(positive("max_connection_age", options.max_connection_age));
+  if (const absl::Duration idle = options.release_memory_after_idle;
+      idle < absl::ZeroDuration() || idle == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--release_memory_after_idle: must be a positive, finite "
+                     "duration, or 0 (never), got ",
+                     absl::FormatDuration(idle)));
+  }
   // gRPC takes the connection age and its grace in int milliseconds.
   constexpr absl::Duration kGrpcMaxMillis = absl::Milliseconds(INT32_MAX);
   if (options.max_connection_age > kGrpcMaxMillis ||
@@ -324,6 +331,10 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   if (s->server_ == nullptr) return cannot_serve(addresses);
   for (size_t i = 0; i < addresses.size(); ++i) {
     if (bound[i] == 0) return cannot_serve({addresses[i]});
+  }
+  if (options.release_memory_after_idle != absl::ZeroDuration()) {
+    s->idle_release_ = std::make_unique<IdleMemoryRelease>(
+        &s->open_calls_, options.release_memory_after_idle);
   }
   for (size_t i = 0; i < addresses.size(); ++i) {
     const ListenAddress& address = addresses[i];

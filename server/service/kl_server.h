@@ -13,6 +13,7 @@
 #include "server/service/auth.h"
 #include "server/service/backend_selection.h"
 #include "server/service/compute_executor.h"
+#include "server/service/idle_memory_release.h"
 #include "server/service/loss_service.h"
 #include "server/service/open_calls.h"
 #include "server/service/server_options.h"
@@ -67,6 +68,7 @@ class KlServer {
   std::unique_ptr<RegionRegistry> regions_;  // null unless shared_memory
   std::unique_ptr<LossService> service_;
   OpenCalls open_calls_;  // fed by the server's interceptor
+  std::unique_ptr<IdleMemoryRelease> idle_release_;  // reads open_calls_
   // Removed after the server has stopped (destroyed after server_).
   std::vector<std::unique_ptr<SocketFile>> socket_files_;
   std::unique_ptr<grpc::Server> server_;

@@ -99,6 +99,10 @@ ABSL_FLAG(int64_t, max_region_bytes, Defaults().max_region_bytes,
           "bytes of all registered shared-memory regions together");
 ABSL_FLAG(absl::Duration, region_lease, Defaults().region_lease,
           "a region no call names for this long is unregistered and unmapped");
+ABSL_FLAG(absl::Duration, release_memory_after_idle,
+          Defaults().release_memory_after_idle,
+          "once no call has been open for this long (up to twice), the "
+          "memory the last calls freed goes back to the OS; 0 keeps it");
 ABSL_FLAG(absl::Duration, drain_timeout, Defaults().drain_timeout,
           "on SIGTERM/SIGINT, how long requests in flight may take to finish");
 ABSL_FLAG(std::string, metrics_listen, Defaults().metrics_listen,
@@ -203,6 +207,8 @@ int main(int argc, char** argv) {
   options.max_regions = absl::GetFlag(FLAGS_max_regions);
   options.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes);
   options.region_lease = absl::GetFlag(FLAGS_region_lease);
+  options.release_memory_after_idle =
+      absl::GetFlag(FLAGS_release_memory_after_idle);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);

@@ -17,6 +17,7 @@ class OpenCalls::Counter final : public grpc::experimental::Interceptor {
   ~Counter() override {
     absl::MutexLock lock(&calls_->mu_);
     --calls_->open_;
+    ++calls_->ended_;
   }
 
   void Intercept(
@@ -50,6 +51,11 @@ bool OpenCalls::WaitNone(absl::Time deadline) {
   return mu_.AwaitWithDeadline(absl::Condition(
                                    +[](int* n) { return *n == 0; }, &open_),
                                deadline);
+}
+
+OpenCalls::Activity OpenCalls::Now() {
+  absl::MutexLock lock(&mu_);
+  return {open_, ended_};
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

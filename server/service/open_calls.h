@@ -1,6 +1,7 @@
 #ifndef KLSERVE_SERVER_SERVICE_OPEN_CALLS_H_
 #define KLSERVE_SERVER_SERVICE_OPEN_CALLS_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -21,6 +22,14 @@ class OpenCalls {
   // Waits until no call is open; false if `deadline` passed first.
   bool WaitNone(absl::Time deadline);
 
+  // How many calls are open now, and how many have ended since the start.
+  struct Activity {
+    int open = 0;
+    int64_t ended = 0;
+    bool operator==(const Activity&) const = default;
+  };
+  Activity Now();
+
   // An interceptor factory for ServerBuilder that counts the calls whose
   // method starts with `method_prefix` (e.g. "/klserve.v1.IndexerKl/").
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
@@ -32,6 +41,7 @@ class OpenCalls {
 
   absl::Mutex mu_;
   int open_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t ended_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace klserve::server

@@ -97,6 +97,13 @@ struct ServerOptions {
   // unregistered, and unmapped: the bound on what a client that went away
   // leaves mapped.
   absl::Duration region_lease = absl::Minutes(10);
+  // Once no call has been open for this long (up to twice as long), the
+  // allocator's free memory goes back to the OS. Between calls the server
+  // keeps what the last ones freed, message buffers of up to
+  // --max_message_bytes each, so that a job calling every step does not
+  // fault its pages in again; idle, it holds what it held at start again.
+  // Zero keeps the freed memory for good.
+  absl::Duration release_memory_after_idle = absl::Seconds(5);
   // How long SIGTERM waits for requests in flight before cancelling them.
   absl::Duration drain_timeout = absl::Seconds(30);
   // Prometheus /metrics address (9464: clear of Prometheus's 9090 and the

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -644,6 +645,26 @@ TEST(CommandLineTest, ThreadCountsOutOfRangeAreStartupErrors) {
   }
 }
 
+// A duration the server cannot wait for is a start-up error naming the flag;
+// --release_memory_after_idle takes 0 too (never).
+TEST(CommandLineTest, DurationsOutOfRangeAreStartupErrors) {
+  for (const auto& [flag, value, expected] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"release_memory_after_idle", "-1s",
+            "must be a positive, finite duration, or 0 (never), got -1s"},
+           {"release_memory_after_idle", "inf",
+            "must be a positive, finite duration, or 0 (never), got inf"},
+           {"stream_idle_timeout", "0",
+            "must be a positive, finite duration, got 0"}}) {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::Start({absl::StrCat("--", flag, "=", value)});
+    ASSERT_FALSE(server.ok()) << flag << "=" << value << " started";
+    EXPECT_TRUE(absl::StrContains(server.status().message(),
+                                  absl::StrCat("--", flag, ": ", expected)))
+        << server.status();
+  }
+}
+
 // A TensorBoard directory the server cannot make is refused at start, not
 // found at the first step.
 TEST(CommandLineTest, AnUnusableTensorBoardDirectoryIsAStartupError) {
@@ -668,7 +689,7 @@ TEST(CommandLineTest, HelpExitsZeroAndListsEveryFlag) {
   for (const char* flag :
        {"--listen", "--max_open_streams", "--stream_idle_timeout",
         "--enable_echo", "--max_layers_per_run", "--auth_token_file",
-        "--unix_socket_mode"}) {
+        "--unix_socket_mode", "--release_memory_after_idle"}) {
     EXPECT_TRUE(absl::StrContains(text, flag)) << flag;
   }
   const CommandResult unknown = RunCommand({KLSERVE_BIN, "--no_such_flag"});

@@ -1,7 +1,8 @@
 // The server's memory around requests that need much scratch: the sparse
 // index check takes memory of the row's slots, not of num_keys (it once
-// allocated 8 bytes per key in every compute thread, for good), and what a
-// wide request grows goes back once it is answered.
+// allocated 8 bytes per key in every compute thread, for good), what a
+// wide request grows goes back once it is answered, and its messages'
+// buffers once the server has been idle for --release_memory_after_idle.
 
 #include <gtest/gtest.h>
 
@@ -109,6 +110,51 @@ TEST_F(ScratchMemoryTest, WideRequestsRssComesBack) {
   EXPECT_LT(end - start, 64 * 1024)
       << "VmRSS " << start << " KiB before the wide request, " << end
       << " KiB after";
+}
+
+class IdleMemoryTest : public ServerTest {
+ protected:
+  static constexpr absl::Duration kIdle = absl::Milliseconds(300);
+  void SetUp() override {
+    StartServer({"--release_memory_after_idle=" + absl::FormatDuration(kIdle)});
+  }
+};
+
+TEST_F(IdleMemoryTest, AWideRequestsMessagesGoBackOnceNoCallIsOpen) {
+  // 64 MiB of weights and 64 MiB of scores in, 64 MiB of gradient out: the
+  // allocator keeps some of those buffers for the next call (92 MiB when
+  // this test ran with --release_memory_after_idle=0) until the server has
+  // been idle.
+  ProblemSpec spec;
+  spec.name = "wide-messages";
+  spec.B = 1, spec.T = 4, spec.S = int64_t{4} << 20, spec.H = 0;
+  const v1::ComputeLossRequest wide = MakeRequest(spec);
+  absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(wide);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  const v1::ComputeLossRequest small = FourSlots();
+  ASSERT_TRUE(client().ComputeLoss(small).ok());  // warm
+  absl::SleepFor(3 * kIdle);
+  const int64_t start = server().RssKiB().value_or(0);
+
+  absl::StatusOr<v1::ComputeLossResponse> response = client().ComputeLoss(wide);
+  ASSERT_TRUE(response.ok()) << Describe(response.status());
+  EXPECT_TRUE(SameResponse(*expected, *response));
+  const int64_t answered = server().RssKiB().value_or(0);
+  RecordProperty("rss_kib_before", std::to_string(start));
+  RecordProperty("rss_kib_answered", std::to_string(answered));
+
+  // Released between one and two idle periods after the call; the rest is
+  // slack for a loaded machine.
+  int64_t rss = answered;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10);
+       rss - start >= 32 * 1024 && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    rss = server().RssKiB().value_or(0);
+  }
+  RecordProperty("rss_kib_idle", std::to_string(rss));
+  EXPECT_LT(rss - start, 32 * 1024)
+      << "VmRSS " << start << " KiB before the wide request, " << answered
+      << " KiB once answered, " << rss << " KiB idle";
 }
 
 }  // namespace
