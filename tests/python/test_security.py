@@ -137,6 +137,8 @@ def test_bad_security_options_name_the_option(pki, tmp_path):
     os.mkfifo(fifo)
     huge = tmp_path / "huge.pem"
     huge.write_bytes(b"x" * ((1 << 20) + 1))
+    blank = tmp_path / "blank.pem"
+    blank.write_text(" \n\t\n")
     cases = [
         (dict(tls_cert_file=str(pki / "client.pem"),
               tls_key_file=str(pki / "client.key")), "need tls_ca_file"),
@@ -145,11 +147,16 @@ def test_bad_security_options_name_the_option(pki, tmp_path):
               tls_cert_file=str(pki / "client.pem")), "set both or neither"),
         (dict(tls_ca_file=str(pki / "missing.pem")), "tls_ca_file: cannot read"),
         (dict(tls_ca_file=str(pki / "empty.pem")), "tls_ca_file: .* is empty"),
+        (dict(tls_ca_file=str(blank)), "tls_ca_file: .* is empty"),
         # Read whole, /dev/zero filled the memory; a FIFO waited for a writer.
         (dict(tls_ca_file="/dev/zero"), "tls_ca_file: .* not a regular file"),
         (dict(tls_ca_file=str(fifo)), "tls_ca_file: .* not a regular file"),
         (dict(tls_ca_file=str(pki)), "tls_ca_file: .* not a regular file"),
         (dict(tls_ca_file=str(huge)), "tls_ca_file: .* larger than 1048576"),
+        (dict(tls_ca_file="/proc/sys/kernel/hostname"),
+         "tls_ca_file: .* procfs or sysfs"),
+        (dict(tls_ca_file="/proc/self/status"),
+         "tls_ca_file: .* procfs or sysfs"),
         (dict(auth_token=""), "auth_token"),
         (dict(auth_token="new\nline"), "auth_token"),
         (dict(auth_token="caf\u00e9"), "auth_token"),

@@ -178,10 +178,30 @@ _T = TypeVar("_T")
 _MAX_CREDENTIAL_FILE_BYTES = 1 << 20
 
 
+def _kernel_filesystem(st_dev: int) -> Optional[str]:
+    """"proc" or "sysfs" when the device st_dev is a mount of that kernel
+    filesystem (per /proc/self/mountinfo: Python's statvfs has no f_type),
+    else None."""
+    where = "%d:%d" % (os.major(st_dev), os.minor(st_dev))
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8",
+                  errors="replace") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == where and " - " in line:
+                    kind = line.split(" - ", 1)[1].split()[0]
+                    if kind in ("proc", "sysfs"):
+                        return kind
+    except OSError:
+        pass  # no procfs to ask: nothing of it to refuse either
+    return None
+
+
 def _read_file(field: str, path: str) -> bytes:
     """A regular file's bytes (a symlink to one counts), at most
     _MAX_CREDENTIAL_FILE_BYTES: a path to /dev/zero must not fill the
-    memory, nor one to a FIFO wait for a writer."""
+    memory, nor one to a FIFO wait for a writer. The rules of the C++
+    reader (auth/credential_file.h)."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise ValueError("%s: cannot read %r: not a regular file" %
@@ -189,9 +209,14 @@ def _read_file(field: str, path: str) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY |
                      os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            opened = os.fstat(f.fileno())
+            if not stat.S_ISREG(opened.st_mode):
                 raise ValueError("%s: cannot read %r: not a regular file" %
                                  (field, path))
+            # They pass for regular files, but the kernel writes them.
+            if _kernel_filesystem(opened.st_dev) is not None:
+                raise ValueError("%s: cannot read %r: a file of procfs or "
+                                 "sysfs" % (field, path))
             data = f.read(_MAX_CREDENTIAL_FILE_BYTES + 1)
     except OSError as e:
         raise ValueError("%s: cannot read %r: %s" % (field, path, e)) from e
