@@ -120,7 +120,7 @@ class IdleMemoryTest : public ServerTest {
   }
 };
 
-TEST_F(IdleMemoryTest, AWideRequestsMessagesGoBackOnceNoCallIsOpen) {
+TEST_F(IdleMemoryTest, RssOfAWideRequestsMessagesGoesBackOnceIdle) {
   // 64 MiB of weights and 64 MiB of scores in, 64 MiB of gradient out: the
   // allocator keeps some of those buffers for the next call (92 MiB when
   // this test ran with --release_memory_after_idle=0) until the server has
