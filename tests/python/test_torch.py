@@ -51,6 +51,20 @@ def test_backward_matches_pure_torch(client):
                                atol=2e-6 * scale)
 
 
+def test_a_second_derivative_is_refused_not_left_incomplete(client):
+    # The service returns the gradient, not its derivative. When the
+    # gradient flowing into the loss itself depends on a parameter (here w),
+    # a double backward would differentiate only through w and miss the
+    # scores' part: it must fail by name instead.
+    scores, logits = problem(2)
+    scores.requires_grad_()
+    w = torch.tensor(1.5, requires_grad=True)
+    loss = indexer_kl_loss(scores, attention_logits=logits, client=client)
+    (grad,) = torch.autograd.grad(w * loss, scores, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad.square().sum().backward()
+
+
 def test_fp16_scores_keep_a_loss_scaled_gradient(client):
     # fp16 training scales the loss (a GradScaler's 2^16) so that small
     # gradients survive fp16: backward multiplies before it rounds to fp16,

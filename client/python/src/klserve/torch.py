@@ -34,6 +34,7 @@ from typing import Any, Mapping, Optional
 import ml_dtypes
 import numpy as np
 import torch
+from torch.autograd.function import once_differentiable
 
 from klserve._client import Client, default_client
 from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
@@ -154,11 +155,12 @@ class IndexerKlLoss(torch.autograd.Function):
                 result.grad, _TORCH_DTYPES[grad_name], indexer_scores.device,
                 copy=_region_views(result, client)))
             ctx.scores_dtype = indexer_scores.dtype
-        ctx.result = result  # loss, N, diagnostics for the curious
+        ctx.result = result  # the service's answer: loss, N, for the curious
         return torch.tensor(result.loss, dtype=loss_dtype,
                             device=indexer_scores.device)
 
     @staticmethod
+    @once_differentiable  # the service returns no second derivative
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
         (grad,) = ctx.saved_tensors
         return _times(grad, grad_output, ctx.scores_dtype), None, None, None
@@ -227,7 +229,7 @@ class IndexerKlLossFromProjections(torch.autograd.Function):
                            x.device, copy=_region_views(result, client))
                 for field, x in zip(INDEXER_GRADS, indexer)))
             ctx.indexer_dtypes = tuple(x.dtype for x in indexer)
-        ctx.result = result  # loss, N, topk_indices for the curious
+        ctx.result = result  # loss, N, topk_indices, for the curious
         loss_dtype = (torch.float64 if all(x.dtype == torch.float64
                                            for x in indexer)
                       else torch.float32)
@@ -235,6 +237,7 @@ class IndexerKlLossFromProjections(torch.autograd.Function):
                             device=index_query.device)
 
     @staticmethod
+    @once_differentiable  # the service returns no second derivative
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
         d_indexer = tuple(
             _times(grad, grad_output, dtype) if needed else None
