@@ -144,6 +144,14 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(
       positive("max_compute_duration", options.max_compute_duration));
   RETURN_IF_ERROR(positive("max_connection_age", options.max_connection_age));
+  RETURN_IF_ERROR(positive("step_idle_timeout", options.step_idle_timeout));
+  if (const absl::Duration drain = options.drain_timeout;
+      drain < absl::ZeroDuration() || drain == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--drain_timeout: must be a finite duration, 0 or more (0 cancels "
+        "what is in flight at once), got ",
+        absl::FormatDuration(drain)));
+  }
   if (const absl::Duration idle = options.release_memory_after_idle;
       idle < absl::ZeroDuration() || idle == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(

@@ -49,6 +49,9 @@ class KlServer {
   void Drain();
   // Blocks until the server has stopped.
   void Wait();
+  // After Wait: removes the Unix socket files, as the destructor would, for
+  // a process that ends without destroying the server (klserve_main.cc).
+  void RemoveSocketFiles() { socket_files_.clear(); }
 
  private:
   explicit KlServer(const ServerOptions& options) : options_(options) {}

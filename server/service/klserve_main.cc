@@ -236,6 +236,19 @@ int main(int argc, char** argv) {
   });
   (*server)->Wait();
   drainer.join();
+  (*server)->RemoveSocketFiles();
   std::fprintf(stderr, "klserve: stopped\n");
+#ifndef __SANITIZE_ADDRESS__
+  // All the server owed is done: answers sent, steps published, event files
+  // closed, socket files removed. Destroying it would run gRPC's global
+  // shutdown, which joins gRPC's executor thread; after a socket once had
+  // to wait to take a large answer, gRPC 1.51 polls it there up to 10 s at
+  // a time, and an idle server took that long past its drain to exit (a
+  // pod's grace period counts it). The ASan build goes the long way, so
+  // that LeakSanitizer still checks the server's memory at exit.
+  std::fflush(nullptr);
+  std::_Exit(0);
+#else
   return 0;
+#endif
 }
