@@ -146,10 +146,17 @@ absl::Status LossComputation::Compute(const AdmittedBlock& block,
 
 absl::StatusOr<IndexerKlResult> LossComputation::Finish() const {
   if (next_counting_ || next_row_ != problem_.num_rows()) {
+    // With two passes, name the one that fell short: a stream that sent
+    // its counting pass whole and stopped covered [0, 0) of the second.
+    const char* pass = !needs_counting() ? ""
+                       : next_counting_  ? " of the counting pass"
+                                         : " of the gradient pass";
     return absl::InvalidArgumentError(absl::StrCat(
-        "row_begin, num_rows: the blocks",
-        next_counting_ ? " of the counting pass" : "", " covered rows [0, ",
-        next_row_, ") of the B*T=", problem_.num_rows(), " rows"));
+        "row_begin, num_rows: the blocks", pass, " covered rows [0, ",
+        next_row_, ") of the B*T=", problem_.num_rows(), " rows",
+        needs_counting() && !next_counting_
+            ? "; after the counting pass, every row comes again"
+            : ""));
   }
   if (computed_counting_ || computed_row_ != problem_.num_rows()) {
     return absl::FailedPreconditionError(

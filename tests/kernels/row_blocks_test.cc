@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -378,8 +379,14 @@ TEST_P(RowBlocks, BlocksOfTheWrongPassAreRefused) {
       // The counting pass is over: the rows come again, not counting.
       ExpectInvalidStartingWith(computation.Admit(0, 10, true).status(),
                                 {"counting"});
-      ExpectInvalidStartingWith(computation.Finish().status(),
-                                {"row_begin, num_rows"});
+      // A stream that stopped here is told which pass fell short.
+      const absl::Status short_pass = computation.Finish().status();
+      ExpectInvalidStartingWith(short_pass, {"row_begin, num_rows"});
+      EXPECT_TRUE(absl::StrContains(
+          short_pass.message(),
+          "the blocks of the gradient pass covered rows [0, 0) of the "
+          "B*T=10 rows; after the counting pass, every row comes again"))
+          << short_pass;
     }
     ASSERT_TRUE(computation.Admit(0, 4, false).ok());
     ExpectInvalidStartingWith(computation.Admit(5, 5, false).status(),
