@@ -2,6 +2,8 @@
 reference (reference.py)."""
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -58,6 +60,18 @@ def check(result, ref, *, rtol=2e-5, grad_atol=None, grad=True):
         if ref["topk_recall"] is not None:
             assert d["topk_recall"] == pytest.approx(ref["topk_recall"],
                                                      rel=rtol, abs=1e-6)
+
+
+def test_a_missing_framework_names_the_extra_that_brings_it():
+    # The client installs without JAX and PyTorch; importing klserve.jax
+    # without JAX once failed with a bare "No module named 'jax'".
+    for framework in ("jax", "torch"):
+        hidden = "import sys; sys.modules[%r] = None; import klserve.%s" % (
+            framework, framework)
+        run = subprocess.run([sys.executable, "-c", hidden],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode != 0
+        assert "pip install './client/python[%s]'" % framework in run.stderr
 
 
 def test_health_and_server_info(client):

@@ -48,8 +48,14 @@ made them; query and key (and lse, masks) get zero cotangents.
 import logging
 from typing import Any, Optional
 
-import jax
-import jax.numpy as jnp
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError as e:  # the client installs without it
+    raise ImportError(
+        "klserve.jax needs JAX, which is not installed: install the "
+        "client with its jax extra (pip install './client/python[jax]' "
+        "from the repository), or JAX itself") from e
 import numpy as np
 import numpy.typing as npt
 

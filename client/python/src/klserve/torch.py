@@ -33,8 +33,14 @@ from typing import Any, Mapping, Optional
 
 import ml_dtypes
 import numpy as np
-import torch
-from torch.autograd.function import once_differentiable
+try:
+    import torch
+    from torch.autograd.function import once_differentiable
+except ImportError as e:  # the client installs without it
+    raise ImportError(
+        "klserve.torch needs PyTorch, which is not installed: install the "
+        "client with its torch extra (pip install './client/python[torch]' "
+        "from the repository), or PyTorch itself") from e
 
 from klserve._client import Client, default_client
 from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
