@@ -325,6 +325,24 @@ def test_unavailable_is_retried_then_raised():
         assert "TLS" not in info.value.details
 
 
+def test_a_web_server_at_the_target_is_named_not_taken_for_tls():
+    # klserve's own /metrics port, a newcomer's likely mistake: gRPC reads
+    # its HTTP/1 answer as a broken HTTP/2 one.
+    metrics = free_port()
+    server = Server("--metrics_listen=127.0.0.1:%d" % metrics)  # later wins
+    try:
+        with klserve.Client("127.0.0.1:%d" % metrics, deadline=10.0,
+                            max_attempts=1) as c:
+            with pytest.raises(klserve.KlserveError) as info:
+                c.health()
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+        assert ("something other than a gRPC server answers"
+                in info.value.details), info.value.details
+        assert "TLS" not in info.value.details
+    finally:
+        assert server.stop() == 0, "".join(server.log)
+
+
 def reaches_a_server_that_starts_after(delay, seed, **client_options):
     """Whether a call made now reaches a server that starts `delay` s
     later, on the port the call names."""
