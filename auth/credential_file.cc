@@ -10,7 +10,6 @@
 #include <cstring>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace klserve {
@@ -85,13 +84,8 @@ absl::StatusOr<std::string> ReadCredentialFile(absl::string_view field,
     return Unreadable(field, path,
                       absl::StrCat("larger than ", max_bytes, " bytes"));
   }
+  if (size == 0) return Unreadable(field, path, "empty");
   content.resize(size);
-  // Whitespace alone is no credential either (a token of it never matches,
-  // as HTTP/2 peers may trim a header's spaces); the Python client's reader
-  // has the same rule.
-  if (absl::StripAsciiWhitespace(content).empty()) {
-    return Unreadable(field, path, "empty");
-  }
   return content;
 }
 

@@ -71,6 +71,15 @@ absl::Status CheckOptions(const IndexerKlOptions& options) {
   return absl::OkStatus();
 }
 
+// Where a tensor's expected shape came from, for its error message: the
+// scores fix B, T and the row length (and S in the dense stage), num_keys
+// fixes S in the sparse stage.
+constexpr absl::string_view kFromScores = "from indexer_scores' shape";
+absl::string_view OriginWithS(const IndexerKlProblem& p) {
+  return p.sparse() ? "S from num_keys, the rest from indexer_scores' shape"
+                    : kFromScores;
+}
+
 // The scores fix the form's stage, B, T, the row length and S.
 absl::Status TakeScores(const IndexerKlInputs& in, IndexerKlProblem& p) {
   const TensorView& scores = in.indexer_scores;
@@ -91,7 +100,7 @@ absl::Status TakeScores(const IndexerKlInputs& in, IndexerKlProblem& p) {
     p.S = num_keys;
     RETURN_IF_ERROR(CheckTensor("topk_indices", *in.topk_indices,
                                 {DType::kInt32}, "[B, T, K]",
-                                {p.B, p.T, p.row_length}));
+                                {p.B, p.T, p.row_length}, kFromScores));
     RETURN_IF_ERROR(CheckBytesIfAny("topk_indices", *in.topk_indices));
   } else {
     p.S = p.row_length;
@@ -125,8 +134,11 @@ absl::Status TakeTarget(const IndexerKlInputs& in, IndexerKlProblem& p) {
     RETURN_IF_ERROR(CheckDType("attention_logits", logits, kFloatTypes));
     RETURN_IF_ERROR(CheckLayout("attention_logits", logits, layout, 4));
     p.H = logits.shape[1];
-    RETURN_IF_ERROR(CheckTensor("attention_logits", logits, kFloatTypes, layout,
-                                {p.B, p.H, p.T, p.row_length}));
+    RETURN_IF_ERROR(CheckTensor(
+        "attention_logits", logits, kFloatTypes, layout,
+        {p.B, p.H, p.T, p.row_length},
+        "H from its own second dimension, the rest from indexer_scores' "
+        "shape"));
     RETURN_IF_ERROR(CheckBytesIfAny("attention_logits", logits));
     p.target_dtype = logits.dtype;
   } else {
@@ -141,9 +153,10 @@ absl::Status TakeTarget(const IndexerKlInputs& in, IndexerKlProblem& p) {
                      absl::StrCat(p.options.softmax_scale));
     }
     p.H = 1;
-    RETURN_IF_ERROR(CheckTensor(
-        "attention_weights", *in.attention_weights, kFloatTypes,
-        p.sparse() ? "[B, T, K]" : "[B, T, S]", {p.B, p.T, p.row_length}));
+    RETURN_IF_ERROR(CheckTensor("attention_weights", *in.attention_weights,
+                                kFloatTypes,
+                                p.sparse() ? "[B, T, K]" : "[B, T, S]",
+                                {p.B, p.T, p.row_length}, kFromScores));
     RETURN_IF_ERROR(
         CheckBytesIfAny("attention_weights", *in.attention_weights));
     p.target_dtype = in.attention_weights->dtype;
@@ -161,8 +174,8 @@ absl::Status TakeKeyBounds(const IndexerKlInputs& in, IndexerKlProblem& p) {
   if (!in.key_start) return absl::OkStatus();
   for (const auto& [field, view] :
        {std::pair{"key_start", &*in.key_start}, {"key_end", &*in.key_end}}) {
-    RETURN_IF_ERROR(
-        CheckTensor(field, *view, {DType::kInt32}, "[B, T]", {p.B, p.T}));
+    RETURN_IF_ERROR(CheckTensor(field, *view, {DType::kInt32}, "[B, T]",
+                                {p.B, p.T}, kFromScores));
     RETURN_IF_ERROR(CheckBytes(field, *view));
     const auto* bytes = static_cast<const std::byte*>(view->data);
     for (int64_t r = 0; r < p.num_rows(); ++r) {
@@ -189,30 +202,34 @@ absl::Status TakeMasks(const IndexerKlInputs& in, IndexerKlProblem& p) {
   }
   if (in.segment_ids_q) {
     RETURN_IF_ERROR(CheckTensor("segment_ids_q", *in.segment_ids_q,
-                                {DType::kInt32}, "[B, T]", {p.B, p.T}));
+                                {DType::kInt32}, "[B, T]", {p.B, p.T},
+                                kFromScores));
     RETURN_IF_ERROR(CheckBytes("segment_ids_q", *in.segment_ids_q));
     RETURN_IF_ERROR(CheckTensor("segment_ids_kv", *in.segment_ids_kv,
-                                {DType::kInt32}, "[B, S]", {p.B, p.S}));
+                                {DType::kInt32}, "[B, S]", {p.B, p.S},
+                                OriginWithS(p)));
     RETURN_IF_ERROR(CheckBytes("segment_ids_kv", *in.segment_ids_kv));
     p.segment_ids_q = static_cast<const std::byte*>(in.segment_ids_q->data);
     p.segment_ids_kv = static_cast<const std::byte*>(in.segment_ids_kv->data);
   }
   if (in.attention_mask) {
     RETURN_IF_ERROR(CheckTensor("attention_mask", *in.attention_mask,
-                                {DType::kBool}, "[B, T, S]", {p.B, p.T, p.S}));
+                                {DType::kBool}, "[B, T, S]", {p.B, p.T, p.S},
+                                OriginWithS(p)));
     RETURN_IF_ERROR(CheckBytesIfAny("attention_mask", *in.attention_mask));
     p.has_attention_mask = true;
   }
   if (in.key_padding_mask) {
     RETURN_IF_ERROR(CheckTensor("key_padding_mask", *in.key_padding_mask,
-                                {DType::kBool}, "[B, S]", {p.B, p.S}));
+                                {DType::kBool}, "[B, S]", {p.B, p.S},
+                                OriginWithS(p)));
     RETURN_IF_ERROR(CheckBytes("key_padding_mask", *in.key_padding_mask));
     p.key_padding_mask =
         static_cast<const std::byte*>(in.key_padding_mask->data);
   }
   if (in.row_valid) {
     RETURN_IF_ERROR(CheckTensor("row_valid", *in.row_valid, {DType::kBool},
-                                "[B, T]", {p.B, p.T}));
+                                "[B, T]", {p.B, p.T}, kFromScores));
     RETURN_IF_ERROR(CheckBytes("row_valid", *in.row_valid));
     p.row_valid = static_cast<const std::byte*>(in.row_valid->data);
   }

@@ -91,13 +91,16 @@ absl::Status CheckBytesIfAny(absl::string_view field, const TensorView& view) {
 absl::Status CheckTensor(absl::string_view field, const TensorView& view,
                          std::initializer_list<DType> allowed,
                          absl::string_view layout,
-                         std::initializer_list<int64_t> expected) {
+                         std::initializer_list<int64_t> expected,
+                         absl::string_view origin) {
   RETURN_IF_ERROR(CheckDType(field, view, allowed));
   RETURN_IF_ERROR(CheckLayout(field, view, layout, expected.size()));
   if (!std::equal(expected.begin(), expected.end(), view.shape.begin())) {
     return Invalid(
         field,
-        absl::StrCat("shape must be ", layout, " = ", ShapeString(expected)),
+        absl::StrCat("shape must be ", layout, " = ", ShapeString(expected),
+                     origin.empty() ? "" : " (", origin,
+                     origin.empty() ? "" : ")"),
         ShapeString(view.shape));
   }
   return absl::OkStatus();

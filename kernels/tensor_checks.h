@@ -42,11 +42,14 @@ absl::Status CheckBytes(absl::string_view field, const TensorView& view);
 // checked then.
 absl::Status CheckBytesIfAny(absl::string_view field, const TensorView& view);
 
-// Checks a tensor whose shape the problem already fixes.
+// Checks a tensor whose shape the problem already fixes. `origin`, when
+// given, says in the message where the expected dimensions came from (a
+// wrong tensor elsewhere may have set them).
 absl::Status CheckTensor(absl::string_view field, const TensorView& view,
                          std::initializer_list<DType> allowed,
                          absl::string_view layout,
-                         std::initializer_list<int64_t> expected);
+                         std::initializer_list<int64_t> expected,
+                         absl::string_view origin = {});
 
 // An unaligned little-endian INT32.
 int32_t LoadInt32(const std::byte* p);

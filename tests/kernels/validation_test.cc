@@ -169,6 +169,28 @@ TEST_P(Validate, RejectsTargetShapeMismatch) {
   }
 }
 
+// The expected shape of a target is built from indexer_scores (and H from
+// the logits' own second dimension): the message says so, since a wrong
+// scores tensor, or logits sent as [B, T, H, S], makes a right target look
+// wrong.
+TEST_P(Validate, ATargetShapeMismatchSaysWhereTheExpectedShapeCameFrom) {
+  for (InputForm form : kInputForms) {
+    SCOPED_TRACE(InputFormName(form));
+    Case c = FullBase(form);
+    const int64_t L = c.slots();
+    Resize(c.indexer_scores, {2, 4, L - 1});
+    if (IsSparse(form)) Resize(*c.topk_indices, {2, 4, L - 1});
+    const absl::Status status = CreateStatus(EncodedCase(c));
+    ASSERT_FALSE(status.ok());
+    EXPECT_TRUE(absl::StrContains(
+        status.message(),
+        IsPerHead(form) ? "(H from its own second dimension, the rest from "
+                          "indexer_scores' shape)"
+                        : "(from indexer_scores' shape)"))
+        << status;
+  }
+}
+
 TEST_P(Validate, RejectsWrongRank) {
   for (InputForm form : kInputForms) {
     SCOPED_TRACE(InputFormName(form));
