@@ -37,8 +37,9 @@ void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
   }
 }
 
-// A web URL ("http://host:port") is no gRPC target: gRPC would take it all
-// for a DNS name and retry its resolution until the deadline.
+// A web URL ("http://host:port") or a port alone ("50051") is no gRPC
+// target: gRPC would take it all for a DNS name and retry its resolution
+// until the deadline.
 absl::Status CheckTarget(const std::string& target) {
   if (target.empty()) {
     return absl::InvalidArgumentError(
@@ -52,6 +53,12 @@ absl::Status CheckTarget(const std::string& target) {
           "host:port, dns:///host:port or unix:/path (TLS is set by the "
           "tls_* options, not an https:// scheme)"));
     }
+  }
+  if (target.find_first_not_of("0123456789") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions.target: \"", target,
+        "\" is a port alone; gRPC takes host:port (localhost:", target,
+        "), dns:///host:port or unix:/path"));
   }
   return absl::OkStatus();
 }

@@ -54,7 +54,8 @@ CpuBackend::CpuBackend(int num_threads, cpu::Isa isa)
       blas_(cpu::LoadBlas()) {}
 
 std::string CpuBackend::device() const {
-  return absl::StrCat(pool_.num_threads(), " threads, ",
+  return absl::StrCat(pool_.num_threads(),
+                      pool_.num_threads() == 1 ? " thread, " : " threads, ",
                       cpu::IsaName(kernels_.isa), " kernels");
 }
 

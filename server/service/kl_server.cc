@@ -208,9 +208,10 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
     // CivetServer").
     const std::string why = WhyCannotBind(options.metrics_listen);
     if (why.empty()) return created.status();
-    return absl::UnavailableError(
-        absl::StrCat("--metrics_listen: cannot serve metrics on \"",
-                     options.metrics_listen, "\": ", why));
+    return absl::UnavailableError(absl::StrCat(
+        "--metrics_listen: cannot serve metrics on \"", options.metrics_listen,
+        "\": ", why,
+        "; give another HOST:PORT, or --metrics_listen= to serve none"));
   }
   s->metrics_ = *std::move(created);
   for (absl::string_view method : kIndexerKlMethods) {

@@ -49,9 +49,13 @@ absl::Status CreateParentDirectories(const std::string& path) {
        slash = path.find('/', slash + 1)) {
     const std::string directory = path.substr(0, slash);
     if (mkdir(directory.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(Quoted(path), ": cannot create the directory ",
-                       directory, ": ", std::strerror(errno)));
+      const int error = errno;
+      return absl::FailedPreconditionError(absl::StrCat(
+          Quoted(path), ": cannot create the directory ", directory, ": ",
+          std::strerror(error),
+          error == EACCES ? "; choose a directory this user may write, such "
+                            "as unix:/tmp/klserve/klserve.sock"
+                          : ""));
     }
   }
   return absl::OkStatus();

@@ -615,6 +615,19 @@ TEST(KlctlTargetTest, AUrlIsRefusedNamingTheTarget) {
       << run.err;
 }
 
+// A port alone ("50051") was resolved as a DNS name until the deadline too.
+TEST(KlctlTargetTest, APortAloneIsRefusedWithTheTargetToGive) {
+  const CommandResult run =
+      RunCommand({KLCTL_BIN, "health", "--target=50051", "--deadline=60s"},
+                 absl::Seconds(30));
+  EXPECT_EQ(run.exit_code, 1) << run.err;
+  EXPECT_TRUE(absl::StrContains(
+      run.err,
+      "target: \"50051\" is a port alone; gRPC takes host:port "
+      "(localhost:50051)"))
+      << run.err;
+}
+
 TEST_F(KlctlTest, BenchRunsBothModes) {
   const CommandResult run = Klctl({"bench", "--count=2", "--mode=both",
                                    "--shape=1,64,256", "--duration=20s"});

@@ -614,7 +614,9 @@ TEST_F(ServerTest, SecondServerOnTheSamePortRefusesToStart) {
   EXPECT_TRUE(absl::StrContains(
       third.status().message(),
       absl::StrCat("--metrics_listen: cannot serve metrics on \"127.0.0.1:",
-                   server().metrics_port(), "\": Address already in use")))
+                   server().metrics_port(),
+                   "\": Address already in use; give another HOST:PORT, or "
+                   "--metrics_listen= to serve none")))
       << third.status();
   absl::StatusOr<bool> serving = client().Health();
   ASSERT_TRUE(serving.ok()) << Describe(serving.status());

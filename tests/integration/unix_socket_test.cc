@@ -195,6 +195,19 @@ TEST_F(UnixSocketTest, MissingDirectoriesAboveTheSocketAreMade) {
   const absl::Status status =
       StartFails({.loopback = false, .sockets = {dir_ + "/file/klserve.sock"}});
   EXPECT_TRUE(absl::StrContains(status.message(), "Not a directory")) << status;
+
+  // A directory this user may not write in (/run without root): the error
+  // says where a socket can go instead. Root writes anywhere.
+  if (geteuid() != 0) {
+    ASSERT_EQ(mkdir((dir_ + "/locked").c_str(), 0500), 0);
+    const absl::Status locked = StartFails(
+        {.loopback = false, .sockets = {dir_ + "/locked/run/klserve.sock"}});
+    EXPECT_TRUE(absl::StrContains(
+        locked.message(),
+        "Permission denied; choose a directory this user may write, such as "
+        "unix:/tmp/klserve/klserve.sock"))
+        << locked;
+  }
 }
 
 TEST_F(UnixSocketTest, BadListenAddressesAreStartupErrors) {

@@ -309,6 +309,10 @@ def test_a_url_is_refused_as_a_target():
                 "grpc://127.0.0.1:50051"):
         with pytest.raises(ValueError, match=r"^target: .* is a URL"):
             klserve.Client(url)
+    with pytest.raises(ValueError,
+                       match=r"^target: '50051' is a port alone; .*"
+                             r"\(localhost:50051\)"):
+        klserve.Client("50051")
 
 
 def test_unavailable_is_retried_then_raised():

@@ -348,14 +348,19 @@ class Client:
                  copy_outputs: bool = False) -> None:
         if not target:
             raise ValueError("target: must not be empty")
-        # gRPC would take a web URL for a DNS name and retry resolving it
-        # until the deadline.
+        # gRPC would take a web URL, or a port alone, for a DNS name and
+        # retry resolving it until the deadline.
         if target.lower().startswith(("http://", "https://", "grpc://",
                                       "grpcs://", "tcp://")):
             raise ValueError(
                 "target: %r is a URL; gRPC takes host:port, "
                 "dns:///host:port or unix:/path (TLS is set by the tls_* "
                 "arguments, not an https:// scheme)" % (target,))
+        if target.isdigit():
+            raise ValueError(
+                "target: %r is a port alone; gRPC takes host:port "
+                "(localhost:%s), dns:///host:port or unix:/path" %
+                (target, target))
         if not (deadline > 0 and np.isfinite(deadline)):
             raise ValueError("deadline: must be finite and > 0, got %r" %
                              (deadline,))
