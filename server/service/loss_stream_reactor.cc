@@ -255,6 +255,11 @@ absl::Status LossStreamReactor::TakeProjectionsHeader() {
 }
 
 absl::Status LossStreamReactor::TakeBlock() {
+  if (incoming_.has_header()) {
+    return absl::InvalidArgumentError(
+        "header: a stream carries one StreamHeader, its first message; after "
+        "it only RowBlocks may come");
+  }
   if (!incoming_.has_block()) {
     return absl::InvalidArgumentError(
         "block: after the StreamHeader only RowBlocks may come");

@@ -764,7 +764,11 @@ TEST_F(StreamProtocolTest, FirstMessageNotAHeader) {
 TEST_F(StreamProtocolTest, EmptyStream) { ExpectFails({}, "header"); }
 
 TEST_F(StreamProtocolTest, SecondHeader) {
-  ExpectFails({Header(GoodRequest()), Header(GoodRequest())}, "block");
+  ExpectFails({Header(GoodRequest()), Header(GoodRequest())}, "header");
+}
+
+TEST_F(StreamProtocolTest, EmptyMessageAfterTheHeader) {
+  ExpectFails({Header(GoodRequest()), v1::ComputeLossStreamRequest()}, "block");
 }
 
 TEST_F(StreamProtocolTest, FirstBlockNotAtRowZero) {
