@@ -21,8 +21,19 @@ absl::Status ExplainUnavailable(const absl::Status& status, bool tls,
                                 bool client_certificate) {
   if (status.code() != absl::StatusCode::kUnavailable) return status;
   const absl::string_view message = status.message();
+  // An answer that is not HTTP/2 at all ("HTTP/1.1 400 ..."): a web server
+  // answers there, or a TLS proxy that took the plaintext for HTTP/1.
+  if (absl::StrContains(message, "Failed parsing HTTP/2")) {
+    return absl::UnavailableError(absl::StrCat(
+        message,
+        " (something other than a gRPC server answers at this address: an "
+        "HTTP/1 server, such as klserve's /metrics port (9464 by default; "
+        "its gRPC port is 50051 by default)",
+        tls ? ")"
+            : ", or a TLS proxy: then give the client its CA (klctl "
+              "--tls_ca, ClientOptions::tls_ca_file, Python tls_ca_file=))"));
+  }
   const bool transport = absl::StrContains(message, "Socket closed") ||
-                         absl::StrContains(message, "Failed parsing HTTP/2") ||
                          absl::StrContains(message, "handshake") ||
                          absl::StrContains(message, "Connection reset") ||
                          absl::StrContains(message, "failed to connect");
@@ -35,15 +46,6 @@ absl::Status ExplainUnavailable(const absl::Status& status, bool tls,
         absl::StrCat(message,
                      " (nothing listens at this address: is the server up, "
                      "and is the target right?)"));
-  }
-  // An answer that is not HTTP/2 at all ("HTTP/1.1 400 ..."): a web server
-  // answers there, not TLS and not gRPC.
-  if (absl::StrContains(message, "Failed parsing HTTP/2")) {
-    return absl::UnavailableError(absl::StrCat(
-        message,
-        " (something other than a gRPC server answers at this "
-        "address, an HTTP/1 server perhaps: klserve's /metrics port "
-        "is one, 9464 by default; its gRPC port is 50051 by default)"));
   }
   const char* hint =
       !tls ? "if the server speaks TLS, give the client the CA that signed "

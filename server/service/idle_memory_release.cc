@@ -1,14 +1,16 @@
 #include "server/service/idle_memory_release.h"
 
-#include <cstdint>
-#include <limits>
-
-#include "kernels/cpu/return_memory.h"
+#include <utility>
 
 namespace klserve::server {
 
-IdleMemoryRelease::IdleMemoryRelease(OpenCalls* calls, absl::Duration idle)
-    : calls_(calls), idle_(idle), thread_([this] { Loop(); }) {}
+IdleMemoryRelease::IdleMemoryRelease(
+    absl::Duration idle, std::function<OpenCalls::Activity()> activity,
+    std::function<void()> release)
+    : idle_(idle),
+      activity_(std::move(activity)),
+      release_(std::move(release)),
+      thread_([this] { Loop(); }) {}
 
 IdleMemoryRelease::~IdleMemoryRelease() {
   {
@@ -19,16 +21,11 @@ IdleMemoryRelease::~IdleMemoryRelease() {
 }
 
 void IdleMemoryRelease::Loop() {
-  // At the start there is nothing a call has freed.
-  OpenCalls::Activity released = calls_->Now();
-  OpenCalls::Activity before = released;
+  OpenCalls::Activity before = activity_();
   absl::MutexLock lock(&mu_);
   while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), idle_)) {
-    const OpenCalls::Activity now = calls_->Now();
-    if (now.open == 0 && now == before && now.ended != released.ended) {
-      cpu::ReturnFreedMemory(std::numeric_limits<int64_t>::max());
-      released = now;
-    }
+    const OpenCalls::Activity now = activity_();
+    if (now.open == 0 && now == before) release_();
     before = now;
   }
 }

@@ -1,6 +1,7 @@
 #ifndef KLSERVE_SERVER_SERVICE_IDLE_MEMORY_RELEASE_H_
 #define KLSERVE_SERVER_SERVICE_IDLE_MEMORY_RELEASE_H_
 
+#include <functional>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -17,10 +18,18 @@ namespace klserve::server {
 // the process for good, which is what a node's memory accounting sees.
 class IdleMemoryRelease {
  public:
-  // Looks at `calls` every `idle` and releases once it has seen no call open
-  // and none ended for a whole period since the last release: between one
-  // and two periods after the last call ended.
-  IdleMemoryRelease(OpenCalls* calls, absl::Duration idle);
+  // Samples `activity` every `idle` and calls `release` whenever two
+  // samples in a row saw no call open and the same count of ended calls
+  // that move tensors: from one to two periods after the last such call
+  // ended, then every period while none comes (a release with nothing free
+  // costs next to nothing). Calls refused before they reach the service
+  // (a message over the limit) are not counted, yet gRPC received their
+  // bytes: releasing every idle period returns those too. Cheap calls
+  // (GetServerInfo, FinishStep, the region RPCs) do not count either, so a
+  // client polling them does not hold the memory.
+  IdleMemoryRelease(absl::Duration idle,
+                    std::function<OpenCalls::Activity()> activity,
+                    std::function<void()> release);
   // Stops the thread.
   ~IdleMemoryRelease();
   IdleMemoryRelease(const IdleMemoryRelease&) = delete;
@@ -29,8 +38,9 @@ class IdleMemoryRelease {
  private:
   void Loop();
 
-  OpenCalls* const calls_;
   const absl::Duration idle_;
+  const std::function<OpenCalls::Activity()> activity_;
+  const std::function<void()> release_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -22,6 +23,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
+#include "kernels/cpu/return_memory.h"
 #include "kernels/status_macros.h"
 #include "server/service/backend_selection.h"
 #include "server/service/listen_addresses.h"
@@ -144,7 +146,13 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(
       positive("max_compute_duration", options.max_compute_duration));
   RETURN_IF_ERROR(positive("max_connection_age", options.max_connection_age));
-  RETURN_IF_ERROR(positive("step_idle_timeout", options.step_idle_timeout));
+  // Infinite: a step is published by FinishStep or the next step only.
+  if (options.step_idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--step_idle_timeout: must be a positive duration (inf: only "
+        "FinishStep or the run's next step publishes a step), got ",
+        absl::FormatDuration(options.step_idle_timeout)));
+  }
   if (const absl::Duration drain = options.drain_timeout;
       drain < absl::ZeroDuration() || drain == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -152,12 +160,15 @@ absl::Status ValidateOptions(const ServerOptions& options) {
         "what is in flight at once), got ",
         absl::FormatDuration(drain)));
   }
+  // It samples the calls once a period and releases every idle one: a
+  // period of microseconds would spin.
   if (const absl::Duration idle = options.release_memory_after_idle;
-      idle < absl::ZeroDuration() || idle == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--release_memory_after_idle: must be a positive, finite "
-                     "duration, or 0 (never), got ",
-                     absl::FormatDuration(idle)));
+      idle != absl::ZeroDuration() &&
+      (idle < absl::Milliseconds(100) || idle == absl::InfiniteDuration())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--release_memory_after_idle: must be a finite duration of at least "
+        "100ms, or 0 (never), got ",
+        absl::FormatDuration(idle)));
   }
   // gRPC takes the connection age and its grace in int milliseconds.
   constexpr absl::Duration kGrpcMaxMillis = absl::Milliseconds(INT32_MAX);
@@ -343,7 +354,9 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   }
   if (options.release_memory_after_idle != absl::ZeroDuration()) {
     s->idle_release_ = std::make_unique<IdleMemoryRelease>(
-        &s->open_calls_, options.release_memory_after_idle);
+        options.release_memory_after_idle,
+        [calls = &s->open_calls_] { return calls->Current(); },
+        [] { cpu::ReturnFreedMemory(std::numeric_limits<int64_t>::max()); });
   }
   for (size_t i = 0; i < addresses.size(); ++i) {
     const ListenAddress& address = addresses[i];

@@ -32,6 +32,19 @@ const klserve::server::ServerOptions& Defaults() {
 
 }  // namespace
 
+// GCC says it builds with AddressSanitizer by __SANITIZE_ADDRESS__, clang
+// by __has_feature.
+#if defined(__SANITIZE_ADDRESS__)
+#define KLSERVE_ADDRESS_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KLSERVE_ADDRESS_SANITIZER 1
+#endif
+#endif
+#ifndef KLSERVE_ADDRESS_SANITIZER
+#define KLSERVE_ADDRESS_SANITIZER 0
+#endif
+
 ABSL_FLAG(std::string, listen, Defaults().listen,
           "comma-separated addresses to serve gRPC on: HOST:PORT (port 0 "
           "picks a free one; loopback by default, 0.0.0.0:50051 serves other "
@@ -102,9 +115,11 @@ ABSL_FLAG(absl::Duration, region_lease, Defaults().region_lease,
 ABSL_FLAG(absl::Duration, release_memory_after_idle,
           Defaults().release_memory_after_idle,
           "once no call has been open for this long (up to twice), the "
-          "memory the last calls freed goes back to the OS; 0 keeps it");
+          "memory the last calls freed goes back to the OS; 0 keeps it, else "
+          "at least 100ms");
 ABSL_FLAG(absl::Duration, drain_timeout, Defaults().drain_timeout,
-          "on SIGTERM/SIGINT, how long requests in flight may take to finish");
+          "on SIGTERM/SIGINT, how long requests in flight may take to finish "
+          "(finite; 0 cancels them at once)");
 ABSL_FLAG(std::string, metrics_listen, Defaults().metrics_listen,
           "HOST:PORT serving Prometheus /metrics; empty serves none");
 ABSL_FLAG(std::string, tensorboard_dir, Defaults().tensorboard_dir,
@@ -122,7 +137,8 @@ ABSL_FLAG(int64_t, max_tensorboard_bytes, Defaults().max_tensorboard_bytes,
           "disk space the TensorBoard event files may take, all runs "
           "together; later steps get Prometheus metrics but no event");
 ABSL_FLAG(absl::Duration, step_idle_timeout, Defaults().step_idle_timeout,
-          "a step with no request for this long is finished and published");
+          "a step with no request for this long is finished and published "
+          "(inf: only FinishStep or the run's next step publishes it)");
 
 ABSL_FLAG(std::string, tls_cert, Defaults().tls_cert_file,
           "PEM server certificate chain; with --tls_key, serve TLS only");
@@ -238,7 +254,7 @@ int main(int argc, char** argv) {
   drainer.join();
   (*server)->RemoveSocketFiles();
   std::fprintf(stderr, "klserve: stopped\n");
-#ifndef __SANITIZE_ADDRESS__
+#if !KLSERVE_ADDRESS_SANITIZER
   // All the server owed is done: answers sent, steps published, event files
   // closed, socket files removed. Destroying it would run gRPC's global
   // shutdown, which joins gRPC's executor thread; after a socket once had

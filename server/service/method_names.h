@@ -13,6 +13,13 @@ inline constexpr absl::string_view kIndexerKlMethods[] = {
     "ComputeLoss", "ComputeLossStream", "GetServerInfo",    "FinishStep",
     "Echo",        "RegisterRegion",    "UnregisterRegion", "ListRegions"};
 
+// The methods whose messages carry tensors: the calls that leave the
+// allocator large buffers to keep or give back (IdleMemoryRelease).
+constexpr bool MovesTensors(absl::string_view method) {
+  return method == "ComputeLoss" || method == "ComputeLossStream" ||
+         method == "Echo";
+}
+
 // True for one of kIndexerKlMethods.
 constexpr bool IsIndexerKlMethod(absl::string_view method) {
   for (absl::string_view known : kIndexerKlMethods) {

@@ -2,7 +2,8 @@
 
 #include <utility>
 
-#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "server/service/method_names.h"
 
 namespace klserve::server {
 
@@ -10,14 +11,15 @@ namespace klserve::server {
 // service and destroys it with the call.
 class OpenCalls::Counter final : public grpc::experimental::Interceptor {
  public:
-  explicit Counter(OpenCalls* calls) : calls_(calls) {
+  Counter(OpenCalls* calls, bool moves_tensors)
+      : calls_(calls), moves_tensors_(moves_tensors) {
     absl::MutexLock lock(&calls_->mu_);
     ++calls_->open_;
   }
   ~Counter() override {
     absl::MutexLock lock(&calls_->mu_);
     --calls_->open_;
-    ++calls_->ended_;
+    if (moves_tensors_) ++calls_->tensor_calls_ended_;
   }
 
   void Intercept(
@@ -27,6 +29,7 @@ class OpenCalls::Counter final : public grpc::experimental::Interceptor {
 
  private:
   OpenCalls* const calls_;
+  const bool moves_tensors_;
 };
 
 class OpenCalls::Factory final
@@ -37,8 +40,9 @@ class OpenCalls::Factory final
 
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
-    if (!absl::StartsWith(info->method(), method_prefix_)) return nullptr;
-    return new Counter(calls_);
+    absl::string_view method = info->method();
+    if (!absl::ConsumePrefix(&method, method_prefix_)) return nullptr;
+    return new Counter(calls_, MovesTensors(method));
   }
 
  private:
@@ -53,9 +57,9 @@ bool OpenCalls::WaitNone(absl::Time deadline) {
                                deadline);
 }
 
-OpenCalls::Activity OpenCalls::Now() {
+OpenCalls::Activity OpenCalls::Current() {
   absl::MutexLock lock(&mu_);
-  return {open_, ended_};
+  return {open_, tensor_calls_ended_};
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

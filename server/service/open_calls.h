@@ -22,13 +22,14 @@ class OpenCalls {
   // Waits until no call is open; false if `deadline` passed first.
   bool WaitNone(absl::Time deadline);
 
-  // How many calls are open now, and how many have ended since the start.
+  // How many calls are open now, and how many of those that move tensors
+  // (MovesTensors) have ended since the start.
   struct Activity {
     int open = 0;
-    int64_t ended = 0;
+    int64_t tensor_calls_ended = 0;
     bool operator==(const Activity&) const = default;
   };
-  Activity Now();
+  Activity Current();
 
   // An interceptor factory for ServerBuilder that counts the calls whose
   // method starts with `method_prefix` (e.g. "/klserve.v1.IndexerKl/").
@@ -41,7 +42,7 @@ class OpenCalls {
 
   absl::Mutex mu_;
   int open_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t ended_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t tensor_calls_ended_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace klserve::server

@@ -102,7 +102,7 @@ struct ServerOptions {
   // keeps what the last ones freed, message buffers of up to
   // --max_message_bytes each, so that a job calling every step does not
   // fault its pages in again; idle, it holds what it held at start again.
-  // Zero keeps the freed memory for good.
+  // Zero keeps the freed memory for good; otherwise at least 100ms.
   absl::Duration release_memory_after_idle = absl::Seconds(5);
   // How long SIGTERM waits for requests in flight before cancelling them.
   absl::Duration drain_timeout = absl::Seconds(30);

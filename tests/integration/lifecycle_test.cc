@@ -503,7 +503,11 @@ TEST_F(ServerTest, SigtermDrainsTheRequestInFlightThenExitsZero) {
 // helper's Python client met it in about 1 exit in 8 on a loaded machine;
 // this test's client did not meet it in 11 runs), so this test catches it
 // only sometimes; what it always checks is that an idle server's exit
-// takes no time of its own (the /metrics server's stop took 0.7 s).
+// takes no time of its own: the /metrics server's stop took 0.7 s on top of
+// the drain's half second for calls that slip in while gRPC stops (with
+// this harness's connections, the whole exit now takes 0.52 s). Not in the
+// sanitize stage, whose build exits the long way for LeakSanitizer
+// (klserve_main.cc).
 TEST_F(ServerTest, SigtermAfterALargeAnswerExitsAtOnce) {
   ASSERT_NO_FATAL_FAILURE(StartServer({"--drain_timeout=20s"}));
   ExpectServerToExit();
@@ -521,7 +525,7 @@ TEST_F(ServerTest, SigtermAfterALargeAnswerExitsAtOnce) {
   server().Signal(SIGTERM);
   const std::optional<int> status = server().WaitForExit(absl::Seconds(30));
   ASSERT_TRUE(status.has_value()) << "still running 30 s after SIGTERM";
-  EXPECT_LT(absl::Now() - signalled, absl::Seconds(3))
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(1))
       << "the exit took " << (absl::Now() - signalled);
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
       << "wait status " << *status << "; log:\n"
@@ -682,21 +686,28 @@ TEST(CommandLineTest, ThreadCountsOutOfRangeAreStartupErrors) {
 // A duration the server cannot wait for is a start-up error naming the flag
 // (--drain_timeout and --step_idle_timeout took any, an infinite drain
 // letting one client hold a stopping server for --max_stream_duration);
-// --release_memory_after_idle takes 0 too (never), --drain_timeout 0 (at
-// once).
+// --release_memory_after_idle takes 0 too (never) but no period short
+// enough to spin, --drain_timeout 0 (at once), --step_idle_timeout inf.
 TEST(CommandLineTest, DurationsOutOfRangeAreStartupErrors) {
   for (const auto& [flag, value, expected] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {"release_memory_after_idle", "-1s",
-            "must be a positive, finite duration, or 0 (never), got -1s"},
+            "must be a finite duration of at least 100ms, or 0 (never), got "
+            "-1s"},
            {"release_memory_after_idle", "inf",
-            "must be a positive, finite duration, or 0 (never), got inf"},
+            "must be a finite duration of at least 100ms, or 0 (never), got "
+            "inf"},
+           {"release_memory_after_idle", "1ns",
+            "must be a finite duration of at least 100ms, or 0 (never), got "
+            "1ns"},
            {"stream_idle_timeout", "0",
             "must be a positive, finite duration, got 0"},
            {"step_idle_timeout", "-1s",
-            "must be a positive, finite duration, got -1s"},
+            "must be a positive duration (inf: only FinishStep or the run's "
+            "next step publishes a step), got -1s"},
            {"step_idle_timeout", "0",
-            "must be a positive, finite duration, got 0"},
+            "must be a positive duration (inf: only FinishStep or the run's "
+            "next step publishes a step), got 0"},
            {"drain_timeout", "-1s",
             "must be a finite duration, 0 or more (0 cancels what is in "
             "flight at once), got -1s"},

@@ -72,9 +72,10 @@ TEST(IsaVariants, FlagWordsResolve) {
 
 TEST(IsaVariants, BackendNamesItsVariant) {
   for (Isa isa : RunnableIsas()) {
-    const CpuBackend backend(1, isa);
-    EXPECT_EQ(backend.device(),
-              "1 threads, " + std::string(cpu::IsaName(isa)) + " kernels");
+    EXPECT_EQ(CpuBackend(1, isa).device(),
+              "1 thread, " + std::string(cpu::IsaName(isa)) + " kernels");
+    EXPECT_EQ(CpuBackend(2, isa).device(),
+              "2 threads, " + std::string(cpu::IsaName(isa)) + " kernels");
   }
 }
 

@@ -179,7 +179,7 @@ _MAX_CREDENTIAL_FILE_BYTES = 1 << 20
 
 
 def _kernel_filesystem(st_dev: int) -> Optional[str]:
-    """"proc" or "sysfs" when the device st_dev is a mount of that kernel
+    """Either "proc" or "sysfs" when the device st_dev is a mount of that kernel
     filesystem (per /proc/self/mountinfo: Python's statvfs has no f_type),
     else None."""
     where = "%d:%d" % (os.major(st_dev), os.minor(st_dev))
@@ -200,8 +200,8 @@ def _kernel_filesystem(st_dev: int) -> Optional[str]:
 def _read_file(field: str, path: str) -> bytes:
     """A regular file's bytes (a symlink to one counts), at most
     _MAX_CREDENTIAL_FILE_BYTES: a path to /dev/zero must not fill the
-    memory, nor one to a FIFO wait for a writer. The rules of the C++
-    reader (auth/credential_file.h)."""
+    memory, nor one to a FIFO wait for a writer. The C++ reader's rules
+    (auth/credential_file.h), and whitespace alone counts as empty."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise ValueError("%s: cannot read %r: not a regular file" %

@@ -60,7 +60,7 @@ class KlserveError(grpc.RpcError):
 # gRPC's words for a connection that failed below the call: what a TLS
 # mismatch looks like from the client.
 _TRANSPORT_FAILURES = ("Socket closed", "handshake", "Connection reset",
-                       "failed to connect", "Failed parsing HTTP/2")
+                       "failed to connect")
 # ... and its words for an address where nothing listens (TCP, then a Unix
 # socket): TLS is not the question there.
 _NOTHING_LISTENS = ("Connection refused", "No such file or directory")
@@ -71,23 +71,28 @@ def explain_unavailable(error, tls, client_certificate):
     it is an UNAVAILABLE that gRPC reports as a bare transport failure;
     otherwise `error` itself. `tls`: the client speaks TLS;
     `client_certificate`: it offers a certificate."""
-    if error.code != grpc.StatusCode.UNAVAILABLE or not any(
-            words in error.details for words in _TRANSPORT_FAILURES):
+    if error.code != grpc.StatusCode.UNAVAILABLE:
+        return error
+    if "Failed parsing HTTP/2" in error.details:
+        # The answer is not HTTP/2 at all ("HTTP/1.1 400 ..."): a web
+        # server answers there, or a TLS proxy that took the plaintext for
+        # HTTP/1.
+        return KlserveError(
+            error.code,
+            "%s (something other than a gRPC server answers at this address: "
+            "an HTTP/1 server, such as klserve's /metrics port (9464 by "
+            "default; its gRPC port is 50051 by default)%s)" %
+            (error.details, "" if tls else
+             ", or a TLS proxy: then give the client its CA "
+             "(Client(tls_ca_file=...))"),
+            error.debug_error_string)
+    if not any(words in error.details for words in _TRANSPORT_FAILURES):
         return error
     if any(words in error.details for words in _NOTHING_LISTENS):
         return KlserveError(
             error.code,
             "%s (nothing listens at this address: is the server up, and is "
             "the target right?)" % error.details, error.debug_error_string)
-    if "Failed parsing HTTP/2" in error.details:
-        # The answer is not HTTP/2 at all ("HTTP/1.1 400 ..."): a web
-        # server answers there, not TLS and not gRPC.
-        return KlserveError(
-            error.code,
-            "%s (something other than a gRPC server answers at this address, "
-            "an HTTP/1 server perhaps: klserve's /metrics port is one, 9464 "
-            "by default; its gRPC port is 50051 by default)" % error.details,
-            error.debug_error_string)
     if not tls:
         hint = ("if the server speaks TLS, give the client the CA that "
                 "signed its certificate (Client(tls_ca_file=...))")

@@ -51,7 +51,9 @@ from typing import Any, Optional
 try:
     import jax
     import jax.numpy as jnp
-except ImportError as e:  # the client installs without it
+except ModuleNotFoundError as e:  # the client installs without it
+    if e.name != "jax":
+        raise  # there, but broken: its own error says why
     raise ImportError(
         "klserve.jax needs JAX, which is not installed: install the "
         "client with its jax extra (pip install './client/python[jax]' "

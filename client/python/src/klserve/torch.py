@@ -36,7 +36,9 @@ import numpy as np
 try:
     import torch
     from torch.autograd.function import once_differentiable
-except ImportError as e:  # the client installs without it
+except ModuleNotFoundError as e:  # the client installs without it
+    if e.name != "torch":
+        raise  # there, but broken: its own error says why
     raise ImportError(
         "klserve.torch needs PyTorch, which is not installed: install the "
         "client with its torch extra (pip install './client/python[torch]' "
