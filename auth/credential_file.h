@@ -21,8 +21,8 @@ inline constexpr size_t kMaxCredentialFileBytes = size_t{1} << 20;
 // The whole content of the regular file at `path` (a symlink to one counts,
 // as Kubernetes mounts its secrets). INVALID_ARGUMENT naming `field` and the
 // path when it cannot be opened, is not a regular file (a FIFO, a device, a
-// directory), is on procfs or sysfs, is empty, or holds more
-// than `max_bytes` bytes.
+// directory), is on procfs or sysfs, is empty, or holds more than
+// `max_bytes` bytes.
 absl::StatusOr<std::string> ReadCredentialFile(
     absl::string_view field, const std::string& path,
     size_t max_bytes = kMaxCredentialFileBytes);

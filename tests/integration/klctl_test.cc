@@ -600,32 +600,29 @@ TEST_F(KlctlTest, UnreachableServerExitsNonZeroWithUnavailable) {
   EXPECT_TRUE(absl::StrContains(run.err, "UNAVAILABLE")) << run.err;
 }
 
+// `klctl health --target=<target>` fails at once (well within a 60-s
+// deadline), with `words` in its error.
+void ExpectTargetRefused(const std::string& target, const std::string& words) {
+  const CommandResult run =
+      RunCommand({KLCTL_BIN, "health", "--target=" + target, "--deadline=60s"},
+                 absl::Seconds(30));
+  EXPECT_EQ(run.exit_code, 1) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.err, words)) << run.err;
+}
+
 // gRPC would resolve "http://localhost:50051" as one DNS name, retrying
 // until the deadline; the client refuses it before any call.
 TEST(KlctlTargetTest, AUrlIsRefusedNamingTheTarget) {
-  const CommandResult run =
-      RunCommand({KLCTL_BIN, "health", "--target=http://localhost:50051",
-                  "--deadline=60s"},
-                 absl::Seconds(30));
-  EXPECT_EQ(run.exit_code, 1) << run.err;
-  EXPECT_TRUE(absl::StrContains(
-      run.err,
-      "target: \"http://localhost:50051\" is a URL; gRPC takes "
-      "host:port"))
-      << run.err;
+  ExpectTargetRefused(
+      "http://localhost:50051",
+      "target: \"http://localhost:50051\" is a URL; gRPC takes host:port");
 }
 
 // A port alone ("50051") was resolved as a DNS name until the deadline too.
 TEST(KlctlTargetTest, APortAloneIsRefusedWithTheTargetToGive) {
-  const CommandResult run =
-      RunCommand({KLCTL_BIN, "health", "--target=50051", "--deadline=60s"},
-                 absl::Seconds(30));
-  EXPECT_EQ(run.exit_code, 1) << run.err;
-  EXPECT_TRUE(absl::StrContains(
-      run.err,
-      "target: \"50051\" is a port alone; gRPC takes host:port "
-      "(localhost:50051)"))
-      << run.err;
+  ExpectTargetRefused("50051",
+                      "target: \"50051\" is a port alone; gRPC takes "
+                      "host:port (localhost:50051)");
 }
 
 TEST_F(KlctlTest, BenchRunsBothModes) {

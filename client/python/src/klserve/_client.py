@@ -202,27 +202,28 @@ def _read_file(field: str, path: str) -> bytes:
     _MAX_CREDENTIAL_FILE_BYTES: a path to /dev/zero must not fill the
     memory, nor one to a FIFO wait for a writer. The C++ reader's rules
     (auth/credential_file.h), and whitespace alone counts as empty."""
+    def unreadable(why):
+        return ValueError("%s: cannot read %r: %s" % (field, path, why))
+
     try:
+        # The type before opening, and again once open (the path may have
+        # changed in between).
         if not stat.S_ISREG(os.stat(path).st_mode):
-            raise ValueError("%s: cannot read %r: not a regular file" %
-                             (field, path))
+            raise unreadable("not a regular file")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY |
                      os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as f:
             opened = os.fstat(f.fileno())
             if not stat.S_ISREG(opened.st_mode):
-                raise ValueError("%s: cannot read %r: not a regular file" %
-                                 (field, path))
+                raise unreadable("not a regular file")
             # They pass for regular files, but the kernel writes them.
             if _kernel_filesystem(opened.st_dev) is not None:
-                raise ValueError("%s: cannot read %r: a file of procfs or "
-                                 "sysfs" % (field, path))
+                raise unreadable("a file of procfs or sysfs")
             data = f.read(_MAX_CREDENTIAL_FILE_BYTES + 1)
     except OSError as e:
-        raise ValueError("%s: cannot read %r: %s" % (field, path, e)) from e
+        raise unreadable(e) from e
     if len(data) > _MAX_CREDENTIAL_FILE_BYTES:
-        raise ValueError("%s: cannot read %r: larger than %d bytes" %
-                         (field, path, _MAX_CREDENTIAL_FILE_BYTES))
+        raise unreadable("larger than %d bytes" % _MAX_CREDENTIAL_FILE_BYTES)
     if not data.strip():
         raise ValueError("%s: %r is empty" % (field, path))
     return data

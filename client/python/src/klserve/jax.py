@@ -48,18 +48,13 @@ made them; query and key (and lse, masks) get zero cotangents.
 import logging
 from typing import Any, Optional
 
-try:
-    import jax
-    import jax.numpy as jnp
-except ModuleNotFoundError as e:  # the client installs without it
-    if e.name != "jax":
-        raise  # there, but broken: its own error says why
-    raise ImportError(
-        "klserve.jax needs JAX, which is not installed: install the "
-        "client with its jax extra (pip install './client/python[jax]' "
-        "from the repository), or JAX itself") from e
 import numpy as np
 import numpy.typing as npt
+
+from klserve._frameworks import import_framework
+
+jax = import_framework("jax", "JAX")
+import jax.numpy as jnp  # noqa: E402
 
 from klserve._client import Client, default_client, set_default_client
 from klserve._errors import KlserveError

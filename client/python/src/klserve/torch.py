@@ -33,16 +33,11 @@ from typing import Any, Mapping, Optional
 
 import ml_dtypes
 import numpy as np
-try:
-    import torch
-    from torch.autograd.function import once_differentiable
-except ModuleNotFoundError as e:  # the client installs without it
-    if e.name != "torch":
-        raise  # there, but broken: its own error says why
-    raise ImportError(
-        "klserve.torch needs PyTorch, which is not installed: install the "
-        "client with its torch extra (pip install './client/python[torch]' "
-        "from the repository), or PyTorch itself") from e
+
+from klserve._frameworks import import_framework
+
+torch = import_framework("torch", "PyTorch")
+from torch.autograd.function import once_differentiable  # noqa: E402
 
 from klserve._client import Client, default_client
 from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
