@@ -59,6 +59,7 @@ TEST_PACKAGES=(
   python3-pip
   clang-14
   libclang-rt-14-dev
+  qemu-user
 )
 # The container stage's: podman with runc, and debootstrap for a local base.
 CONTAINER_PACKAGES=(podman runc debootstrap)
@@ -255,8 +256,9 @@ EOF_CONF
 # Not run under sanitize: promql_expressions runs Python, the promtool checks
 # and isa_isolation (objdump of the main build) are not C++, the RSS bounds of
 # the load and slot tests cannot hold under ASan, whose quarantine keeps freed
-# memory, and the ASan build's server exits the long way, for LeakSanitizer.
-SANITIZE_EXCLUDE='^(promql_expressions|promtool_|isa_isolation|integration\..*Rss|integration\..*ExitsAtOnce)'
+# memory, the ASan build's server exits the long way, for LeakSanitizer, and
+# the emulated CPUs' runs test the main build's instructions, not its memory.
+SANITIZE_EXCLUDE='^(promql_expressions|promtool_|isa_isolation|emulated\.|integration\..*Rss|integration\..*ExitsAtOnce)'
 ASAN_DIR="${ASAN_BUILD_DIR:-$ROOT/build-asan}"
 FUZZ_DIR="${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 FUZZ_CLANG="${FUZZ_CLANG:-clang-14}"

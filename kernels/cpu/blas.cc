@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/isa.h"
 
 namespace klserve::cpu {
 namespace {
@@ -30,6 +31,14 @@ void Load() {
   Blas& blas = TheBlas();
   // Read by the library when it loads; one thread per product, always.
   setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/1);
+  // OpenBLAS picks its kernels by CPU, and they sum in different orders (its
+  // AVX-512 kernels against its AVX2 ones), so replicas on different CPUs
+  // would answer the projections form with different bits. Every CPU with
+  // AVX2 and FMA runs its Haswell kernels, as fast here as the AVX-512 ones
+  // (docs/blas.md). An operator's own OPENBLAS_CORETYPE stays.
+  if (CpuRuns(Isa::kAvx2)) {
+    setenv("OPENBLAS_CORETYPE", "Haswell", /*overwrite=*/0);
+  }
   void* library = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
     blas.status = absl::FailedPreconditionError(absl::StrCat(

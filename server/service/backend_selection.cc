@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/status_macros.h"
@@ -28,7 +29,15 @@ std::unique_ptr<Backend> Cpu(int threads, cpu::Isa isa, bool forced) {
   std::fprintf(stderr, "klserve: CPU kernels: %s (%s)\n",
                std::string(cpu::IsaName(isa)).c_str(),
                forced ? "--isa" : "the best this CPU runs");
-  return std::make_unique<CpuBackend>(threads, isa);
+  auto backend = std::make_unique<CpuBackend>(threads, isa);
+  // Which kernels the projections form's products run (docs/blas.md), or why
+  // that form is refused.
+  const absl::Status blas = cpu::LoadBlas();
+  const std::string blas_kernels =
+      blas.ok() ? absl::StrCat("OpenBLAS, ", cpu::BlasCoreName(), " kernels")
+                : absl::StrCat("refused (", blas.message(), ")");
+  std::fprintf(stderr, "klserve: projections form: %s\n", blas_kernels.c_str());
+  return backend;
 }
 
 }  // namespace

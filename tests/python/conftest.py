@@ -38,11 +38,12 @@ class Server:
     is no window in which another process could take the port."""
 
     def __init__(self, *flags, listen="127.0.0.1:0", timeout=30.0,
-                 client_options=None):
+                 client_options=None, launcher=()):
         # What every client of this server needs (TLS files, a token).
         self.client_options = dict(client_options or {})
-        self.args = [klserve_bin(), "--listen=" + listen, "--metrics_listen=",
-                     "--threads=2", *flags]
+        # launcher: a command that runs the binary (an emulator), or none.
+        self.args = [*launcher, klserve_bin(), "--listen=" + listen,
+                     "--metrics_listen=", "--threads=2", *flags]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True)
         self.log = []

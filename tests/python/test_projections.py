@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import klserve
+from conftest import Server
 from reference import (indexer_kl_reference, lse_of, projection_scores,
                        projections_reference, validity)
 
@@ -497,3 +498,14 @@ def topk_with_indices(p):
 def test_the_server_validates_the_projections(client, make, field):
     request = make(projections(32))
     invalid(lambda: client.compute_loss_from_projections(**request), field)
+
+
+def test_an_operators_openblas_coretype_is_kept():
+    """klserve pins OpenBLAS's Haswell kernels on CPUs with AVX2 so that
+    replicas agree (docs/blas.md), unless the environment names others."""
+    srv = Server(launcher=("env", "OPENBLAS_CORETYPE=Nehalem"))
+    try:
+        assert any("projections form: OpenBLAS, Nehalem kernels" in line
+                   for line in srv.log), "".join(srv.log)
+    finally:
+        assert srv.stop() == 0, "".join(srv.log)
