@@ -216,3 +216,16 @@ def test_a_wider_variant_is_refused_at_start(emulated):
     assert run.returncode != 0
     assert (f"--isa={wider}: this CPU cannot run the {wider} kernels; the "
             f"best it runs is {variant} (--isa=auto picks it)") in run.stderr
+
+
+def test_a_cpu_below_x86_64_v2_is_refused_by_name():
+    """A Core 2 has no SSE4.2 or POPCNT, which the code outside the variants
+    is compiled with: the loader refuses the binaries with a message (their
+    ELF note, CMakeLists.txt) instead of a SIGILL at some instruction."""
+    klctl = os.path.join(os.path.dirname(os.path.dirname(klserve_bin())),
+                         "client", "klctl")
+    for binary in (klserve_bin(), klctl):
+        run = subprocess.run([*launcher("core2duo-v1"), binary, "--help"],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 127, (binary, run.returncode, run.stderr)
+        assert "CPU ISA level is lower than required" in run.stderr, binary
