@@ -197,8 +197,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", blas.ToString().c_str());
     return 1;
   }
-  std::printf("backend: %s; BLAS: OpenBLAS %s\n", backend.device().c_str(),
-              cpu::BlasCoreName().c_str());
+  std::printf("backend: %s; BLAS: %s\n", backend.device().c_str(),
+              cpu::BlasKernels().c_str());
   std::printf(
       "gemm: FP32 GEMM rate of %d threads x 1024^3 SGEMM, measured just "
       "before each repetition (the best)\n\n",
@@ -262,8 +262,8 @@ int main(int argc, char** argv) {
         static_cast<double>(d->pairs) *
         (2.0 * kH * kD + 2.0 * kHI * kDI + 4.0 * kHI * kDI + 2.0 * kHI);
     std::printf("%-22s %10.1f %12.1f %12.1f %10.3f %10.1f\n", c.name,
-                best * 1e3, flops / best / 1e9, gemm / 1e9,
-                flops / best / gemm, static_cast<double>(work) / (1 << 20));
+                best * 1e3, flops / best / 1e9, gemm / 1e9, flops / best / gemm,
+                static_cast<double>(work) / (1 << 20));
   }
   return 0;
 }

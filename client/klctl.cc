@@ -44,6 +44,7 @@
 #include "client/tensor_util.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/status_macros.h"
 #include "klserve/v1/klserve.pb.h"
 #include "proto/request_tensors.h"
@@ -890,6 +891,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string command = args[1];
+  // bench --kernel computes in this process. Loading the BLAS sets
+  // environment variables (kernels/cpu/blas.h): now, before gRPC's threads.
+  if (command == "bench" && absl::GetFlag(FLAGS_kernel)) {
+    klserve::cpu::LoadBlas().IgnoreError();
+  }
   absl::Status status;
   if (command == "health") {
     absl::StatusOr<bool> serving = klserve::Health();

@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "kernels/cpu/isa.h"
 
 namespace klserve::cpu {
@@ -34,10 +36,13 @@ void Load() {
   // OpenBLAS picks its kernels by CPU, and they sum in different orders (its
   // AVX-512 kernels against its AVX2 ones), so replicas on different CPUs
   // would answer the projections form with different bits. Every CPU with
-  // AVX2 and FMA runs its Haswell kernels, as fast here as the AVX-512 ones
-  // (docs/blas.md). An operator's own OPENBLAS_CORETYPE stays.
-  if (CpuRuns(Isa::kAvx2)) {
-    setenv("OPENBLAS_CORETYPE", "Haswell", /*overwrite=*/0);
+  // AVX2 and FMA runs its Haswell kernels: the same bits everywhere, at some
+  // cost in speed on CPUs with full-width AVX-512 (docs/blas.md). An
+  // operator's own OPENBLAS_CORETYPE stays; an empty one, which OpenBLAS
+  // ignores, does not.
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  if (CpuRuns(Isa::kAvx2) && (coretype == nullptr || *coretype == '\0')) {
+    setenv("OPENBLAS_CORETYPE", "Haswell", /*overwrite=*/1);
   }
   void* library = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
@@ -66,11 +71,22 @@ absl::Status LoadBlas() {
   return TheBlas().status;
 }
 
-std::string BlasCoreName() {
+std::string BlasKernels() {
   if (absl::Status status = LoadBlas(); !status.ok()) {
-    return std::string(status.message());
+    // Its message is a request's error, which names the field.
+    return absl::StrCat("refused: ",
+                        absl::StripPrefix(status.message(), "query: "));
   }
-  return TheBlas().corename();
+  const std::string kernels = TheBlas().corename();
+  // OpenBLAS takes a name it does not know (a typo, an empty value) as no
+  // name, and picks by CPU: the pin an operator meant would not hold.
+  const char* asked = std::getenv("OPENBLAS_CORETYPE");
+  if (asked != nullptr && !absl::EqualsIgnoreCase(asked, kernels)) {
+    return absl::StrCat("OpenBLAS, ", kernels,
+                        " kernels (not OPENBLAS_CORETYPE=", asked,
+                        ", a name it does not know)");
+  }
+  return absl::StrCat("OpenBLAS, ", kernels, " kernels");
 }
 
 void Sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,

@@ -21,11 +21,18 @@ namespace klserve::cpu {
 
 // Loads the library once; later calls return the first call's status
 // (FAILED_PRECONDITION naming the library when it cannot be loaded).
+//
+// The first call sets OPENBLAS_NUM_THREADS and, on a CPU with AVX2,
+// OPENBLAS_CORETYPE (blas.cc says why), and setenv is not safe while another
+// thread may read the environment. So a program makes the first call while
+// it runs one thread (klserve's and klctl's main do; a CpuBackend calls it
+// before it starts its threads).
 absl::Status LoadBlas();
 
-// The kernel set OpenBLAS chose for this CPU ("Cooperlake", "Haswell"), or
-// why it is not loaded.
-std::string BlasCoreName();
+// What the products run, for logs: "OpenBLAS, Haswell kernels" (the kernel
+// set OpenBLAS runs, and an OPENBLAS_CORETYPE it did not take), or why the
+// library did not load.
+std::string BlasKernels();
 
 // C[m, n] = alpha * op(A) op(B) + beta * C, row-major, op(X) = X or X^T:
 // SGEMM on the calling thread. LoadBlas must have succeeded.

@@ -49,9 +49,9 @@ class FirstError {
 }  // namespace
 
 CpuBackend::CpuBackend(int num_threads, cpu::Isa isa)
-    : pool_(num_threads),
-      kernels_(cpu::KernelsFor(isa)),
-      blas_(cpu::LoadBlas()) {}
+    : blas_(cpu::LoadBlas()),
+      pool_(num_threads),
+      kernels_(cpu::KernelsFor(isa)) {}
 
 std::string CpuBackend::device() const {
   return absl::StrCat(pool_.num_threads(),

@@ -39,10 +39,12 @@ class CpuBackend final : public Backend {
   const cpu::IsaKernels& kernels() const { return kernels_; }
 
  private:
+  // Whether the projections form's BLAS loaded (kernels/cpu/blas.h). First,
+  // so that loading it, which sets environment variables, happens before
+  // the pool starts its threads.
+  const absl::Status blas_;
   cpu::ThreadPool pool_;
   const cpu::IsaKernels& kernels_;
-  // Whether the projections form's BLAS loaded (kernels/cpu/blas.h).
-  const absl::Status blas_;
 };
 
 }  // namespace klserve

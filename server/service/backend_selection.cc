@@ -32,11 +32,8 @@ std::unique_ptr<Backend> Cpu(int threads, cpu::Isa isa, bool forced) {
   auto backend = std::make_unique<CpuBackend>(threads, isa);
   // Which kernels the projections form's products run (docs/blas.md), or why
   // that form is refused.
-  const absl::Status blas = cpu::LoadBlas();
-  const std::string blas_kernels =
-      blas.ok() ? absl::StrCat("OpenBLAS, ", cpu::BlasCoreName(), " kernels")
-                : absl::StrCat("refused (", blas.message(), ")");
-  std::fprintf(stderr, "klserve: projections form: %s\n", blas_kernels.c_str());
+  std::fprintf(stderr, "klserve: projections form: %s\n",
+               cpu::BlasKernels().c_str());
   return backend;
 }
 

@@ -19,10 +19,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "kernels/cpu/blas.h"
+#include "server/service/byte_count.h"
 #include "server/service/kl_server.h"
 #include "server/service/server_options.h"
 
 namespace {
+
+using klserve::server::ByteCount;
 
 // Every flag's default is ServerOptions'.
 const klserve::server::ServerOptions& Defaults() {
@@ -64,7 +68,7 @@ ABSL_FLAG(std::string, isa, Defaults().isa,
           "CPU kernels' instruction set: auto (the best this CPU runs), "
           "avx512, avx2 or baseline; every one gives the same bits, and one "
           "this CPU cannot run is refused");
-ABSL_FLAG(int64_t, max_message_bytes, Defaults().max_message_bytes,
+ABSL_FLAG(ByteCount, max_message_bytes, ByteCount{Defaults().max_message_bytes},
           "largest gRPC message either way; larger problems must stream");
 ABSL_FLAG(int, max_concurrent_requests, Defaults().max_concurrent_requests,
           "unary ComputeLoss requests computing or queued at once (also the "
@@ -84,7 +88,8 @@ ABSL_FLAG(absl::Duration, max_compute_duration, Defaults().max_compute_duration,
 ABSL_FLAG(int, max_streams_per_connection,
           Defaults().max_streams_per_connection,
           "HTTP/2 streams (calls) one connection may have open at once");
-ABSL_FLAG(int64_t, transport_memory_bytes, Defaults().transport_memory_bytes,
+ABSL_FLAG(ByteCount, transport_memory_bytes,
+          ByteCount{Defaults().transport_memory_bytes},
           "memory gRPC may hold for all connections (a grpc::ResourceQuota)");
 ABSL_FLAG(absl::Duration, max_connection_age, Defaults().max_connection_age,
           "ask a connection to reconnect after this long; it is closed "
@@ -92,14 +97,15 @@ ABSL_FLAG(absl::Duration, max_connection_age, Defaults().max_connection_age,
 ABSL_FLAG(bool, enable_echo, Defaults().enable_echo,
           "serve the Echo RPC (klctl bench --mode=echo); off, it gets "
           "UNIMPLEMENTED");
-ABSL_FLAG(int64_t, max_tensor_bytes, Defaults().max_tensor_bytes,
+ABSL_FLAG(ByteCount, max_tensor_bytes, ByteCount{Defaults().max_tensor_bytes},
           "largest tensor a request may carry or ask for (stream blocks count "
           "one at a time)");
-ABSL_FLAG(int64_t, max_stream_key_bytes, Defaults().max_stream_key_bytes,
+ABSL_FLAG(ByteCount, max_stream_key_bytes,
+          ByteCount{Defaults().max_stream_key_bytes},
           "what one projections-form stream may hold for its key side: key "
           "and index_key bytes plus 8 * B * S * D_I for the d_index_key sum");
-ABSL_FLAG(int64_t, max_thread_scratch_bytes,
-          Defaults().max_thread_scratch_bytes,
+ABSL_FLAG(ByteCount, max_thread_scratch_bytes,
+          ByteCount{Defaults().max_thread_scratch_bytes},
           "what one compute thread may hold for a tile of a projections-form "
           "request (it grows with S and the head sizes); --threads times it "
           "in all");
@@ -108,7 +114,7 @@ ABSL_FLAG(bool, shared_memory, Defaults().shared_memory,
           "host (a Unix socket or loopback); docs/shared-memory.md");
 ABSL_FLAG(int, max_regions, Defaults().max_regions,
           "shared-memory regions registered at once");
-ABSL_FLAG(int64_t, max_region_bytes, Defaults().max_region_bytes,
+ABSL_FLAG(ByteCount, max_region_bytes, ByteCount{Defaults().max_region_bytes},
           "bytes of all registered shared-memory regions together");
 ABSL_FLAG(absl::Duration, region_lease, Defaults().region_lease,
           "a region no call names for this long is unregistered and unmapped");
@@ -133,7 +139,8 @@ ABSL_FLAG(int, max_layers_per_run, Defaults().max_layers_per_run,
 ABSL_FLAG(int, max_tensorboard_runs, Defaults().max_tensorboard_runs,
           "runs given a TensorBoard directory while the server runs; later "
           "new runs get Prometheus metrics but no event file");
-ABSL_FLAG(int64_t, max_tensorboard_bytes, Defaults().max_tensorboard_bytes,
+ABSL_FLAG(ByteCount, max_tensorboard_bytes,
+          ByteCount{Defaults().max_tensorboard_bytes},
           "disk space the TensorBoard event files may take, all runs "
           "together; later steps get Prometheus metrics but no event");
 ABSL_FLAG(absl::Duration, step_idle_timeout, Defaults().step_idle_timeout,
@@ -177,6 +184,10 @@ int main(int argc, char** argv) {
     return usage == 1 ? 0 : usage;  // 1: a help flag was handled
   }
 
+  // Before any thread starts: loading the BLAS sets environment variables
+  // (kernels/cpu/blas.h). Its status is the CPU backend's to report.
+  klserve::cpu::LoadBlas().IgnoreError();
+
   // SIGTERM and SIGINT go to one thread that drains; every other thread,
   // including gRPC's and the backend's (started below), inherits the mask.
   sigset_t signals;
@@ -203,7 +214,7 @@ int main(int argc, char** argv) {
   options.backend = absl::GetFlag(FLAGS_backend);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.isa = absl::GetFlag(FLAGS_isa);
-  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
   options.max_concurrent_requests =
       absl::GetFlag(FLAGS_max_concurrent_requests);
   options.max_open_streams = absl::GetFlag(FLAGS_max_open_streams);
@@ -212,16 +223,18 @@ int main(int argc, char** argv) {
   options.max_compute_duration = absl::GetFlag(FLAGS_max_compute_duration);
   options.max_streams_per_connection =
       absl::GetFlag(FLAGS_max_streams_per_connection);
-  options.transport_memory_bytes = absl::GetFlag(FLAGS_transport_memory_bytes);
+  options.transport_memory_bytes =
+      absl::GetFlag(FLAGS_transport_memory_bytes).bytes;
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   options.enable_echo = absl::GetFlag(FLAGS_enable_echo);
-  options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes);
-  options.max_stream_key_bytes = absl::GetFlag(FLAGS_max_stream_key_bytes);
+  options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes).bytes;
+  options.max_stream_key_bytes =
+      absl::GetFlag(FLAGS_max_stream_key_bytes).bytes;
   options.max_thread_scratch_bytes =
-      absl::GetFlag(FLAGS_max_thread_scratch_bytes);
+      absl::GetFlag(FLAGS_max_thread_scratch_bytes).bytes;
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   options.max_regions = absl::GetFlag(FLAGS_max_regions);
-  options.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes);
+  options.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes).bytes;
   options.region_lease = absl::GetFlag(FLAGS_region_lease);
   options.release_memory_after_idle =
       absl::GetFlag(FLAGS_release_memory_after_idle);
@@ -231,7 +244,8 @@ int main(int argc, char** argv) {
   options.max_runs = absl::GetFlag(FLAGS_max_runs);
   options.max_layers_per_run = absl::GetFlag(FLAGS_max_layers_per_run);
   options.max_tensorboard_runs = absl::GetFlag(FLAGS_max_tensorboard_runs);
-  options.max_tensorboard_bytes = absl::GetFlag(FLAGS_max_tensorboard_bytes);
+  options.max_tensorboard_bytes =
+      absl::GetFlag(FLAGS_max_tensorboard_bytes).bytes;
   options.step_idle_timeout = absl::GetFlag(FLAGS_step_idle_timeout);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);

@@ -17,6 +17,7 @@ read.
 """
 
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -80,6 +81,16 @@ def parse_quantity(text):
     match = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?", str(text))
     assert match, text
     return int(match.group(1)) * units[match.group(2) or ""]
+
+
+def parse_byte_count(text):
+    """Bytes in a klserve _bytes flag's value: 8589934592, 8GiB or 8 GiB
+    (server/service/byte_count.h)."""
+    units = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+             "tib": 2**40}
+    match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    assert match and match.group(2).lower() in units, text
+    return int(match.group(1)) * units[match.group(2).lower()]
 
 
 def flag(args, name):
@@ -230,7 +241,7 @@ def assert_tensorboard_bytes_fit_the_volume(pod, c, args):
     if limit is None:
         return
     bound = last_flag(args, "max_tensorboard_bytes")
-    bound = int(bound) if bound else 16 * 2**30  # klserve's default
+    bound = parse_byte_count(bound) if bound else 16 * 2**30  # the default
     assert bound <= 0.9 * parse_quantity(limit), (bound, limit)
 
 
@@ -824,3 +835,29 @@ def test_dockerignore_keeps_build_outputs_out():
     for needed in ("scripts", "server", "client", "kernels", "proto",
                    "tests", "CMakeLists.txt", "deploy"):
         assert needed not in patterns
+
+
+def klserve_flag_sets():
+    """Every set of flags the deployment files hand klserve: the
+    Deployment's and the sidecar's (their ConfigMap flagfile included) and
+    each compose service that runs the klserve image."""
+    sets = {"deployment": all_args(), "sidecar": sidecar_args()}
+    for path in (COMPOSE, COMPOSE_SHM):
+        for name, service in load_all(path)[0]["services"].items():
+            if str(service.get("image", "")).startswith("klserve:"):
+                sets[f"{path.name}:{name}"] = service["command"]
+    return {name: [a for a in args if a.startswith("--")]
+            for name, args in sets.items()}
+
+
+@pytest.mark.skipif(not os.environ.get("KLSERVE_BIN"),
+                    reason="KLSERVE_BIN unset (CMake sets it to the build's "
+                           "klserve)")
+def test_klserve_takes_every_flag_the_deployment_files_give():
+    """A renamed flag or a value klserve cannot parse (a byte count in GB,
+    a duration without its unit) would otherwise surface only as a pod that
+    restarts forever. --help parses every flag first, then exits 0."""
+    for name, flags in klserve_flag_sets().items():
+        run = subprocess.run([os.environ["KLSERVE_BIN"], *flags, "--help"],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, (name, run.stderr[-2000:])

@@ -500,12 +500,48 @@ def test_the_server_validates_the_projections(client, make, field):
     invalid(lambda: client.compute_loss_from_projections(**request), field)
 
 
+def cpu_flags():
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= cpu_flags(),
+                    reason="this CPU has no AVX2: OpenBLAS picks its kernels")
+def test_openblas_runs_its_haswell_kernels_on_a_cpu_with_avx2():
+    """Whatever kernels OpenBLAS would pick here (Cooperlake on an AVX-512
+    CPU), klserve pins the ones every AVX2 CPU runs, so that replicas on
+    different CPUs agree (docs/blas.md); an empty OPENBLAS_CORETYPE, which
+    OpenBLAS ignores, does not undo it."""
+    for launcher in (("env", "-u", "OPENBLAS_CORETYPE"),
+                     ("env", "OPENBLAS_CORETYPE=")):
+        srv = Server(launcher=launcher)
+        try:
+            assert ("klserve: projections form: OpenBLAS, Haswell kernels\n"
+                    in srv.log), "".join(srv.log)
+        finally:
+            assert srv.stop() == 0, "".join(srv.log)
+
+
 def test_an_operators_openblas_coretype_is_kept():
     """klserve pins OpenBLAS's Haswell kernels on CPUs with AVX2 so that
     replicas agree (docs/blas.md), unless the environment names others."""
     srv = Server(launcher=("env", "OPENBLAS_CORETYPE=Nehalem"))
     try:
-        assert any("projections form: OpenBLAS, Nehalem kernels" in line
-                   for line in srv.log), "".join(srv.log)
+        assert ("klserve: projections form: OpenBLAS, Nehalem kernels\n"
+                in srv.log), "".join(srv.log)
+    finally:
+        assert srv.stop() == 0, "".join(srv.log)
+
+
+def test_an_openblas_coretype_it_does_not_know_is_named_in_the_log():
+    """OpenBLAS takes an unknown name as none and picks by CPU: the log says
+    so, rather than leaving an operator to believe the pin holds."""
+    srv = Server(launcher=("env", "OPENBLAS_CORETYPE=Haswel"))
+    try:
+        assert any("(not OPENBLAS_CORETYPE=Haswel, a name it does not know)"
+                   in line for line in srv.log), "".join(srv.log)
     finally:
         assert srv.stop() == 0, "".join(srv.log)
