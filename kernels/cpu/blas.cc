@@ -78,13 +78,15 @@ std::string BlasKernels() {
                         absl::StripPrefix(status.message(), "query: "));
   }
   const std::string kernels = TheBlas().corename();
-  // OpenBLAS takes a name it does not know (a typo, an empty value) as no
-  // name, and picks by CPU: the pin an operator meant would not hold.
+  // OpenBLAS takes a name it does not know (a typo) as none and picks by
+  // CPU, and runs others for a few old names: either way the kernels an
+  // operator meant to pin are not the ones that run, which the log says.
   const char* asked = std::getenv("OPENBLAS_CORETYPE");
   if (asked != nullptr && !absl::EqualsIgnoreCase(asked, kernels)) {
     return absl::StrCat("OpenBLAS, ", kernels,
-                        " kernels (not OPENBLAS_CORETYPE=", asked,
-                        ", a name it does not know)");
+                        " kernels, not the OPENBLAS_CORETYPE=\"", asked,
+                        "\" asked for (a name OpenBLAS does not know, or one "
+                        "it runs these for)");
   }
   return absl::StrCat("OpenBLAS, ", kernels, " kernels");
 }

@@ -7,14 +7,13 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace klserve::server {
 namespace {
 
-// The units, largest first, and what each multiplies by.
+// Largest first: a count prints in the first unit that divides it.
 constexpr std::array<std::pair<absl::string_view, int64_t>, 4> kUnits = {{
     {"TiB", int64_t{1} << 40},
     {"GiB", int64_t{1} << 30},
@@ -35,9 +34,10 @@ bool AbslParseFlag(absl::string_view text, ByteCount* count,
   const absl::string_view unit =
       absl::StripLeadingAsciiWhitespace(trimmed.substr(digits));
   int64_t multiplier = 0;
-  if (unit.empty() || absl::EqualsIgnoreCase(unit, "B")) multiplier = 1;
+  // Case matters: "Mib" and "b" would be bits.
+  if (unit.empty() || unit == "B") multiplier = 1;
   for (const auto& [name, bytes] : kUnits) {
-    if (absl::EqualsIgnoreCase(unit, name)) multiplier = bytes;
+    if (unit == name) multiplier = bytes;
   }
   if (number.empty() || multiplier == 0) {
     *error =

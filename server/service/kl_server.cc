@@ -26,6 +26,7 @@
 #include "kernels/cpu/return_memory.h"
 #include "kernels/status_macros.h"
 #include "server/service/backend_selection.h"
+#include "server/service/byte_count.h"
 #include "server/service/listen_addresses.h"
 #include "server/service/method_names.h"
 #include "server/service/version.h"
@@ -102,6 +103,17 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--", flag, ": must be in [", low, ", ", high, "], got ", value));
   };
+  // Byte counts as their flags take and print them (256MiB).
+  const auto bytes = [](int64_t count) {
+    return AbslUnparseFlag(ByteCount{count});
+  };
+  const auto bytes_at_least = [&bytes](absl::string_view flag, int64_t value,
+                                       int64_t least) -> absl::Status {
+    if (value >= least) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": must be at least ", bytes(least), ", got ",
+                     bytes(value)));
+  };
   RETURN_IF_ERROR(in_range("threads", options.threads, 0, kMaxThreads));
   RETURN_IF_ERROR(in_range("max_concurrent_requests",
                            options.max_concurrent_requests, 1, kMaxThreads));
@@ -109,34 +121,37 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(at_least("max_streams_per_connection",
                            options.max_streams_per_connection, 1));
   // gRPC counts message sizes in int.
-  constexpr int64_t kGrpcMaxMessage = (int64_t{1} << 31) - 1;
   if (options.max_message_bytes < 1 ||
-      options.max_message_bytes > kGrpcMaxMessage) {
+      options.max_message_bytes >= (int64_t{1} << 31)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--max_message_bytes: must be in [1, ", kGrpcMaxMessage,
-                     "], got ", options.max_message_bytes));
+        absl::StrCat("--max_message_bytes: must be at least 1 and below 2GiB "
+                     "(gRPC counts in int), got ",
+                     bytes(options.max_message_bytes)));
   }
-  RETURN_IF_ERROR(at_least("max_tensor_bytes", options.max_tensor_bytes, 1));
   RETURN_IF_ERROR(
-      at_least("max_stream_key_bytes", options.max_stream_key_bytes, 1));
-  RETURN_IF_ERROR(at_least("max_thread_scratch_bytes",
-                           options.max_thread_scratch_bytes, 1));
+      bytes_at_least("max_tensor_bytes", options.max_tensor_bytes, 1));
+  RETURN_IF_ERROR(
+      bytes_at_least("max_stream_key_bytes", options.max_stream_key_bytes, 1));
+  RETURN_IF_ERROR(bytes_at_least("max_thread_scratch_bytes",
+                                 options.max_thread_scratch_bytes, 1));
   // Below a few MiB gRPC could not hold one connection's buffers.
-  RETURN_IF_ERROR(at_least("transport_memory_bytes",
-                           options.transport_memory_bytes, int64_t{16} << 20));
+  RETURN_IF_ERROR(bytes_at_least("transport_memory_bytes",
+                                 options.transport_memory_bytes,
+                                 int64_t{16} << 20));
   RETURN_IF_ERROR(at_least("max_runs", options.max_runs, 1));
   RETURN_IF_ERROR(
       at_least("max_layers_per_run", options.max_layers_per_run, 1));
   RETURN_IF_ERROR(
       at_least("max_tensorboard_runs", options.max_tensorboard_runs, 1));
-  RETURN_IF_ERROR(
-      at_least("max_tensorboard_bytes", options.max_tensorboard_bytes, 1));
+  RETURN_IF_ERROR(bytes_at_least("max_tensorboard_bytes",
+                                 options.max_tensorboard_bytes, 1));
   if (options.max_regions < 1 || options.max_regions > kMaxGuardedMappings) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_regions: must be in [1, ", kMaxGuardedMappings,
                      "], got ", options.max_regions));
   }
-  RETURN_IF_ERROR(at_least("max_region_bytes", options.max_region_bytes, 1));
+  RETURN_IF_ERROR(
+      bytes_at_least("max_region_bytes", options.max_region_bytes, 1));
   if (!options.metrics_listen.empty()) {
     RETURN_IF_ERROR(CheckHostPort("metrics_listen", options.metrics_listen));
   }

@@ -35,15 +35,14 @@ TEST(ByteCount, NumbersAloneAreBytes) {
 TEST(ByteCount, BinaryUnitsArePowersOf1024) {
   EXPECT_EQ(Parsed("512KiB"), 512 * 1024);
   EXPECT_EQ(Parsed("256MiB"), 256 * 1024 * 1024);
-  EXPECT_EQ(Parsed("256mib"), 256 * 1024 * 1024);
   EXPECT_EQ(Parsed("16GiB"), int64_t{16} * 1024 * 1024 * 1024);
   EXPECT_EQ(Parsed("16 GiB"), int64_t{16} * 1024 * 1024 * 1024);
   EXPECT_EQ(Parsed("2TiB"), int64_t{2} * 1024 * 1024 * 1024 * 1024);
 }
 
 TEST(ByteCount, WhatIsNotACountIsRefusedWithTheForm) {
-  for (const char* text :
-       {"", "MiB", "-1", "1.5GiB", "1GB", "1G", "1 MiB x", "0x100", "abc"}) {
+  for (const char* text : {"", "MiB", "-1", "+5", "1.5GiB", "1GB", "1G", "1Gi",
+                           "1gib", "1Mib", "1b", "1 MiB x", "0x100", "abc"}) {
     EXPECT_NE(Refusal(text).find("e.g. 268435456 or 256MiB"), std::string::npos)
         << text;
   }
