@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", blas.ToString().c_str());
     return 1;
   }
-  std::printf("backend: %s; BLAS: %s\n", backend.device().c_str(),
+  std::printf("backend: %s\nBLAS: %s\n", backend.device().c_str(),
               cpu::BlasKernels().c_str());
   std::printf(
       "gemm: FP32 GEMM rate of %d threads x 1024^3 SGEMM, measured just "

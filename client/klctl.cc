@@ -871,6 +871,10 @@ int main(int argc, char** argv) {
     const size_t at = file.rfind("client/");
     return std::string(at == absl::string_view::npos ? file : file.substr(at));
   };
+  // absl's own --version says only whether NDEBUG was defined.
+  usage.version_string = [] {
+    return std::string("klctl " KLSERVE_VERSION "\n");
+  };
   absl::SetFlagsUsageConfig(usage);
   // absl::ParseCommandLine exits 1 after printing the help that was asked
   // for, which scripts read as a failure; its two halves, run here, let

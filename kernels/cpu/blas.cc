@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <initializer_list>
 #include <mutex>
 
 #include "absl/strings/match.h"
@@ -27,6 +28,36 @@ struct Blas {
 Blas& TheBlas() {
   static Blas blas;
   return blas;
+}
+
+// What OpenBLAS's kernel set `kernels` needs beyond x86-64-v2 that this CPU
+// lacks, or "" when it runs them. OpenBLAS runs what OPENBLAS_CORETYPE names
+// without asking the CPU, so kernels it cannot run would end the first
+// product with SIGILL, after the server had reported itself healthy.
+std::string MissingForKernels(absl::string_view kernels) {
+  const auto named = [&](std::initializer_list<absl::string_view> names) {
+    for (absl::string_view name : names) {
+      if (absl::EqualsIgnoreCase(kernels, name)) return true;
+    }
+    return false;
+  };
+  __builtin_cpu_init();
+  if (named({"SkylakeX", "Cooperlake", "SapphireRapids"})) {
+    return CpuRuns(Isa::kAvx512) ? "" : "AVX-512 (F, DQ, BW, VL)";
+  }
+  if (named({"Haswell", "Zen"})) {
+    return CpuRuns(Isa::kAvx2) ? "" : "AVX2 and FMA";
+  }
+  if (named({"Sandybridge"})) {
+    return __builtin_cpu_supports("avx") ? "" : "AVX";
+  }
+  // AMD's Bulldozer family, which alone has FMA4.
+  if (named({"Bulldozer", "Piledriver", "Steamroller", "Excavator"})) {
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("fma4")
+               ? ""
+               : "AVX and FMA4";
+  }
+  return "";
 }
 
 void Load() {
@@ -60,6 +91,19 @@ void Load() {
         absl::FailedPreconditionError(absl::StrCat("query: ", kLibrary,
                                                    " has no cblas_sgemm or "
                                                    "openblas_get_corename"));
+    return;
+  }
+  const std::string kernels = blas.corename();
+  if (const std::string missing = MissingForKernels(kernels);
+      !missing.empty()) {
+    const char* asked = std::getenv("OPENBLAS_CORETYPE");
+    blas.status = absl::FailedPreconditionError(absl::StrCat(
+        "query: OpenBLAS would run its ", kernels, " kernels (",
+        asked == nullptr ? "its own choice"
+                         : absl::StrCat("OPENBLAS_CORETYPE=", asked),
+        "), which need ", missing,
+        " that this CPU lacks; unset OPENBLAS_CORETYPE or name kernels "
+        "every replica's CPU runs (docs/blas.md)"));
   }
 }
 
@@ -69,6 +113,10 @@ absl::Status LoadBlas() {
   static std::once_flag once;
   std::call_once(once, Load);
   return TheBlas().status;
+}
+
+std::string BlasCoreName() {
+  return LoadBlas().ok() ? TheBlas().corename() : "";
 }
 
 std::string BlasKernels() {

@@ -29,6 +29,9 @@ namespace klserve::cpu {
 // before it starts its threads).
 absl::Status LoadBlas();
 
+// The kernel set OpenBLAS runs ("Haswell"), or "" when it is not loaded.
+std::string BlasCoreName();
+
 // What the products run, for logs: "OpenBLAS, Haswell kernels" (the kernel
 // set OpenBLAS runs, and an OPENBLAS_CORETYPE it did not take), or why the
 // library did not load.

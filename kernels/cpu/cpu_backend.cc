@@ -54,9 +54,12 @@ CpuBackend::CpuBackend(int num_threads, cpu::Isa isa)
       kernels_(cpu::KernelsFor(isa)) {}
 
 std::string CpuBackend::device() const {
+  // The BLAS kernels too: a replica that runs others answers the
+  // projections form with other bits (docs/blas.md).
   return absl::StrCat(pool_.num_threads(),
                       pool_.num_threads() == 1 ? " thread, " : " threads, ",
-                      cpu::IsaName(kernels_.isa), " kernels");
+                      cpu::IsaName(kernels_.isa), " kernels",
+                      blas_.ok() ? ", OpenBLAS " : "", cpu::BlasCoreName());
 }
 
 absl::Status CpuBackend::ComputeRows(const IndexerKlProblem& p,

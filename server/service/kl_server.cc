@@ -120,12 +120,14 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(at_least("max_open_streams", options.max_open_streams, 1));
   RETURN_IF_ERROR(at_least("max_streams_per_connection",
                            options.max_streams_per_connection, 1));
-  // gRPC counts message sizes in int.
-  if (options.max_message_bytes < 1 ||
+  // gRPC counts message sizes in int. Below 1KiB not even GetServerInfo's
+  // answer fits, and the server would look healthy yet answer nothing (a
+  // size given in MiB without its unit).
+  if (options.max_message_bytes < 1024 ||
       options.max_message_bytes >= (int64_t{1} << 31)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--max_message_bytes: must be at least 1 and below 2GiB "
-                     "(gRPC counts in int), got ",
+        absl::StrCat("--max_message_bytes: must be at least 1KiB and below "
+                     "2GiB (gRPC counts in int), got ",
                      bytes(options.max_message_bytes)));
   }
   RETURN_IF_ERROR(

@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -23,6 +24,7 @@
 #include "server/service/byte_count.h"
 #include "server/service/kl_server.h"
 #include "server/service/server_options.h"
+#include "server/service/version.h"
 
 namespace {
 
@@ -170,6 +172,10 @@ int main(int argc, char** argv) {
   usage.normalize_filename = [](absl::string_view file) {
     const size_t at = file.rfind("server/");
     return std::string(at == absl::string_view::npos ? file : file.substr(at));
+  };
+  // absl's own --version says only whether NDEBUG was defined.
+  usage.version_string = [] {
+    return absl::StrCat("klserve ", klserve::server::kVersion, "\n");
   };
   absl::SetFlagsUsageConfig(usage);
   // absl::ParseCommandLine exits 1 after printing the help that was asked

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/half.h"
@@ -70,12 +71,18 @@ TEST(IsaVariants, FlagWordsResolve) {
   EXPECT_NE(bad.status().message().find("sse9"), std::string::npos);
 }
 
-TEST(IsaVariants, BackendNamesItsVariant) {
+TEST(IsaVariants, BackendNamesItsVariantAndItsBlasKernels) {
+  // OpenBLAS is installed wherever the tests run (scripts/klserve.sh).
+  ASSERT_TRUE(cpu::LoadBlas().ok());
+  const std::string blas = ", OpenBLAS " + cpu::BlasCoreName();
+  ASSERT_NE(cpu::BlasCoreName(), "");
   for (Isa isa : RunnableIsas()) {
-    EXPECT_EQ(CpuBackend(1, isa).device(),
-              "1 thread, " + std::string(cpu::IsaName(isa)) + " kernels");
-    EXPECT_EQ(CpuBackend(2, isa).device(),
-              "2 threads, " + std::string(cpu::IsaName(isa)) + " kernels");
+    EXPECT_EQ(
+        CpuBackend(1, isa).device(),
+        "1 thread, " + std::string(cpu::IsaName(isa)) + " kernels" + blas);
+    EXPECT_EQ(
+        CpuBackend(2, isa).device(),
+        "2 threads, " + std::string(cpu::IsaName(isa)) + " kernels" + blas);
   }
 }
 

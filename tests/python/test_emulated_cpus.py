@@ -25,6 +25,7 @@ import os
 import shlex
 import subprocess
 
+import grpc
 import ml_dtypes
 import numpy as np
 import pytest
@@ -167,7 +168,8 @@ def test_auto_picks_the_widest_variant_the_cpu_runs(emulated):
     blas = "Haswell" if variant != "baseline" else "Nehalem"
     assert f"projections form: OpenBLAS, {blas} kernels" in log, log
     with srv.client() as client:
-        assert client.server_info().device.endswith(f"{variant} kernels")
+        assert client.server_info().device == (
+            f"2 threads, {variant} kernels, OpenBLAS {blas}")
 
 
 def bits(value):
@@ -239,3 +241,34 @@ def test_a_cpu_below_x86_64_v2_is_refused_by_name():
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 127, (binary, run.returncode, run.stderr)
         assert "CPU ISA level is lower than required" in run.stderr, binary
+
+
+# OpenBLAS kernels one step wider than each variant's CPU runs.
+WIDER_BLAS = {"baseline": "Haswell", "avx2": "SkylakeX"}
+
+
+def test_blas_kernels_the_cpu_cannot_run_are_refused_not_run(emulated):
+    """OpenBLAS runs the kernels OPENBLAS_CORETYPE names without asking the
+    CPU: a fleet-wide setting that reaches an older node would end the
+    server with SIGILL at its first projections-form call, after it had
+    reported itself healthy. It refuses that form instead, saying why, and
+    serves the rest."""
+    _, cpu, variant = emulated
+    kernels = WIDER_BLAS.get(variant)
+    if kernels is None:
+        pytest.skip(f"{cpu} runs every kernel set")
+    srv = Server(launcher=(*EMULATOR, "-E", f"OPENBLAS_CORETYPE={kernels}",
+                           "-cpu", cpu), timeout=120.0)
+    try:
+        assert any(f"projections form: refused: OpenBLAS would run its "
+                   f"{kernels} kernels" in line for line in srv.log), (
+            "".join(srv.log))
+        with srv.client(deadline=120.0) as client:
+            with pytest.raises(grpc.RpcError) as refused:
+                client.compute_loss(**PROBLEMS["projections_dense"])
+            assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert f"OPENBLAS_CORETYPE={kernels}" in refused.value.details
+            assert client.compute_loss(
+                **PROBLEMS["dense_per_head_fp32"]).loss > 0
+    finally:
+        assert srv.stop() == 0, "".join(srv.log)
