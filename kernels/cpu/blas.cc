@@ -1,6 +1,7 @@
 #include "kernels/cpu/blas.h"
 
 #include <cblas.h>
+#include <cpuid.h>
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -46,7 +47,9 @@ std::string MissingForKernels(absl::string_view kernels) {
     return CpuRuns(Isa::kAvx512) ? "" : "AVX-512 (F, DQ, BW, VL)";
   }
   if (named({"Haswell", "Zen"})) {
-    return CpuRuns(Isa::kAvx2) ? "" : "AVX2 and FMA";
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+               ? ""
+               : "AVX2 and FMA";
   }
   if (named({"Sandybridge"})) {
     return __builtin_cpu_supports("avx") ? "" : "AVX";
@@ -57,6 +60,15 @@ std::string MissingForKernels(absl::string_view kernels) {
                ? ""
                : "AVX and FMA4";
   }
+  // Old AMD kernels with 3DNow! (femms), which no x86-64-v2 CPU has.
+  if (named({"Opteron", "Opteron_SSE3"})) {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool has_3dnow = __get_cpuid(0x80000001, &eax, &ebx, &ecx, &edx) &&
+                           (edx & (1u << 31)) != 0;
+    return has_3dnow ? "" : "3DNow!";
+  }
+  // The rest need no more than x86-64-v2, or are names this file does not
+  // know (a later OpenBLAS's), which OpenBLAS picked for this CPU itself.
   return "";
 }
 

@@ -120,9 +120,9 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(at_least("max_open_streams", options.max_open_streams, 1));
   RETURN_IF_ERROR(at_least("max_streams_per_connection",
                            options.max_streams_per_connection, 1));
-  // gRPC counts message sizes in int. Below 1KiB not even GetServerInfo's
-  // answer fits, and the server would look healthy yet answer nothing (a
-  // size given in MiB without its unit).
+  // gRPC counts message sizes in int. Below 1KiB is a size meant in KiB or
+  // MiB given without its unit: such a server would look healthy and refuse
+  // nearly every answer.
   if (options.max_message_bytes < 1024 ||
       options.max_message_bytes >= (int64_t{1} << 31)) {
     return absl::InvalidArgumentError(

@@ -71,8 +71,8 @@ ABSL_FLAG(std::string, isa, Defaults().isa,
           "avx512, avx2 or baseline; every one gives the same bits, and one "
           "this CPU cannot run is refused");
 ABSL_FLAG(ByteCount, max_message_bytes, ByteCount{Defaults().max_message_bytes},
-          "largest gRPC message either way (below 2GiB); larger problems "
-          "must stream");
+          "largest gRPC message either way (1KiB to below 2GiB); larger "
+          "problems must stream");
 ABSL_FLAG(int, max_concurrent_requests, Defaults().max_concurrent_requests,
           "unary ComputeLoss requests computing or queued at once (also the "
           "compute threads, at most 1024); more get RESOURCE_EXHAUSTED");

@@ -545,3 +545,28 @@ def test_an_openblas_coretype_it_does_not_know_is_named_in_the_log():
                    in line for line in srv.log), "".join(srv.log)
     finally:
         assert srv.stop() == 0, "".join(srv.log)
+
+
+def test_openblas_kernels_the_cpu_cannot_run_are_refused_not_run():
+    """OpenBLAS runs the kernels OPENBLAS_CORETYPE names without asking the
+    CPU. Its Opteron kernels use 3DNow!, which no x86-64-v2 CPU has: run,
+    they would end the server with SIGILL at its first projections-form
+    call. The server refuses that form, saying why, and serves the rest.
+    (tests/python/test_emulated_cpus.py does the same for AVX2 and AVX-512
+    kernels on older emulated CPUs.)"""
+    srv = Server(launcher=("env", "OPENBLAS_CORETYPE=Opteron"))
+    try:
+        with srv.client() as client:
+            with pytest.raises(grpc.RpcError) as refused:
+                client.compute_loss_from_projections(**projections(3))
+            assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert ("its Opteron kernels (OPENBLAS_CORETYPE=Opteron), which "
+                    "need 3DNow! that this CPU lacks") in refused.value.details
+            rng = np.random.default_rng(4)
+            served = client.compute_loss(
+                indexer_scores=rng.standard_normal((1, 3, 5)).astype(
+                    np.float32),
+                attention_weights=np.full((1, 3, 5), 0.2, np.float32))
+            assert served.loss >= 0
+    finally:
+        assert srv.stop() == 0, "".join(srv.log)
