@@ -59,7 +59,7 @@ std::string CpuBackend::device() const {
   return absl::StrCat(pool_.num_threads(),
                       pool_.num_threads() == 1 ? " thread, " : " threads, ",
                       cpu::IsaName(kernels_.isa), " kernels",
-                      blas_.ok() ? ", OpenBLAS " : "", cpu::BlasCoreName());
+                      blas_.ok() ? ", OpenBLAS " + cpu::BlasCoreName() : "");
 }
 
 absl::Status CpuBackend::ComputeRows(const IndexerKlProblem& p,

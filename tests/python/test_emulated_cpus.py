@@ -36,8 +36,12 @@ from reference import indexer_kl_reference
 EMULATOR = shlex.split(os.environ.get("KLSERVE_EMULATOR", ""))
 CPUS = [tuple(entry.split("=", 1))
         for entry in os.environ.get("KLSERVE_EMULATED_CPUS", "").split()]
-# The variant one step wider than each, which that CPU must refuse.
-WIDER = {"baseline": "avx2", "avx2": "avx512"}
+# What a CPU of each variant must do: the OpenBLAS kernels it runs, and
+# the variant and the OpenBLAS kernels one step wider, which it must refuse.
+BY_VARIANT = {
+    "baseline": {"blas": "Nehalem", "wider": "avx2", "wider_blas": "Haswell"},
+    "avx2": {"blas": "Haswell", "wider": "avx512", "wider_blas": "SkylakeX"},
+}
 
 pytestmark = pytest.mark.skipif(
     not EMULATOR or not CPUS,
@@ -165,7 +169,7 @@ def test_auto_picks_the_widest_variant_the_cpu_runs(emulated):
     srv, cpu, variant = emulated
     log = "".join(srv.log)
     assert f"CPU kernels: {variant} (the best this CPU runs)" in log, log
-    blas = "Haswell" if variant != "baseline" else "Nehalem"
+    blas = BY_VARIANT[variant]["blas"]
     assert f"projections form: OpenBLAS, {blas} kernels" in log, log
     with srv.client() as client:
         assert client.server_info().device == (
@@ -218,9 +222,9 @@ def test_every_answer_has_the_native_servers_bits(emulated, native_answers,
 
 def test_a_wider_variant_is_refused_at_start(emulated):
     _, cpu, variant = emulated
-    wider = WIDER.get(variant)
-    if wider is None:
+    if variant not in BY_VARIANT:
         pytest.skip(f"{cpu} runs the widest variant")
+    wider = BY_VARIANT[variant]["wider"]
     run = subprocess.run(
         [*launcher(cpu), klserve_bin(), "--listen=127.0.0.1:0",
          "--metrics_listen=", f"--isa={wider}"],
@@ -243,9 +247,6 @@ def test_a_cpu_below_x86_64_v2_is_refused_by_name():
         assert "CPU ISA level is lower than required" in run.stderr, binary
 
 
-# OpenBLAS kernels one step wider than each variant's CPU runs.
-WIDER_BLAS = {"baseline": "Haswell", "avx2": "SkylakeX"}
-
 
 def test_blas_kernels_the_cpu_cannot_run_are_refused_not_run(emulated):
     """OpenBLAS runs the kernels OPENBLAS_CORETYPE names without asking the
@@ -254,9 +255,9 @@ def test_blas_kernels_the_cpu_cannot_run_are_refused_not_run(emulated):
     reported itself healthy. It refuses that form instead, saying why, and
     serves the rest."""
     _, cpu, variant = emulated
-    kernels = WIDER_BLAS.get(variant)
-    if kernels is None:
+    if variant not in BY_VARIANT:
         pytest.skip(f"{cpu} runs every kernel set")
+    kernels = BY_VARIANT[variant]["wider_blas"]
     srv = Server(launcher=(*EMULATOR, "-E", f"OPENBLAS_CORETYPE={kernels}",
                            "-cpu", cpu), timeout=120.0)
     try:

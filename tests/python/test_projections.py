@@ -508,6 +508,14 @@ def cpu_flags():
     return set()
 
 
+def start_log(launcher):
+    """The lines a server started through launcher logs until it serves; it
+    must then stop cleanly."""
+    srv = Server(launcher=launcher)
+    assert srv.stop() == 0, "".join(srv.log)
+    return srv.log
+
+
 @pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= cpu_flags(),
                     reason="this CPU has no AVX2: OpenBLAS picks its kernels")
 def test_openblas_runs_its_haswell_kernels_on_a_cpu_with_avx2():
@@ -517,34 +525,25 @@ def test_openblas_runs_its_haswell_kernels_on_a_cpu_with_avx2():
     OpenBLAS ignores, does not undo it."""
     for launcher in (("env", "-u", "OPENBLAS_CORETYPE"),
                      ("env", "OPENBLAS_CORETYPE=")):
-        srv = Server(launcher=launcher)
-        try:
-            assert ("klserve: projections form: OpenBLAS, Haswell kernels\n"
-                    in srv.log), "".join(srv.log)
-        finally:
-            assert srv.stop() == 0, "".join(srv.log)
+        log = start_log(launcher)
+        assert ("klserve: projections form: OpenBLAS, Haswell kernels\n"
+                in log), "".join(log)
 
 
 def test_an_operators_openblas_coretype_is_kept():
     """klserve pins OpenBLAS's Haswell kernels on CPUs with AVX2 so that
     replicas agree (docs/blas.md), unless the environment names others."""
-    srv = Server(launcher=("env", "OPENBLAS_CORETYPE=Nehalem"))
-    try:
-        assert ("klserve: projections form: OpenBLAS, Nehalem kernels\n"
-                in srv.log), "".join(srv.log)
-    finally:
-        assert srv.stop() == 0, "".join(srv.log)
+    log = start_log(("env", "OPENBLAS_CORETYPE=Nehalem"))
+    assert ("klserve: projections form: OpenBLAS, Nehalem kernels\n"
+            in log), "".join(log)
 
 
 def test_an_openblas_coretype_it_does_not_know_is_named_in_the_log():
     """OpenBLAS takes an unknown name as none and picks by CPU: the log says
     so, rather than leaving an operator to believe the pin holds."""
-    srv = Server(launcher=("env", "OPENBLAS_CORETYPE=Haswel"))
-    try:
-        assert any('kernels, not the OPENBLAS_CORETYPE="Haswel" asked for'
-                   in line for line in srv.log), "".join(srv.log)
-    finally:
-        assert srv.stop() == 0, "".join(srv.log)
+    log = start_log(("env", "OPENBLAS_CORETYPE=Haswel"))
+    assert any('kernels, not the OPENBLAS_CORETYPE="Haswel" asked for'
+               in line for line in log), "".join(log)
 
 
 def test_openblas_kernels_the_cpu_cannot_run_are_refused_not_run():
