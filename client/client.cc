@@ -39,8 +39,11 @@ void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
 
 // A web URL ("http://host:port") or a port alone ("50051") is no gRPC
 // target: gRPC would take it all for a DNS name and retry its resolution
-// until the deadline.
-absl::Status CheckTarget(const std::string& target) {
+// until the deadline. A host alone ("localhost") gets gRPC's port, 443 for a
+// name and 0 for an address, where no plaintext klserve listens; over TLS it
+// may well be a proxy's 443.
+absl::Status CheckTarget(const ClientOptions& options) {
+  const std::string& target = options.target;
   if (target.empty()) {
     return absl::InvalidArgumentError(
         "ClientOptions.target: must not be empty");
@@ -59,6 +62,15 @@ absl::Status CheckTarget(const std::string& target) {
         "ClientOptions.target: \"", target,
         "\" is a port alone; gRPC takes host:port (localhost:", target,
         "), dns:///host:port or unix:/path"));
+  }
+  const bool host_alone =
+      target.find(':') == std::string::npos ||
+      (absl::StartsWith(target, "[") && absl::EndsWith(target, "]"));
+  if (host_alone && options.tls_ca_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions.target: \"", target,
+        "\" has no port, and gRPC would not pick klserve's; give host:port (",
+        target, ":50051 for klserve's default --listen)"));
   }
   return absl::OkStatus();
 }
@@ -159,7 +171,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   const auto invalid = [](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("ClientOptions.", what));
   };
-  RETURN_IF_ERROR(CheckTarget(options.target));
+  RETURN_IF_ERROR(CheckTarget(options));
   if (options.deadline <= absl::ZeroDuration() ||
       options.deadline == absl::InfiniteDuration()) {
     return invalid(absl::StrCat("deadline: must be finite and > 0, got ",

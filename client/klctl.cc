@@ -42,6 +42,8 @@
 #include "client/kernel_load.h"
 #include "client/npy.h"
 #include "client/tensor_util.h"
+#include "flags/byte_count.h"
+#include "flags/duration.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "kernels/cpu/blas.h"
@@ -53,15 +55,18 @@
 ABSL_FLAG(std::string, target, "localhost:50051",
           "Server address: HOST:PORT, or unix:/absolute/path for a server's "
           "Unix-domain socket");
-ABSL_FLAG(absl::Duration, deadline, absl::Seconds(120),
+ABSL_FLAG(klserve::flags::Duration, deadline,
+          klserve::flags::Duration{absl::Seconds(120)},
           "Time limit of each call, retries included");
 ABSL_FLAG(int, max_attempts, klserve::ClientOptions().max_attempts,
           "Attempts per call while UNAVAILABLE");
 ABSL_FLAG(std::string, stream, "auto",
           "loss, bench: auto (stream above --stream_threshold), always, never");
-ABSL_FLAG(int64_t, stream_threshold, int64_t{64} << 20,
+ABSL_FLAG(klserve::flags::ByteCount, stream_threshold,
+          klserve::flags::ByteCount{int64_t{64} << 20},
           "Requests with more tensor bytes than this are streamed (auto)");
-ABSL_FLAG(int64_t, block_bytes, int64_t{4} << 20,
+ABSL_FLAG(klserve::flags::ByteCount, block_bytes,
+          klserve::flags::ByteCount{int64_t{4} << 20},
           "Per-row bytes per RowBlock when streaming");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM roots to verify the server with; TLS when set");
@@ -209,7 +214,8 @@ ABSL_FLAG(std::string, dtype, "fp32", "bench: input dtype fp32, bf16, fp16");
 ABSL_FLAG(int, concurrency, 1,
           "bench: concurrent requests (one connection "
           "each)");
-ABSL_FLAG(absl::Duration, duration, absl::Seconds(10),
+ABSL_FLAG(klserve::flags::Duration, duration,
+          klserve::flags::Duration{absl::Seconds(10)},
           "bench: stop starting requests after this long (per mode)");
 ABSL_FLAG(int64_t, count, 0,
           "bench: stop after this many requests per mode; "
@@ -290,10 +296,10 @@ absl::StatusOr<StreamMode> StreamModeFlag() {
 absl::StatusOr<std::unique_ptr<Client>> MakeClient(ClientOptions* out) {
   ClientOptions options;
   options.target = absl::GetFlag(FLAGS_target);
-  options.deadline = absl::GetFlag(FLAGS_deadline);
+  options.deadline = absl::GetFlag(FLAGS_deadline).value;
   options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
-  options.stream_threshold_bytes = absl::GetFlag(FLAGS_stream_threshold);
-  options.block_bytes = absl::GetFlag(FLAGS_block_bytes);
+  options.stream_threshold_bytes = absl::GetFlag(FLAGS_stream_threshold).bytes;
+  options.block_bytes = absl::GetFlag(FLAGS_block_bytes).bytes;
   options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
@@ -689,7 +695,7 @@ absl::Status Bench() {
   }
   LoadLimits limits;
   limits.concurrency = absl::GetFlag(FLAGS_concurrency);
-  limits.duration = absl::GetFlag(FLAGS_duration);
+  limits.duration = absl::GetFlag(FLAGS_duration).value;
   limits.count = absl::GetFlag(FLAGS_count);
   // Both limits must keep the run bounded.
   if (limits.concurrency < 1 || limits.count < 0 ||

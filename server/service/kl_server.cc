@@ -19,6 +19,7 @@
 #include "absl/types/span.h"
 #include "auth/credential_file.h"
 #include "auth/token_file.h"
+#include "flags/byte_count.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
@@ -26,7 +27,6 @@
 #include "kernels/cpu/return_memory.h"
 #include "kernels/status_macros.h"
 #include "server/service/backend_selection.h"
-#include "server/service/byte_count.h"
 #include "server/service/listen_addresses.h"
 #include "server/service/method_names.h"
 #include "server/service/version.h"
@@ -105,7 +105,7 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   };
   // Byte counts as their flags take and print them (256MiB).
   const auto bytes = [](int64_t count) {
-    return AbslUnparseFlag(ByteCount{count});
+    return AbslUnparseFlag(flags::ByteCount{count});
   };
   const auto bytes_at_least = [&bytes](absl::string_view flag, int64_t value,
                                        int64_t least) -> absl::Status {

@@ -20,15 +20,17 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "flags/byte_count.h"
+#include "flags/duration.h"
 #include "kernels/cpu/blas.h"
-#include "server/service/byte_count.h"
 #include "server/service/kl_server.h"
 #include "server/service/server_options.h"
 #include "server/service/version.h"
 
 namespace {
 
-using klserve::server::ByteCount;
+using klserve::flags::ByteCount;
+using klserve::flags::Duration;
 
 // Every flag's default is ServerOptions'.
 const klserve::server::ServerOptions& Defaults() {
@@ -79,12 +81,15 @@ ABSL_FLAG(int, max_concurrent_requests, Defaults().max_concurrent_requests,
 ABSL_FLAG(int, max_open_streams, Defaults().max_open_streams,
           "ComputeLossStream and Echo calls open at once, apart from "
           "--max_concurrent_requests; more get RESOURCE_EXHAUSTED");
-ABSL_FLAG(absl::Duration, stream_idle_timeout, Defaults().stream_idle_timeout,
+ABSL_FLAG(Duration, stream_idle_timeout,
+          Duration{Defaults().stream_idle_timeout},
           "end a stream (DEADLINE_EXCEEDED) whose client sends nothing the "
           "server waits for, or takes no answer, for this long");
-ABSL_FLAG(absl::Duration, max_stream_duration, Defaults().max_stream_duration,
+ABSL_FLAG(Duration, max_stream_duration,
+          Duration{Defaults().max_stream_duration},
           "the longest a stream may stay open");
-ABSL_FLAG(absl::Duration, max_compute_duration, Defaults().max_compute_duration,
+ABSL_FLAG(Duration, max_compute_duration,
+          Duration{Defaults().max_compute_duration},
           "the longest a unary projections-form ComputeLoss may compute "
           "(DEADLINE_EXCEEDED after); it also stops when its client cancels "
           "or its deadline passes");
@@ -94,7 +99,7 @@ ABSL_FLAG(int, max_streams_per_connection,
 ABSL_FLAG(ByteCount, transport_memory_bytes,
           ByteCount{Defaults().transport_memory_bytes},
           "memory gRPC may hold for all connections (a grpc::ResourceQuota)");
-ABSL_FLAG(absl::Duration, max_connection_age, Defaults().max_connection_age,
+ABSL_FLAG(Duration, max_connection_age, Duration{Defaults().max_connection_age},
           "ask a connection to reconnect after this long; it is closed "
           "--max_stream_duration later");
 ABSL_FLAG(bool, enable_echo, Defaults().enable_echo,
@@ -119,14 +124,14 @@ ABSL_FLAG(int, max_regions, Defaults().max_regions,
           "shared-memory regions registered at once");
 ABSL_FLAG(ByteCount, max_region_bytes, ByteCount{Defaults().max_region_bytes},
           "bytes of all registered shared-memory regions together");
-ABSL_FLAG(absl::Duration, region_lease, Defaults().region_lease,
+ABSL_FLAG(Duration, region_lease, Duration{Defaults().region_lease},
           "a region no call names for this long is unregistered and unmapped");
-ABSL_FLAG(absl::Duration, release_memory_after_idle,
-          Defaults().release_memory_after_idle,
+ABSL_FLAG(Duration, release_memory_after_idle,
+          Duration{Defaults().release_memory_after_idle},
           "once no call has been open for this long (up to twice), the "
           "memory the last calls freed goes back to the OS; 0 keeps it, else "
           "at least 100ms");
-ABSL_FLAG(absl::Duration, drain_timeout, Defaults().drain_timeout,
+ABSL_FLAG(Duration, drain_timeout, Duration{Defaults().drain_timeout},
           "on SIGTERM/SIGINT, how long requests in flight may take to finish "
           "(finite; 0 cancels them at once)");
 ABSL_FLAG(std::string, metrics_listen, Defaults().metrics_listen,
@@ -146,7 +151,7 @@ ABSL_FLAG(ByteCount, max_tensorboard_bytes,
           ByteCount{Defaults().max_tensorboard_bytes},
           "disk space the TensorBoard event files may take, all runs "
           "together; later steps get Prometheus metrics but no event");
-ABSL_FLAG(absl::Duration, step_idle_timeout, Defaults().step_idle_timeout,
+ABSL_FLAG(Duration, step_idle_timeout, Duration{Defaults().step_idle_timeout},
           "a step with no request for this long is finished and published "
           "(inf: only FinishStep or the run's next step publishes it)");
 
@@ -225,14 +230,15 @@ int main(int argc, char** argv) {
   options.max_concurrent_requests =
       absl::GetFlag(FLAGS_max_concurrent_requests);
   options.max_open_streams = absl::GetFlag(FLAGS_max_open_streams);
-  options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
-  options.max_stream_duration = absl::GetFlag(FLAGS_max_stream_duration);
-  options.max_compute_duration = absl::GetFlag(FLAGS_max_compute_duration);
+  options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout).value;
+  options.max_stream_duration = absl::GetFlag(FLAGS_max_stream_duration).value;
+  options.max_compute_duration =
+      absl::GetFlag(FLAGS_max_compute_duration).value;
   options.max_streams_per_connection =
       absl::GetFlag(FLAGS_max_streams_per_connection);
   options.transport_memory_bytes =
       absl::GetFlag(FLAGS_transport_memory_bytes).bytes;
-  options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age).value;
   options.enable_echo = absl::GetFlag(FLAGS_enable_echo);
   options.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_bytes).bytes;
   options.max_stream_key_bytes =
@@ -242,10 +248,10 @@ int main(int argc, char** argv) {
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   options.max_regions = absl::GetFlag(FLAGS_max_regions);
   options.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes).bytes;
-  options.region_lease = absl::GetFlag(FLAGS_region_lease);
+  options.region_lease = absl::GetFlag(FLAGS_region_lease).value;
   options.release_memory_after_idle =
-      absl::GetFlag(FLAGS_release_memory_after_idle);
-  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+      absl::GetFlag(FLAGS_release_memory_after_idle).value;
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout).value;
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
   options.max_runs = absl::GetFlag(FLAGS_max_runs);
@@ -253,7 +259,7 @@ int main(int argc, char** argv) {
   options.max_tensorboard_runs = absl::GetFlag(FLAGS_max_tensorboard_runs);
   options.max_tensorboard_bytes =
       absl::GetFlag(FLAGS_max_tensorboard_bytes).bytes;
-  options.step_idle_timeout = absl::GetFlag(FLAGS_step_idle_timeout);
+  options.step_idle_timeout = absl::GetFlag(FLAGS_step_idle_timeout).value;
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

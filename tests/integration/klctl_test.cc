@@ -625,6 +625,18 @@ TEST(KlctlTargetTest, APortAloneIsRefusedWithTheTargetToGive) {
                       "host:port (localhost:50051)");
 }
 
+// A host alone got gRPC's port (443 for a name, 0 for an address), and the
+// error said nothing listens there, not that the port was missing.
+TEST(KlctlTargetTest, AHostAloneIsRefusedWithTheTargetToGive) {
+  for (const std::string host : {"localhost", "127.0.0.1", "[::1]"}) {
+    ExpectTargetRefused(host,
+                        absl::StrCat("target: \"", host,
+                                     "\" has no port, and gRPC would "
+                                     "not pick klserve's; give host:port (",
+                                     host, ":50051"));
+  }
+}
+
 TEST_F(KlctlTest, BenchRunsBothModes) {
   const CommandResult run = Klctl({"bench", "--count=2", "--mode=both",
                                    "--shape=1,64,256", "--duration=20s"});

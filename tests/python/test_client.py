@@ -1,6 +1,7 @@
 """klserve.Client against a live server, checked with the float64 NumPy
 reference (reference.py)."""
 
+import re
 import socket
 import subprocess
 import sys
@@ -313,6 +314,16 @@ def test_a_url_is_refused_as_a_target():
                        match=r"^target: '50051' is a port alone; .*"
                              r"\(localhost:50051\)"):
         klserve.Client("50051")
+
+
+def test_a_host_alone_is_refused_as_a_plaintext_target():
+    # gRPC gives a host alone its own port (443 for a name, 0 for an
+    # address), where no plaintext klserve listens.
+    for host in ("localhost", "127.0.0.1", "[::1]", "klserve.example"):
+        with pytest.raises(ValueError,
+                           match=r"^target: '%s' has no port, .*\(%s:50051 " %
+                                 (re.escape(host), re.escape(host))):
+            klserve.Client(host)
 
 
 def test_unavailable_is_retried_then_raised():

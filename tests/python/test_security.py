@@ -132,6 +132,12 @@ def test_plaintext_wrong_ca_and_no_client_certificate_are_refused(
     assert "tls_cert_file" in e.details, e.details
 
 
+def test_a_host_alone_is_taken_over_tls(pki):
+    # Over TLS, gRPC's port for a name (443) may well be a proxy's; the
+    # plaintext refusal (test_client.py) must not reach it.
+    klserve.Client("klserve.test", tls_ca_file=str(pki / "ca.pem")).close()
+
+
 def test_bad_security_options_name_the_option(pki, tmp_path):
     fifo = tmp_path / "ca.fifo"
     os.mkfifo(fifo)

@@ -362,6 +362,16 @@ class Client:
                 "target: %r is a port alone; gRPC takes host:port "
                 "(localhost:%s), dns:///host:port or unix:/path" %
                 (target, target))
+        # A host alone gets gRPC's port, 443 for a name and 0 for an
+        # address, where no plaintext klserve listens; over TLS it may well
+        # be a proxy's 443.
+        host_alone = ":" not in target or (target.startswith("[") and
+                                           target.endswith("]"))
+        if host_alone and tls_ca_file is None:
+            raise ValueError(
+                "target: %r has no port, and gRPC would not pick klserve's; "
+                "give host:port (%s:50051 for klserve's default --listen)" %
+                (target, target))
         if not (deadline > 0 and np.isfinite(deadline)):
             raise ValueError("deadline: must be finite and > 0, got %r" %
                              (deadline,))

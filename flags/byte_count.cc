@@ -1,4 +1,4 @@
-#include "server/service/byte_count.h"
+#include "flags/byte_count.h"
 
 #include <array>
 #include <cstdint>
@@ -10,7 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace klserve::server {
+namespace klserve::flags {
 namespace {
 
 // Largest first: a count prints in the first unit that divides it.
@@ -66,4 +66,4 @@ std::string AbslUnparseFlag(ByteCount count) {
   return absl::StrCat(count.bytes);
 }
 
-}  // namespace klserve::server
+}  // namespace klserve::flags

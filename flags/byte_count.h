@@ -1,12 +1,12 @@
-#ifndef KLSERVE_SERVER_SERVICE_BYTE_COUNT_H_
-#define KLSERVE_SERVER_SERVICE_BYTE_COUNT_H_
+#ifndef KLSERVE_FLAGS_BYTE_COUNT_H_
+#define KLSERVE_FLAGS_BYTE_COUNT_H_
 
 #include <cstdint>
 #include <string>
 
 #include "absl/strings/string_view.h"
 
-namespace klserve::server {
+namespace klserve::flags {
 
 // The value of a flag that counts bytes: a plain number ("268435456") or one
 // with a binary unit ("256MiB", "16GiB", "16 GiB"; KiB, MiB, GiB and TiB,
@@ -22,6 +22,6 @@ bool AbslParseFlag(absl::string_view text, ByteCount* count,
                    std::string* error);
 std::string AbslUnparseFlag(ByteCount count);
 
-}  // namespace klserve::server
+}  // namespace klserve::flags
 
-#endif  // KLSERVE_SERVER_SERVICE_BYTE_COUNT_H_
+#endif  // KLSERVE_FLAGS_BYTE_COUNT_H_

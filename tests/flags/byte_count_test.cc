@@ -1,4 +1,4 @@
-#include "server/service/byte_count.h"
+#include "flags/byte_count.h"
 
 #include <cstdint>
 #include <limits>
@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 
-namespace klserve::server {
+namespace klserve::flags {
 namespace {
 
 int64_t Parsed(const std::string& text) {
@@ -79,4 +79,4 @@ TEST(ByteCount, WhatItPrintsParsesBack) {
 }
 
 }  // namespace
-}  // namespace klserve::server
+}  // namespace klserve::flags
