@@ -67,6 +67,8 @@ int64_t PerRowBytes(const ProjectionTileShape& s) {
     // w, I, g over the keys ([rows, S] each); the indexer gradient's
     // exponentials of one key tile.
     b.AddProduct(3 * kFloat, s.S).AddProduct(kFloat, s.H_I, KeyTile(s));
+    // The float64 sums of the heads' blocks, over one key tile.
+    if (s.H > kHeadsPerFloatSum) b.AddProduct(8, KeyTile(s));
   } else {
     // The slots' keys, w, I and g; the indexer's dot products u and the
     // gathered index keys; the d_index_key contributions of the slots.
@@ -96,6 +98,7 @@ int64_t FixedBytes(const ProjectionTileShape& s) {
     // A row's gathered keys, logits and head weights; the row code's
     // scratch for rows of K slots (and of S for the selection's check).
     b.AddProduct(kFloat, s.K, s.D + s.H / std::max<int64_t>(s.H_kv, 1) + 3);
+    if (s.H > kHeadsPerFloatSum) b.AddProduct(8, s.K);  // the heads' blocks
     b.AddProduct(kFloat, s.H_I + 1, s.K);
     b.Add(RowScratchBytes(s.K, /*sparse=*/true));
     if (s.server_topk) {

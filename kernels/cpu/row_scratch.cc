@@ -43,6 +43,7 @@ void RowScratch::Reserve(const IndexerKlProblem& problem) {
     // Left uninitialised: every pass writes a slot before reading it.
     row_stride_ = StrideFor(slots_);
     rows_.reset(new float[kRows * row_stride_]);
+    head_sums_.reset(new double[slots_]);
     valid_.reset(new uint8_t[slots_]);
     ranked_.reset(new std::pair<float, int32_t>[slots_]);
   }
@@ -52,6 +53,7 @@ void RowScratch::Release() {
   slots_ = 0;
   row_stride_ = 0;
   rows_.reset();
+  head_sums_.reset();
   valid_.reset();
   ranked_.reset();
   row_keys_.Release();

@@ -548,6 +548,18 @@ TEST(ProjectionsTest, SparseWithClientIndicesMatchesTheReference) {
   ExpectMatchesReference(p, x);
 }
 
+// 2^18 heads: one float32 sum of every head's softmax stagnated (the loss
+// was off by about 1e-3 of itself at 2^20); the tiles sum them in blocks of
+// kHeadsPerFloatSum, dense and sparse alike.
+TEST(ProjectionsTest, ManyHeadsAreSummedWithoutStagnating) {
+  RefProjections p = RandomProblem(14, 1, 3, 6, int64_t{1} << 18, 1, 2, 2, 4);
+  p.options.causal = true;
+  ExpectMatchesReference(p, {}, 1e-5);
+  p.K = 3;
+  p.topk_indices = {0, -1, -1, 0, 1, -1, 5, 2, 4};
+  ExpectMatchesReference(p, {}, 1e-5);
+}
+
 TEST(ProjectionsTest, ServerTopkMatchesTheReferenceAndBreaksTiesLow) {
   RefProjections p = RandomProblem(13, 2, 6, 10, 2, 1, 4, 2, 4);
   // Keys 3 and 7 of batch 0 are equal: every row scores them alike.

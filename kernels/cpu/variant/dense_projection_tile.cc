@@ -59,12 +59,17 @@ class KeyTileStore {
   float* data_ = nullptr;
 };
 
-// The large buffers of a dense tile, kept by each thread while it computes
-// the tiles of one request (ReleaseProjectionScratch frees them after).
+// The buffers of a dense tile, kept by each thread while it computes the
+// tiles of one request (ReleaseProjectionScratch frees them after). Growing
+// buffers rather than vectors made per tile: GCC may also compile a vector's
+// constructor out of line, and for this variant's ISA.
 struct DenseScratch {
-  FloatBuffer w, I, g;  // [n, L]
-  KeyTileStore logits;  // the main logits, [key tile][head][n, kKeyTile]
-  KeyTileStore dots;    // u = q_I k_I^T, [key tile][n * H_I, kKeyTile]
+  FloatBuffer w, I, g;       // [n, L]
+  FloatBuffer e;             // one head's exponentials over one key tile
+  FloatBuffer shift, scale;  // [n, H]
+  KeyTileStore logits;       // the main logits, [key tile][head][n, kKeyTile]
+  KeyTileStore dots;         // u = q_I k_I^T, [key tile][n * H_I, kKeyTile]
+  std::vector<double> head_sums;  // [n, kKeyTile] past kHeadsPerFloatSum heads
 };
 thread_local std::unique_ptr<DenseScratch> dense_scratch;
 
@@ -191,10 +196,12 @@ class DenseTile : private TileBase {
     // The dot products u again in the gradients' pass.
     dots_.Reset(key_tiles, 1, n_ * p_.H_I * kKeyTile,
                 tile_.want_grad ? kStoredDotsBytes : 0);
-    std::vector<float> e(kKeyTile);
+    float* e = big_.e.Get(kKeyTile);
     // P_h = exp(a - shift) * scale, per (i, h) at [i * H + h]: the given
     // lse and 1, or (as the logits form does) the row's max and 1 / sum.
-    std::vector<float> shift(n_ * H), scale(n_ * H, 1.0f);
+    float* shift = big_.shift.Get(n_ * H);
+    float* scale = big_.scale.Get(n_ * H);
+    std::fill(scale, scale + n_ * H, 1.0f);
     // With the given lse, each head's mass, checked against 1.
     std::vector<double> mass;
     if (p_.has_lse) {
@@ -206,8 +213,8 @@ class DenseTile : private TileBase {
         }
       }
     } else {
-      std::vector<float>& max = shift;
-      std::fill(max.begin(), max.end(), -kInf);
+      float* max = shift;
+      std::fill(max, max + n_ * H, -kInf);
       // Value-initialised, not (n, 0.0): GCC then inlines the constructor
       // here, where an out-of-line copy compiled for this variant could be
       // the one the whole binary calls (isa_isolation checks).
@@ -239,9 +246,8 @@ class DenseTile : private TileBase {
               m = scan.max;
             }
             NoExtra none;
-            l += bytes ? ExpRow<true>(a, limit, bytes, m, 1.0f, e.data(), none)
-                       : ExpRow<false>(a, limit, nullptr, m, 1.0f, e.data(),
-                                       none);
+            l += bytes ? ExpRow<true>(a, limit, bytes, m, 1.0f, e, none)
+                       : ExpRow<false>(a, limit, nullptr, m, 1.0f, e, none);
           }
         }
       }
@@ -258,10 +264,19 @@ class DenseTile : private TileBase {
       }
     }
 
+    const bool blocked_heads = H > kHeadsPerFloatSum;
+    if (blocked_heads) big_.head_sums.resize(n_ * kKeyTile);
+    double* head_sums = big_.head_sums.data();
     for (int64_t s0 = lo_; s0 < hi_; s0 += kKeyTile) {
       const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
       const float* keys = stored ? nullptr : KeyTile(s0, s1);
       for (int64_t h = 0; h < H; ++h) {
+        if (h % kHeadsPerFloatSum == 0 && h > 0) {  // a block of heads ended
+          for (int64_t i = 0; i < n_; ++i) {
+            FoldHeadBlock(w_ + i * L_ + s0, head_sums + i * kKeyTile, sk,
+                          /*first=*/h == kHeadsPerFloatSum);
+          }
+        }
         float* logits = logits_of(s0, h);
         if (!stored) HeadLogits(keys, h, sk, logits);
         for (int64_t i = 0; i < n_; ++i) {
@@ -285,11 +300,15 @@ class DenseTile : private TileBase {
           // w += P_h, folded into the loop of its exponentials.
           AddScaled add{w_ + i * L_ + s0, Splat(scale[i * H + h])};
           const double head_mass =
-              bytes ? ExpRow<true>(a, limit, bytes, head_shift, 1.0f, e.data(),
-                                   add)
-                    : ExpRow<false>(a, limit, nullptr, head_shift, 1.0f,
-                                    e.data(), add);
+              bytes
+                  ? ExpRow<true>(a, limit, bytes, head_shift, 1.0f, e, add)
+                  : ExpRow<false>(a, limit, nullptr, head_shift, 1.0f, e, add);
           if (p_.has_lse) mass[i * H + h] += head_mass;
+        }
+      }
+      if (blocked_heads) {
+        for (int64_t i = 0; i < n_; ++i) {
+          FinishHeadSums(w_ + i * L_ + s0, head_sums + i * kKeyTile, sk);
         }
       }
       // The indexer scores of the tile's rows: u = q_I k_I^T, rows (i, j).

@@ -486,6 +486,22 @@ inline void AccumulateHead(float* w, const float* e, float a, int64_t limit) {
   }
 }
 
+// The two steps of the blocked head sum (kHeadsPerFloatSum).
+// sums = w (the first block) or sums + w, then w = 0, for s < count.
+inline void FoldHeadBlock(float* w, double* sums, int64_t count, bool first) {
+  for (int64_t s = 0; s < count; ++s) {
+    sums[s] = first ? double{w[s]} : sums[s] + w[s];
+    w[s] = 0.0f;
+  }
+}
+
+// w = the float nearest sums + w, the heads' whole sum, for s < count.
+inline void FinishHeadSums(float* w, const double* sums, int64_t count) {
+  for (int64_t s = 0; s < count; ++s) {
+    w[s] = static_cast<float>(sums[s] + w[s]);
+  }
+}
+
 // g[s] = value(s, count) for the vectors of slots s < limit. With `stream`
 // (g is the response's buffer, which nothing reads again) whole
 // vector-aligned blocks of g go past the cache with streaming stores, so

@@ -70,6 +70,11 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
                                       scratch.w(), e_prev, Splat(a_prev)});
       a_prev = static_cast<float>(1.0 / sum);
       std::swap(e, e_prev);
+      // Head h - 1, folded in this loop, ended a block of heads.
+      if (h % kHeadsPerFloatSum == 0 && h > 0) {
+        FoldHeadBlock(scratch.w(), scratch.head_sums(), v.limit,
+                      /*first=*/h == kHeadsPerFloatSum);
+      }
     }
     x = x_next;
     std::swap(buffer, next_buffer);
@@ -78,6 +83,9 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
   // last head is still to add.
   if (v.count > 0) {
     AccumulateHead(scratch.w(), e_prev, a_prev, v.limit);
+    if (p.H > kHeadsPerFloatSum) {
+      FinishHeadSums(scratch.w(), scratch.head_sums(), v.limit);
+    }
   }
   RowTarget target;
   target.w = scratch.w();

@@ -162,6 +162,8 @@ class SparseTile : private TileBase {
     logits.resize(gs * nv);
     std::vector<float>& head_w = head_w_buffer_;
     head_w.assign(nv, 0.0f);
+    std::vector<double>& head_sums = head_sums_buffer_;
+    if (p_.H > kHeadsPerFloatSum) head_sums.resize(nv);
     for (int64_t g = 0; g < p_.H_kv; ++g) {
       for (int64_t x = 0; x < nv; ++x) {
         CopyFloats(p_.key, ((tile_.b * p_.S + keys[x]) * p_.H_kv + g) * p_.D,
@@ -207,8 +209,15 @@ class SparseTile : private TileBase {
               " (the lse must be taken over the row's valid slots)"));
         }
         const float inv = p_.has_lse ? 1.0f : static_cast<float>(1.0 / mass);
+        if (h % kHeadsPerFloatSum == 0 && h > 0) {  // a block of heads ended
+          FoldHeadBlock(head_w.data(), head_sums.data(), nv,
+                        /*first=*/h == kHeadsPerFloatSum);
+        }
         for (int64_t x = 0; x < nv; ++x) head_w[x] += a[x] * inv;
       }
+    }
+    if (p_.H > kHeadsPerFloatSum) {
+      FinishHeadSums(head_w.data(), head_sums.data(), nv);
     }
     float* index_keys = gathered_index_keys_.data() + i * K * p_.D_I;
     for (int64_t x = 0; x < nv; ++x) {
@@ -285,6 +294,7 @@ class SparseTile : private TileBase {
   // One row's buffers, reused by every row.
   std::vector<float> gather_buffer_, logits_buffer_, head_w_buffer_,
       scores_buffer_;
+  std::vector<double> head_sums_buffer_;  // past kHeadsPerFloatSum heads
 };
 
 }  // namespace
