@@ -71,17 +71,26 @@ absl::Status CheckOptions(const IndexerKlOptions& options) {
   return absl::OkStatus();
 }
 
-// Where a tensor's expected shape came from, for its error message: the
-// scores fix B, T and the row length (and S in the dense stage), num_keys
-// fixes S in the sparse stage.
-constexpr absl::string_view kFromScores = "from indexer_scores' shape";
-absl::string_view OriginWithS(const IndexerKlProblem& p) {
-  return p.sparse() ? "S from num_keys, the rest from indexer_scores' shape"
-                    : kFromScores;
+// Where a tensor's expected shape came from, for its error message
+// (ShapeSources): `rows` for a shape of B, T and the row length, `keys` for
+// one with S.
+struct ShapeOrigins {
+  std::string rows, keys;
+};
+ShapeOrigins OriginsOf(const ShapeSources& sources, bool sparse) {
+  const absl::string_view keys =
+      sparse ? sources.sparse_keys : sources.dense_keys;
+  ShapeOrigins origins;
+  origins.rows = absl::StrCat("from ", sources.rows);
+  origins.keys =
+      keys.empty() ? origins.rows
+                   : absl::StrCat("S from ", keys, ", the rest ", origins.rows);
+  return origins;
 }
 
 // The scores fix the form's stage, B, T, the row length and S.
-absl::Status TakeScores(const IndexerKlInputs& in, IndexerKlProblem& p) {
+absl::Status TakeScores(const IndexerKlInputs& in, const ShapeOrigins& origin,
+                        IndexerKlProblem& p) {
   const TensorView& scores = in.indexer_scores;
   const bool sparse = in.topk_indices.has_value();
   const char* layout = sparse ? "[B, T, K]" : "[B, T, S]";
@@ -100,7 +109,7 @@ absl::Status TakeScores(const IndexerKlInputs& in, IndexerKlProblem& p) {
     p.S = num_keys;
     RETURN_IF_ERROR(CheckTensor("topk_indices", *in.topk_indices,
                                 {DType::kInt32}, "[B, T, K]",
-                                {p.B, p.T, p.row_length}, kFromScores));
+                                {p.B, p.T, p.row_length}, origin.rows));
     RETURN_IF_ERROR(CheckBytesIfAny("topk_indices", *in.topk_indices));
   } else {
     p.S = p.row_length;
@@ -120,7 +129,8 @@ absl::Status TakeScores(const IndexerKlInputs& in, IndexerKlProblem& p) {
 }
 
 // The target: per-head logits (which fix H) or head-aggregated weights.
-absl::Status TakeTarget(const IndexerKlInputs& in, IndexerKlProblem& p) {
+absl::Status TakeTarget(const IndexerKlInputs& in, const ShapeOrigins& origin,
+                        IndexerKlProblem& p) {
   if (in.attention_logits.has_value() == in.attention_weights.has_value()) {
     return Invalid("attention_logits, attention_weights",
                    "exactly one target must be given",
@@ -134,11 +144,11 @@ absl::Status TakeTarget(const IndexerKlInputs& in, IndexerKlProblem& p) {
     RETURN_IF_ERROR(CheckDType("attention_logits", logits, kFloatTypes));
     RETURN_IF_ERROR(CheckLayout("attention_logits", logits, layout, 4));
     p.H = logits.shape[1];
-    RETURN_IF_ERROR(CheckTensor(
-        "attention_logits", logits, kFloatTypes, layout,
-        {p.B, p.H, p.T, p.row_length},
-        "H from its own second dimension, the rest from indexer_scores' "
-        "shape"));
+    RETURN_IF_ERROR(
+        CheckTensor("attention_logits", logits, kFloatTypes, layout,
+                    {p.B, p.H, p.T, p.row_length},
+                    absl::StrCat("H from its own second dimension, the rest ",
+                                 origin.rows)));
     RETURN_IF_ERROR(CheckBytesIfAny("attention_logits", logits));
     p.target_dtype = logits.dtype;
   } else {
@@ -156,7 +166,7 @@ absl::Status TakeTarget(const IndexerKlInputs& in, IndexerKlProblem& p) {
     RETURN_IF_ERROR(CheckTensor("attention_weights", *in.attention_weights,
                                 kFloatTypes,
                                 p.sparse() ? "[B, T, K]" : "[B, T, S]",
-                                {p.B, p.T, p.row_length}, kFromScores));
+                                {p.B, p.T, p.row_length}, origin.rows));
     RETURN_IF_ERROR(
         CheckBytesIfAny("attention_weights", *in.attention_weights));
     p.target_dtype = in.attention_weights->dtype;
@@ -166,7 +176,8 @@ absl::Status TakeTarget(const IndexerKlInputs& in, IndexerKlProblem& p) {
 
 // Per-row key bounds: both or neither, INT32 [B, T], each bound in [0, S].
 // They are small, so their values are checked here rather than per row.
-absl::Status TakeKeyBounds(const IndexerKlInputs& in, IndexerKlProblem& p) {
+absl::Status TakeKeyBounds(const IndexerKlInputs& in,
+                           const ShapeOrigins& origin, IndexerKlProblem& p) {
   if (in.key_start.has_value() != in.key_end.has_value()) {
     return Invalid(in.key_start ? "key_end" : "key_start",
                    "key_start and key_end must be given together", "only one");
@@ -175,7 +186,7 @@ absl::Status TakeKeyBounds(const IndexerKlInputs& in, IndexerKlProblem& p) {
   for (const auto& [field, view] :
        {std::pair{"key_start", &*in.key_start}, {"key_end", &*in.key_end}}) {
     RETURN_IF_ERROR(CheckTensor(field, *view, {DType::kInt32}, "[B, T]",
-                                {p.B, p.T}, kFromScores));
+                                {p.B, p.T}, origin.rows));
     RETURN_IF_ERROR(CheckBytes(field, *view));
     const auto* bytes = static_cast<const std::byte*>(view->data);
     for (int64_t r = 0; r < p.num_rows(); ++r) {
@@ -194,7 +205,8 @@ absl::Status TakeKeyBounds(const IndexerKlInputs& in, IndexerKlProblem& p) {
 
 // Which keys each query may see (segments, the explicit mask, key padding,
 // key bounds) and which rows count (row_valid).
-absl::Status TakeMasks(const IndexerKlInputs& in, IndexerKlProblem& p) {
+absl::Status TakeMasks(const IndexerKlInputs& in, const ShapeOrigins& origin,
+                       IndexerKlProblem& p) {
   if (in.segment_ids_q.has_value() != in.segment_ids_kv.has_value()) {
     return Invalid(in.segment_ids_q ? "segment_ids_kv" : "segment_ids_q",
                    "segment_ids_q and segment_ids_kv must be given together",
@@ -203,11 +215,11 @@ absl::Status TakeMasks(const IndexerKlInputs& in, IndexerKlProblem& p) {
   if (in.segment_ids_q) {
     RETURN_IF_ERROR(CheckTensor("segment_ids_q", *in.segment_ids_q,
                                 {DType::kInt32}, "[B, T]", {p.B, p.T},
-                                kFromScores));
+                                origin.rows));
     RETURN_IF_ERROR(CheckBytes("segment_ids_q", *in.segment_ids_q));
     RETURN_IF_ERROR(CheckTensor("segment_ids_kv", *in.segment_ids_kv,
                                 {DType::kInt32}, "[B, S]", {p.B, p.S},
-                                OriginWithS(p)));
+                                origin.keys));
     RETURN_IF_ERROR(CheckBytes("segment_ids_kv", *in.segment_ids_kv));
     p.segment_ids_q = static_cast<const std::byte*>(in.segment_ids_q->data);
     p.segment_ids_kv = static_cast<const std::byte*>(in.segment_ids_kv->data);
@@ -215,25 +227,25 @@ absl::Status TakeMasks(const IndexerKlInputs& in, IndexerKlProblem& p) {
   if (in.attention_mask) {
     RETURN_IF_ERROR(CheckTensor("attention_mask", *in.attention_mask,
                                 {DType::kBool}, "[B, T, S]", {p.B, p.T, p.S},
-                                OriginWithS(p)));
+                                origin.keys));
     RETURN_IF_ERROR(CheckBytesIfAny("attention_mask", *in.attention_mask));
     p.has_attention_mask = true;
   }
   if (in.key_padding_mask) {
     RETURN_IF_ERROR(CheckTensor("key_padding_mask", *in.key_padding_mask,
                                 {DType::kBool}, "[B, S]", {p.B, p.S},
-                                OriginWithS(p)));
+                                origin.keys));
     RETURN_IF_ERROR(CheckBytes("key_padding_mask", *in.key_padding_mask));
     p.key_padding_mask =
         static_cast<const std::byte*>(in.key_padding_mask->data);
   }
   if (in.row_valid) {
     RETURN_IF_ERROR(CheckTensor("row_valid", *in.row_valid, {DType::kBool},
-                                "[B, T]", {p.B, p.T}, kFromScores));
+                                "[B, T]", {p.B, p.T}, origin.rows));
     RETURN_IF_ERROR(CheckBytes("row_valid", *in.row_valid));
     p.row_valid = static_cast<const std::byte*>(in.row_valid->data);
   }
-  return TakeKeyBounds(in, p);
+  return TakeKeyBounds(in, origin, p);
 }
 
 // N of the spec's reductions, where it is known before computing.
@@ -271,13 +283,16 @@ const char* InputFormName(InputForm form) {
 }
 
 absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
-    const IndexerKlInputs& in, const IndexerKlOptions& options) {
+    const IndexerKlInputs& in, const IndexerKlOptions& options,
+    const ShapeSources& sources) {
   RETURN_IF_ERROR(CheckOptions(options));
   IndexerKlProblem p;
   p.options = options;
-  RETURN_IF_ERROR(TakeScores(in, p));
-  RETURN_IF_ERROR(TakeTarget(in, p));
-  RETURN_IF_ERROR(TakeMasks(in, p));
+  const ShapeOrigins origin =
+      OriginsOf(sources, /*sparse=*/in.topk_indices.has_value());
+  RETURN_IF_ERROR(TakeScores(in, origin, p));
+  RETURN_IF_ERROR(TakeTarget(in, origin, p));
+  RETURN_IF_ERROR(TakeMasks(in, origin, p));
   p.q_offset = options.q_offset.value_or(p.S - p.T);
   p.denominator = KnownDenominator(p);
   return p;

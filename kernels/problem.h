@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/dtype.h"
 #include "kernels/row_rules.h"
 #include "kernels/tensor_view.h"
@@ -153,6 +154,16 @@ struct RowData {
 // as RowData, of the whole request (WholeRowData) or of a block of its rows
 // (BlockRowData in kernels/row_block.h), so that one problem serves a unary
 // request and a stream alike.
+// What sets the dimensions that the other tensors' shapes follow, as their
+// errors name it: in the logits form, indexer_scores' shape (B, T, the row
+// length, and S in the dense stage) and num_keys (S in the sparse stage); in
+// the projections form, the client's query (B, T) and key (S).
+struct ShapeSources {
+  absl::string_view rows = "indexer_scores' shape";
+  absl::string_view dense_keys;  // S in the dense stage; empty: `rows`
+  absl::string_view sparse_keys = "num_keys";
+};
+
 class IndexerKlProblem {
  public:
   // Checks options, the dtypes and shapes of every tensor, dimension
@@ -160,7 +171,8 @@ class IndexerKlProblem {
   // stream header's): its rows are checked when they come. Errors are
   // INVALID_ARGUMENT with a message "<field>: <rule>, got <value>".
   static absl::StatusOr<IndexerKlProblem> Create(
-      const IndexerKlInputs& inputs, const IndexerKlOptions& options);
+      const IndexerKlInputs& inputs, const IndexerKlOptions& options,
+      const ShapeSources& sources = {});
 
   int64_t B = 0, T = 0, S = 0, H = 0;
   // The length of every per-row tensor's row: S in the dense stage, K (the

@@ -77,7 +77,10 @@ absl::StatusOr<IndexerKlProblem> LogitsFormProblem(
   logits.key_end = in.key_end;
   IndexerKlOptions with_keys = options;
   with_keys.num_keys = S;
-  return IndexerKlProblem::Create(logits, with_keys);
+  return IndexerKlProblem::Create(logits, with_keys,
+                                  {.rows = "query's shape",
+                                   .dense_keys = "key's shape",
+                                   .sparse_keys = "key's shape"});
 }
 
 }  // namespace

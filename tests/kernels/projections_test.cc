@@ -833,6 +833,46 @@ TEST(ProjectionsTest, ImpliedLogitsTooLargeNameTheClientsField) {
   expect("topk_indices:");
 }
 
+// A tensor of the wrong shape says where its expected shape came from: the
+// client's query and key, not the logits form's indexer_scores or num_keys,
+// which this form never sends (found by an adversarial helper).
+TEST(ProjectionsTest, AWrongShapeNamesTheQueryOrKeyItFollows) {
+  // The key side comes whole (a stream's header too); the rest as specs.
+  const std::vector<float> keys(2 * 7 * 4, 1.0f);
+  ProjectionsInputs in;
+  in.query = {.dtype = DType::kFloat32, .shape = {2, 5, 2, 4}};
+  in.key = {.dtype = DType::kFloat32,
+            .shape = {2, 7, 1, 4},
+            .data = keys.data(),
+            .byte_size = 2 * 7 * 4 * 4};
+  in.index_query = {.dtype = DType::kFloat32, .shape = {2, 5, 2, 4}};
+  in.index_key = {.dtype = DType::kFloat32,
+                  .shape = {2, 7, 4},
+                  .data = keys.data(),
+                  .byte_size = 2 * 7 * 4 * 4};
+  in.index_weights = {.dtype = DType::kFloat32, .shape = {2, 5, 2}};
+  const auto expect = [&](const std::string& message) {
+    const absl::StatusOr<ProjectionsProblem> problem =
+        ProjectionsProblem::Create(in, ProjectionsOptions{});
+    ASSERT_FALSE(problem.ok());
+    EXPECT_EQ(problem.status().message(), message);
+  };
+  in.row_valid = TensorView{.dtype = DType::kBool, .shape = {2, 4}};
+  expect(
+      "row_valid: shape must be [B, T] = [2, 5] (from query's shape), got "
+      "[2, 4]");
+  in.row_valid.reset();
+  in.key_padding_mask = TensorView{.dtype = DType::kBool, .shape = {2, 6}};
+  expect(
+      "key_padding_mask: shape must be [B, S] = [2, 7] (S from key's shape, "
+      "the rest from query's shape), got [2, 6]");
+  in.key_padding_mask.reset();
+  in.topk_indices = TensorView{.dtype = DType::kInt32, .shape = {2, 4, 3}};
+  expect(
+      "topk_indices: shape must be [B, T, K] = [2, 5, 3] (from query's "
+      "shape), got [2, 4, 3]");
+}
+
 TEST(ProjectionsTest, OverflowingScoresAreRefused) {
   RefProjections p = RandomProblem(20, 1, 2, 3, 1, 1, 2, 1, 2);
   for (double& v : p.index_key) v *= 1e30;
