@@ -1,6 +1,7 @@
 #include "client/call_status.h"
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace klserve {
@@ -15,6 +16,32 @@ absl::Status StatusFromCall(const grpc::Status& status) {
   // gRPC and absl number their codes alike, so the cast keeps the code.
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());
+}
+
+absl::Status ExplainMessageLimit(const absl::Status& status,
+                                 int64_t max_message_bytes) {
+  if (status.code() != absl::StatusCode::kResourceExhausted) return status;
+  const absl::string_view message = status.message();
+  // "[CLIENT: ]Sent|Received message larger than max (N vs. LIMIT)"
+  size_t at = message.find("message larger than max (");
+  if (at == absl::string_view::npos) return status;
+  const size_t vs = message.find(" vs. ", at);
+  const size_t end = message.find(')', at);
+  int64_t limit = 0;
+  if (vs == absl::string_view::npos || end == absl::string_view::npos ||
+      end < vs ||
+      !absl::SimpleAtoi(message.substr(vs + 5, end - vs - 5), &limit)) {
+    return status;
+  }
+  const bool sent = absl::StrContains(message.substr(0, at), "Sent");
+  return absl::ResourceExhaustedError(absl::StrCat(
+      message, " (",
+      sent || limit == max_message_bytes ? "this client's max_message_bytes"
+                                         : "the server's --max_message_bytes",
+      " is ", limit,
+      " bytes: klctl --stream=always, or a --stream_threshold below it, "
+      "sends the tensors in blocks of --block_bytes, which must be below it "
+      "too (ClientOptions::stream_threshold_bytes, block_bytes))"));
 }
 
 absl::Status ExplainUnavailable(const absl::Status& status, bool tls,

@@ -3,6 +3,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 
 namespace klserve {
@@ -23,6 +25,13 @@ absl::Status StatusFromCall(const grpc::Status& status);
 // certificate (`client_certificate`). Other statuses come back unchanged.
 absl::Status ExplainUnavailable(const absl::Status& status, bool tls,
                                 bool client_certificate);
+
+// gRPC's RESOURCE_EXHAUSTED for a message past a size limit ("Received
+// message larger than max (N vs. LIMIT)") with whose limit it met (the
+// server's --max_message_bytes, or this client's `max_message_bytes`) and
+// the way past it, streaming, appended. Other statuses come back unchanged.
+absl::Status ExplainMessageLimit(const absl::Status& status,
+                                 int64_t max_message_bytes);
 
 }  // namespace klserve
 

@@ -127,9 +127,9 @@ auto WithRetries(const ClientOptions& options, grpc::Channel& channel,
   for (int tries = 1;; ++tries) {
     bool may_retry = true;
     auto result = attempt(&may_retry);
-    if (result.ok() ||
-        result.status().code() != absl::StatusCode::kUnavailable) {
-      return result;
+    if (result.ok()) return result;
+    if (result.status().code() != absl::StatusCode::kUnavailable) {
+      return ExplainMessageLimit(result.status(), options.max_message_bytes);
     }
     const auto last = [&]() -> decltype(attempt(nullptr)) {
       return ExplainUnavailable(result.status(), !options.tls_ca_file.empty(),

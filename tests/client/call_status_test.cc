@@ -1,6 +1,11 @@
 #include "client/call_status.h"
 
+#include <cstdint>
+#include <string>
+
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 
 namespace klserve {
@@ -69,6 +74,39 @@ TEST(ExplainUnavailable, NothingListeningIsNotATlsQuestion) {
       << web;
   const absl::Status other = absl::UnavailableError("draining");
   EXPECT_EQ(ExplainUnavailable(other, false, false), other);
+}
+
+TEST(ExplainMessageLimit, NamesWhoseLimitAMessageMet) {
+  const auto whose = [](absl::string_view message, int64_t own_limit) {
+    const absl::Status status =
+        ExplainMessageLimit(absl::ResourceExhaustedError(message), own_limit);
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_TRUE(absl::StartsWith(status.message(), message)) << status;
+    return std::string(status.message().substr(message.size()));
+  };
+  // The server refused the request at its own limit.
+  EXPECT_EQ(whose("Received message larger than max (4194362 vs. 1048576)",
+                  int64_t{1} << 30),
+            " (the server's --max_message_bytes is 1048576 bytes: klctl "
+            "--stream=always, or a --stream_threshold below it, sends the "
+            "tensors in blocks of --block_bytes, which must be below it too "
+            "(ClientOptions::stream_threshold_bytes, block_bytes))");
+  // This client would not send it, or not take the answer.
+  EXPECT_TRUE(absl::StartsWith(
+      whose("CLIENT: Sent message larger than max (4194362 vs. 3145728)",
+            3145728),
+      " (this client's max_message_bytes is 3145728 bytes"));
+  EXPECT_TRUE(absl::StartsWith(
+      whose("Received message larger than max (9000 vs. 4096)", 4096),
+      " (this client's max_message_bytes is 4096 bytes"));
+  // Anything else stays as it is.
+  for (const absl::Status& other :
+       {absl::ResourceExhaustedError("server: 8 requests in flight"),
+        absl::ResourceExhaustedError("message larger than max (x vs. y)"),
+        absl::InvalidArgumentError(
+            "Received message larger than max (9 vs. 4)")}) {
+    EXPECT_EQ(ExplainMessageLimit(other, 4), other);
+  }
 }
 
 }  // namespace

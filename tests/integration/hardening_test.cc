@@ -533,6 +533,24 @@ TEST(MessageLimitTest, ResponsesPastTheLimitAreRefusedAndNotCounted) {
   ExpectSmallerBlocksGoThrough(*client);
 }
 
+// A request past the server's limit says whose limit it met and what gets
+// past it; gRPC's own words named neither (found by an ML-engineer helper).
+TEST(MessageLimitTest, ARequestPastTheLimitNamesTheFlagAndStreaming) {
+  constexpr int64_t kLimit = kNearLimit / 2;
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({absl::StrCat("--max_message_bytes=", kLimit)});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  EXPECT_TRUE(HasCode(
+      client->ComputeLossUnary(NearLimitRequest()).status(),
+      absl::StatusCode::kResourceExhausted,
+      absl::StrCat("(the server's --max_message_bytes is ", kLimit,
+                   " bytes: klctl --stream=always, or a --stream_threshold "
+                   "below it, sends the tensors in blocks of --block_bytes")));
+  // Streamed in blocks below the limit, it goes through.
+  EXPECT_TRUE(client->ComputeLossStreaming(NearLimitRequest(), kT / 4).ok());
+}
+
 // A message over the limit is refused by gRPC before the service reads it:
 // the client sees RESOURCE_EXHAUSTED. A stream's reactor learns only that
 // gRPC ended the call, as for a cancel; it had taken the read's end for the

@@ -464,3 +464,32 @@ def test_grad_scale_scales_the_gradient_only(client):
     check(scaled, indexer_kl_reference(**problem, **options, grad_scale=-4.0))
     assert scaled.loss == plain.loss
     np.testing.assert_array_equal(scaled.grad, plain.grad * np.float32(-4.0))
+
+
+def test_a_message_past_a_size_limit_says_whose_and_how_to_stream():
+    # gRPC's own words named neither limit nor what gets past it.
+    rng = np.random.default_rng(5)
+    scores = rng.standard_normal((1, 256, 1024), dtype=np.float32)  # 1 MiB
+    weights = np.abs(scores)
+    server = Server("--max_message_bytes=1MiB")
+    try:
+        with server.client(max_attempts=1) as c:
+            with pytest.raises(klserve.KlserveError) as e:
+                c.compute_loss(scores, attention_weights=weights)
+            assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert e.value.details.endswith(
+                "(the server's --max_message_bytes is 1048576 bytes: "
+                "stream=True, or a stream_threshold_bytes below it, sends "
+                "the tensors in blocks of block_bytes, which must be below it "
+                "too)"), e.value.details
+        # ... and the way it names works.
+        with server.client(max_attempts=1, block_bytes=256 << 10) as c:
+            r = c.compute_loss(scores, attention_weights=weights, stream=True)
+            assert np.isfinite(r.loss)
+        with server.client(max_attempts=1, max_message_bytes=512 << 10) as c:
+            with pytest.raises(klserve.KlserveError) as e:
+                c.compute_loss(scores, attention_weights=weights)
+            assert ("(this client's max_message_bytes is 524288 bytes: "
+                    "stream=True") in e.value.details, e.value.details
+    finally:
+        assert server.stop() == 0, "".join(server.log)

@@ -23,7 +23,8 @@ import numpy.typing as npt
 # more file to keep in step with gRPC's.
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from klserve._errors import KlserveError, explain_unavailable, invalid_argument
+from klserve._errors import (KlserveError, explain_message_limit,
+                             explain_unavailable, invalid_argument)
 from klserve._shm_layouts import (Layout, LayoutPool, is_local_target,
                                   output_specs, plan)
 from klserve._signature import (PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
@@ -500,7 +501,7 @@ class Client:
             except grpc.RpcError as e:
                 error = KlserveError.from_rpc_error(e)
             if error.code != grpc.StatusCode.UNAVAILABLE:
-                raise error
+                raise explain_message_limit(error, self.max_message_bytes)
             last = explain_unavailable(error, self._tls,
                                        self._client_certificate)
             if not attempt.may_retry or tries >= self.max_attempts:

@@ -1,5 +1,7 @@
 """The exception every failed klserve call raises."""
 
+import re
+
 import grpc
 
 
@@ -64,6 +66,31 @@ _TRANSPORT_FAILURES = ("Socket closed", "handshake", "Connection reset",
 # ... and its words for an address where nothing listens (TCP, then a Unix
 # socket): TLS is not the question there.
 _NOTHING_LISTENS = ("Connection refused", "No such file or directory")
+
+
+# gRPC's words for a message past a size limit, and the limit.
+_MESSAGE_TOO_LARGE = re.compile(
+    r"(Sent|Received) message larger than max \(\d+ vs\. (\d+)\)")
+
+
+def explain_message_limit(error, max_message_bytes):
+    """`error` with the limit it met and the way past it added, when it is
+    gRPC's RESOURCE_EXHAUSTED for a message too large; otherwise `error`
+    itself. `max_message_bytes`: this client's own limit."""
+    if error.code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return error
+    match = _MESSAGE_TOO_LARGE.search(error.details)
+    if not match:
+        return error
+    limit = int(match.group(2))
+    whose = ("this client's max_message_bytes"
+             if match.group(1) == "Sent" or limit == max_message_bytes else
+             "the server's --max_message_bytes")
+    return KlserveError(error.code, (
+        "%s (%s is %d bytes: stream=True, or a stream_threshold_bytes below "
+        "it, sends the tensors in blocks of block_bytes, which must be below "
+        "it too)" % (error.details, whose, limit)),
+        error.debug_error_string)
 
 
 def explain_unavailable(error, tls, client_certificate):

@@ -57,7 +57,7 @@ class ComputeLossOptions:
         carries (the gradient; each row's KL; the entropies and, with
         recall_k > 0, the top-k recall). The wrappers decide these.
     run, step, layer, microbatch: tags the server aggregates per step
-        (docs/metrics.md).
+        (README.md, "Watching the loss"; a run's steps only go forward).
     request_id: echoed in the answer.
     stream: None streams when the tensors' bytes exceed the client's
         stream_threshold_bytes; True or False forces it.
