@@ -12,9 +12,9 @@
 #include <thread>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/call_status.h"
 #include "client/stream_codec.h"
 #include "client/tensor_util.h"
 #include "kernels/cpu/usable_memory.h"
@@ -93,23 +93,19 @@ absl::Status CheckInputBytes(
       "or its container's limit); make --shape smaller"));
 }
 
-// A refusal for lack of a slot, as the server words it
-// (server/service/admission.cc).
-bool IsSlotRefusal(const absl::Status& status) {
-  return status.code() == absl::StatusCode::kResourceExhausted &&
-         absl::StrContains(status.message(), "retry later");
-}
-
 // Runs `call(client, worker)` (one request on a Client; returns the bytes
 // it moved) from `limits.concurrency` workers, each on its own connected
 // Client.
 template <typename Call>
 LoadResult RunLoad(const ClientOptions& client_options,
                    const LoadLimits& limits, Call call) {
+  // RunWorkers sends a refused request again itself, at once: the client's
+  // backoff would be measured as latency.
+  ClientOptions once = client_options;
+  once.max_attempts = 1;
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < limits.concurrency; ++i) {
-    absl::StatusOr<std::unique_ptr<Client>> client =
-        Client::Create(client_options);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(once);
     // Connect before the clock starts, so the first request's latency is
     // not a TCP handshake.
     absl::Status status = client.status();
@@ -156,12 +152,12 @@ LoadResult RunWorkers(
         // More workers than the server's slots: a refusal is the server's
         // answer to load, not a failure of the benchmark; the request is
         // sent again (its latency includes the wait).
-        while (IsSlotRefusal(moved.status()) && absl::Now() < end) {
+        while (IsOverloaded(moved.status()) && absl::Now() < end) {
           refusals.fetch_add(1);
           absl::SleepFor(absl::Milliseconds(1));
           moved = call(worker);
         }
-        if (IsSlotRefusal(moved.status())) break;  // out of time
+        if (IsOverloaded(moved.status())) break;  // out of time
         if (!moved.ok()) {
           error = moved.status();
           stop = true;

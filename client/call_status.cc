@@ -1,12 +1,23 @@
 #include "client/call_status.h"
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "proto/call_metadata.h"
 
 namespace klserve {
 
-absl::Status StatusFromCall(const grpc::Status& status) {
+namespace {
+
+// The absl::Status payload marking a refusal at the limit of calls in flight.
+constexpr absl::string_view kOverloadedPayload = "klserve.dev/overloaded";
+
+}  // namespace
+
+absl::Status StatusFromCall(const grpc::Status& status,
+                            const grpc::ClientContext& context) {
   if (status.ok()) return absl::OkStatus();
   if (status.error_code() == grpc::StatusCode::CANCELLED &&
       status.error_message() == "CANCELLED") {
@@ -14,8 +25,18 @@ absl::Status StatusFromCall(const grpc::Status& status) {
         "the server shut down before handling the call (gRPC: CANCELLED)");
   }
   // gRPC and absl number their codes alike, so the cast keeps the code.
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+  absl::Status result(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());
+  if (result.code() == absl::StatusCode::kResourceExhausted &&
+      context.GetServerTrailingMetadata().count(kOverloadedMetadataKey) > 0) {
+    result.SetPayload(kOverloadedPayload, absl::Cord());
+  }
+  return result;
+}
+
+bool IsOverloaded(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kResourceExhausted &&
+         status.GetPayload(kOverloadedPayload).has_value();
 }
 
 absl::Status ExplainMessageLimit(const absl::Status& status,

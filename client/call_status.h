@@ -16,7 +16,15 @@ namespace klserve {
 // UNAVAILABLE, which the client retries. This relies on the client never
 // reporting a cancel of its own through here: it cancels only after a local
 // error, and reports that error instead.
-absl::Status StatusFromCall(const grpc::Status& status);
+//
+// A refusal at the server's limit of calls in flight (its trailing metadata
+// carries kOverloadedMetadataKey) gets a payload that IsOverloaded reads.
+absl::Status StatusFromCall(const grpc::Status& status,
+                            const grpc::ClientContext& context);
+
+// Whether `status` is a refusal at the server's limit of calls in flight:
+// the call did not run, and the client retries it as it does UNAVAILABLE.
+bool IsOverloaded(const absl::Status& status);
 
 // An UNAVAILABLE that gRPC reports as a bare transport failure ("Socket
 // closed", a failed handshake) is what a TLS mismatch looks like from the

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -12,6 +13,8 @@
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "auth/credential_file.h"
 #include "client/call_status.h"
 #include "client/stream_codec.h"
@@ -35,6 +38,38 @@ void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
     context.AddMetadata("authorization",
                         absl::StrCat("Bearer ", options.auth_token));
   }
+}
+
+// Where `target` names a host without a port ("localhost", "10.0.0.1",
+// "[::1]", a bare "::1", each also after "dns:" or "dns://authority/"), the
+// host:port to give instead; otherwise nothing. Other schemes' targets
+// (unix:, ipv4:, vsock:, ...) are gRPC's to check.
+std::optional<std::string> WithDefaultPort(absl::string_view target) {
+  absl::string_view host = target;
+  if (absl::ConsumePrefix(&host, "dns:")) {
+    if (absl::ConsumePrefix(&host, "//")) {
+      const size_t slash = host.find('/');
+      if (slash == absl::string_view::npos) return std::nullopt;
+      host.remove_prefix(slash + 1);
+    }
+  } else {
+    const absl::string_view scheme = host.substr(0, host.find(':'));
+    for (absl::string_view other : {"unix", "unix-abstract", "ipv4", "ipv6",
+                                    "vsock", "xds", "google-c2p"}) {
+      if (scheme == other) return std::nullopt;
+    }
+  }
+  const std::string prefix(target.substr(0, target.size() - host.size()));
+  if (absl::StartsWith(host, "[")) {
+    if (absl::StrContains(host, "]:")) return std::nullopt;
+    return absl::StrCat(target, ":50051");
+  }
+  const auto colons = std::count(host.begin(), host.end(), ':');
+  if (colons == 1) return std::nullopt;
+  // No colon: a name or an IPv4 address. Several: an IPv6 address, whose
+  // port needs the brackets.
+  return colons == 0 ? absl::StrCat(target, ":50051")
+                     : absl::StrCat(prefix, "[", host, "]:50051");
 }
 
 // A web URL ("http://host:port") or a port alone ("50051") is no gRPC
@@ -63,14 +98,12 @@ absl::Status CheckTarget(const ClientOptions& options) {
         "\" is a port alone; gRPC takes host:port (localhost:", target,
         "), dns:///host:port or unix:/path"));
   }
-  const bool host_alone =
-      target.find(':') == std::string::npos ||
-      (absl::StartsWith(target, "[") && absl::EndsWith(target, "]"));
-  if (host_alone && options.tls_ca_file.empty()) {
+  if (const std::optional<std::string> with_port = WithDefaultPort(target);
+      with_port && options.tls_ca_file.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ClientOptions.target: \"", target,
         "\" has no port, and gRPC would not pick klserve's; give host:port (",
-        target, ":50051 for klserve's default --listen)"));
+        *with_port, " for klserve's default --listen)"));
   }
   return absl::OkStatus();
 }
@@ -109,8 +142,9 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
   return grpc::SslCredentials(ssl);
 }
 
-// Runs `attempt` until it returns anything but a retriable UNAVAILABLE, or
-// the attempts or the time run out; returns the last result. `attempt`
+// Runs `attempt` until it returns anything but a retriable UNAVAILABLE or a
+// refusal at the server's limit of calls in flight (IsOverloaded), or the
+// attempts or the time run out; returns the last result. `attempt`
 // takes a bool* it clears when a retry would be unsafe (a stream that has
 // already delivered a response message). While the channel is down it
 // waits on the channel rather than sleeping: a blocking client's channel
@@ -128,7 +162,8 @@ auto WithRetries(const ClientOptions& options, grpc::Channel& channel,
     bool may_retry = true;
     auto result = attempt(&may_retry);
     if (result.ok()) return result;
-    if (result.status().code() != absl::StatusCode::kUnavailable) {
+    if (result.status().code() != absl::StatusCode::kUnavailable &&
+        !IsOverloaded(result.status())) {
       return ExplainMessageLimit(result.status(), options.max_message_bytes);
     }
     const auto last = [&]() -> decltype(attempt(nullptr)) {
@@ -238,8 +273,8 @@ absl::StatusOr<Response> UnaryCall(
         grpc::ClientContext context;
         PrepareContext(context, options, deadline);
         Response response;
-        RETURN_IF_ERROR(
-            StatusFromCall((stub.*method)(&context, request, &response)));
+        RETURN_IF_ERROR(StatusFromCall(
+            (stub.*method)(&context, request, &response), context));
         return response;
       });
 }
@@ -256,7 +291,7 @@ absl::StatusOr<bool> Client::Health(const std::string& service) {
         PrepareContext(context, options_, deadline);
         HealthCheckResponse response;
         RETURN_IF_ERROR(StatusFromCall(
-            stubs_->health->Check(&context, request, &response)));
+            stubs_->health->Check(&context, request, &response), context));
         return response.status() == HealthCheckResponse::SERVING;
       });
 }
@@ -388,7 +423,7 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
     writer.join();
     const grpc::Status status = stream->Finish();
     RETURN_IF_ERROR(local);
-    RETURN_IF_ERROR(StatusFromCall(status));
+    RETURN_IF_ERROR(StatusFromCall(status, context));
     if (!result.has_value()) {
       return ProtocolError("ComputeLossStream: no result before the end");
     }
@@ -445,7 +480,7 @@ absl::StatusOr<EchoStats> Client::EchoStream(
       stats.bytes_received += response.payload().size();
     }
     writer.join();
-    RETURN_IF_ERROR(StatusFromCall(stream->Finish()));
+    RETURN_IF_ERROR(StatusFromCall(stream->Finish(), context));
     if (stats.messages != static_cast<int64_t>(messages.size())) {
       return ProtocolError(absl::StrCat("Echo: ", stats.messages,
                                         " replies to ", messages.size(),

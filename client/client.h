@@ -5,7 +5,8 @@
 // service (and grpc.health.v1.Health).
 //
 // Every call runs under a deadline (ClientOptions::deadline, counted from the
-// start of the call and covering its retries). UNAVAILABLE is retried with
+// start of the call and covering its retries). UNAVAILABLE, and a refusal at
+// the server's limit of calls in flight (IsOverloaded), are retried with
 // exponential backoff; every other error is returned at once, with the gRPC
 // code and message kept (absl and gRPC codes share their numbers).
 //
@@ -43,9 +44,12 @@ struct ClientOptions {
   // The channel's send and receive message limits (gRPC's default receive
   // limit is 4 MiB). At most 2 GiB - 1, since no message can be larger.
   int64_t max_message_bytes = 1 << 30;
-  // Attempts per call when the server answers UNAVAILABLE; >= 1. Ten, with
-  // the backoff below, wait about 5 to 9 s in all: long enough for a server
-  // (a sidecar, a pod) that restarts, so that a training step rides it out.
+  // Attempts per call when the server answers UNAVAILABLE, or refuses it at
+  // its limit of calls in flight (RESOURCE_EXHAUSTED naming
+  // --max_concurrent_requests or --max_open_streams; the call did not run);
+  // >= 1. Ten, with the backoff below, wait about 5 to 9 s in all: long
+  // enough for a server (a sidecar, a pod) that restarts, or a burst of
+  // calls from many ranks, so that a training step rides it out.
   int max_attempts = 10;
   // Wait before the first retry; doubled after each one up to max_backoff.
   // Each wait is jittered to between half and all of its value.

@@ -59,7 +59,8 @@ ABSL_FLAG(klserve::flags::Duration, deadline,
           klserve::flags::Duration{absl::Seconds(120)},
           "Time limit of each call, retries included");
 ABSL_FLAG(int, max_attempts, klserve::ClientOptions().max_attempts,
-          "Attempts per call while UNAVAILABLE");
+          "Attempts per call while UNAVAILABLE or refused at the server's "
+          "limit of calls in flight");
 ABSL_FLAG(std::string, stream, "auto",
           "loss, bench: auto (stream above --stream_threshold), always, never");
 ABSL_FLAG(klserve::flags::ByteCount, stream_threshold,

@@ -143,6 +143,16 @@ struct RowData {
   RowView mask;     // attention_mask, if given
 };
 
+// What sets the dimensions that the other tensors' shapes follow, as their
+// errors name it: in the logits form, indexer_scores' shape (B, T, the row
+// length, and S in the dense stage) and num_keys (S in the sparse stage); in
+// the projections form, the client's query (B, T) and key (S).
+struct ShapeSources {
+  absl::string_view rows = "indexer_scores' shape";
+  absl::string_view dense_keys;  // S in the dense stage; empty: `rows`
+  absl::string_view sparse_keys = "num_keys";
+};
+
 // A validated problem. Only Create makes one, so every backend may rely on
 // consistent shapes, byte sizes and options. Value rules that need a pass over
 // the data (NaN, infinities, index ranges, duplicate keys) are checked by the
@@ -154,16 +164,6 @@ struct RowData {
 // as RowData, of the whole request (WholeRowData) or of a block of its rows
 // (BlockRowData in kernels/row_block.h), so that one problem serves a unary
 // request and a stream alike.
-// What sets the dimensions that the other tensors' shapes follow, as their
-// errors name it: in the logits form, indexer_scores' shape (B, T, the row
-// length, and S in the dense stage) and num_keys (S in the sparse stage); in
-// the projections form, the client's query (B, T) and key (S).
-struct ShapeSources {
-  absl::string_view rows = "indexer_scores' shape";
-  absl::string_view dense_keys;  // S in the dense stage; empty: `rows`
-  absl::string_view sparse_keys = "num_keys";
-};
-
 class IndexerKlProblem {
  public:
   // Checks options, the dtypes and shapes of every tensor, dimension

@@ -68,7 +68,7 @@ int64_t PerRowBytes(const ProjectionTileShape& s) {
     // exponentials of one key tile.
     b.AddProduct(3 * kFloat, s.S).AddProduct(kFloat, s.H_I, KeyTile(s));
     // The float64 sums of the heads' blocks, over one key tile.
-    if (s.H > kHeadsPerFloatSum) b.AddProduct(8, KeyTile(s));
+    if (s.H > kHeadsPerFloatSum) b.AddProduct(8, kKeyTile);
   } else {
     // The slots' keys, w, I and g; the indexer's dot products u and the
     // gathered index keys; the d_index_key contributions of the slots.

@@ -29,7 +29,13 @@ void RowScratch::ReleaseExcessOfThisThread() {
 
 int64_t RowScratch::bytes() const {
   return kRows * row_stride_ * int64_t{sizeof(float)} + slots_ * kPerSlotBytes +
+         (head_sums_ != nullptr ? slots_ * int64_t{sizeof(double)} : 0) +
          row_keys_.bytes();
+}
+
+double* RowScratch::head_sums() {
+  if (head_sums_ == nullptr) head_sums_.reset(new double[slots_]);
+  return head_sums_.get();
 }
 
 int64_t RowScratch::BytesFor(int64_t slots, bool sparse) {
@@ -43,7 +49,7 @@ void RowScratch::Reserve(const IndexerKlProblem& problem) {
     // Left uninitialised: every pass writes a slot before reading it.
     row_stride_ = StrideFor(slots_);
     rows_.reset(new float[kRows * row_stride_]);
-    head_sums_.reset(new double[slots_]);
+    head_sums_.reset();  // made again, this wide, if needed
     valid_.reset(new uint8_t[slots_]);
     ranked_.reset(new std::pair<float, int32_t>[slots_]);
   }

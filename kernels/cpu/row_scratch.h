@@ -26,11 +26,11 @@ inline constexpr int64_t kHeadsPerFloatSum = 64;
 // not leave every compute thread holding its rows.
 class RowScratch {
  public:
-  // The scratch a thread keeps between computations: rows of up to ~21K
-  // slots (49 bytes a slot, and up to 32 more for a sparse row's key set; the
-  // benchmark's dense S = 4096 takes 199 KiB). A wider row brings at least 4
-  // bytes of input per slot, so growing its scratch again per request costs
-  // little beside reading it.
+  // The scratch a thread keeps between computations: rows of up to ~25K
+  // slots (41 bytes a slot, 8 more past 64 heads, and up to 32 more for a
+  // sparse row's key set; the benchmark's dense S = 4096 takes 167 KiB). A
+  // wider row brings at least 4 bytes of input per slot, so growing its scratch
+  // again per request costs little beside reading it.
   static constexpr int64_t kRetainedBytes = int64_t{1} << 20;
 
   // This thread's scratch, grown to fit `problem`.
@@ -47,7 +47,9 @@ class RowScratch {
   float* previous_e() { return row(5); }   // the previous head's
   float* grad() { return row(6); }         // gradient before conversion
   float* maxtext_g() { return row(7); }    // MAXTEXT's -p / (q + eps)
-  double* head_sums() { return head_sums_.get(); }  // kHeadsPerFloatSum
+  // The float64 sums of the heads' blocks (kHeadsPerFloatSum), made on
+  // first use: only a target of more than 64 heads needs them.
+  double* head_sums();
   uint8_t* valid() { return valid_.get(); }
   std::pair<float, int32_t>* ranked() { return ranked_.get(); }  // recall
 
@@ -71,7 +73,7 @@ class RowScratch {
     return (slots + 1023) / 1024 * 1024 + 5 * 16;
   }
   static constexpr int64_t kPerSlotBytes =
-      sizeof(double) + sizeof(uint8_t) + sizeof(std::pair<float, int32_t>);
+      sizeof(uint8_t) + sizeof(std::pair<float, int32_t>);
 
   int64_t slots_ = 0;
   // The float rows, carved from one block at a stride that is not a multiple
@@ -80,7 +82,7 @@ class RowScratch {
   // loops that read one row while writing the next.
   std::unique_ptr<float[]> rows_;
   int64_t row_stride_ = 0;
-  std::unique_ptr<double[]> head_sums_;
+  std::unique_ptr<double[]> head_sums_;  // slots_ of them, or none yet
   std::unique_ptr<uint8_t[]> valid_;
   std::unique_ptr<std::pair<float, int32_t>[]> ranked_;
   RowKeySet row_keys_;

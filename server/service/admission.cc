@@ -1,15 +1,17 @@
 #include "server/service/admission.h"
 
 #include "absl/strings/str_cat.h"
+#include "proto/call_metadata.h"
 
 namespace klserve::server {
 
-absl::Status Admission::Enter() {
+absl::Status Admission::Enter(grpc::CallbackServerContext& call) {
   absl::MutexLock lock(&mu_);
   if (draining_) {
     return absl::UnavailableError("server: draining, not taking new requests");
   }
   if (in_flight_ >= max_in_flight_) {
+    call.AddTrailingMetadata(kOverloadedMetadataKey, flag_);
     return absl::ResourceExhaustedError(
         absl::StrCat("server: ", in_flight_, " ", what_, ", the limit (--",
                      flag_, "); retry later"));

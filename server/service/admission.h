@@ -1,6 +1,8 @@
 #ifndef KLSERVE_SERVER_SERVICE_ADMISSION_H_
 #define KLSERVE_SERVER_SERVICE_ADMISSION_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <string>
 
 #include "absl/status/status.h"
@@ -25,8 +27,10 @@ class Admission {
         flag_(flag),
         metrics_(metrics) {}
 
-  // OK takes a slot, to be given back with Leave.
-  absl::Status Enter();
+  // OK takes a slot, to be given back with Leave. A refusal at the limit
+  // adds kOverloadedMetadataKey to `call`'s trailing metadata, so that
+  // clients retry it after a backoff.
+  absl::Status Enter(grpc::CallbackServerContext& call);
   void Leave();
 
   void StartDraining();

@@ -266,7 +266,8 @@ grpc::ServerUnaryReactor* LossService::ComputeLoss(
                 0);
     return reactor;
   }
-  if (absl::Status admitted = context_.requests->Enter(); !admitted.ok()) {
+  if (absl::Status admitted = context_.requests->Enter(*context);
+      !admitted.ok()) {
     FinishUnary(context_, reactor, "ComputeLoss", start, admitted, bytes_in, 0,
                 0);
     return reactor;

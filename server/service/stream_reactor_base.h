@@ -152,7 +152,7 @@ class StreamReactorBase
   // Takes a stream slot and starts reading, or ends the call with the
   // refusal (RESOURCE_EXHAUSTED, or UNAVAILABLE while draining).
   void Begin() {
-    const absl::Status admitted = context_.streams->Enter();
+    const absl::Status admitted = context_.streams->Enter(*call_);
     admitted_ = admitted.ok();
     context_.watchdog->Add(this);
     absl::MutexLock lock(&mu_);

@@ -11,6 +11,12 @@
 namespace klserve {
 namespace {
 
+// StatusFromCall of a call whose server sent no trailing metadata.
+absl::Status StatusFromCall(const grpc::Status& status) {
+  grpc::ClientContext context;
+  return klserve::StatusFromCall(status, context);
+}
+
 TEST(StatusFromCall, KeepsCodeAndMessage) {
   EXPECT_TRUE(StatusFromCall(grpc::Status::OK).ok());
   const absl::Status s = StatusFromCall(grpc::Status(

@@ -86,12 +86,12 @@ def parse_quantity(text):
 
 def parse_byte_count(text):
     """Bytes in a klserve _bytes flag's value: 8589934592, 8GiB or 8 GiB
-    (server/service/byte_count.h)."""
-    units = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30,
-             "tib": 2**40}
+    (flags/byte_count.h; case matters there, as here)."""
+    units = {"": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30,
+             "TiB": 2**40}
     match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
-    assert match and match.group(2).lower() in units, text
-    return int(match.group(1)) * units[match.group(2).lower()]
+    assert match and match.group(2) in units, text
+    return int(match.group(1)) * units[match.group(2)]
 
 
 def flag(args, name):

@@ -28,6 +28,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/impl/codegen/sync_stream.h"
+#include "proto/call_metadata.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/raw_http2.h"
 
@@ -224,6 +225,60 @@ TEST_F(IdleStreamTest, IdleStreamsNeitherLockOutOthersNorStayOpen) {
                         grpc::StatusCode::DEADLINE_EXCEEDED,
                         "--stream_idle_timeout"));
   }
+}
+
+// A call refused at the limit of calls in flight did not run: the server
+// marks it (trailing metadata), and the client retries it with backoff as it
+// does UNAVAILABLE, so that a burst of calls from many ranks does not fail a
+// training step (found by an ML-engineer helper).
+TEST(OverloadTest, ARefusalAtTheLimitIsMarkedAndRetriedByTheClient) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      {"--max_open_streams=1", "--stream_idle_timeout=1s"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<v1::IndexerKl::Stub> stub = MakeStub((*server)->target());
+  const v1::ComputeLossRequest request = Small();
+  absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(request);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+
+  RawStream holder = OpenStream(*stub);  // holds the one slot for 1 s
+  absl::SleepFor(absl::Milliseconds(200));
+  RawStream refused = OpenStream(*stub);
+  const grpc::Status status = refused.stream->Finish();
+  EXPECT_TRUE(HasCode(status, grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "--max_open_streams"));
+  const auto& trailers = refused.context->GetServerTrailingMetadata();
+  const auto mark = trailers.find(kOverloadedMetadataKey);
+  ASSERT_NE(mark, trailers.end());
+  EXPECT_EQ(std::string(mark->second.data(), mark->second.size()),
+            "max_open_streams");
+  // Without retries the client reports it...
+  EXPECT_TRUE(HasCode(MakeClient((*server)->target(), /*max_attempts=*/1)
+                          ->ComputeLossStreaming(request)
+                          .status(),
+                      absl::StatusCode::kResourceExhausted,
+                      "--max_open_streams"));
+  // ... with them it waits for the slot, which the idle timeout frees.
+  absl::StatusOr<v1::ComputeLossResponse> retried =
+      MakeClient((*server)->target(), /*max_attempts=*/10)
+          ->ComputeLossStreaming(request);
+  ASSERT_TRUE(retried.ok()) << Describe(retried.status());
+  EXPECT_TRUE(SameResponse(*expected, *retried));
+  EXPECT_TRUE(HasCode(holder.stream->Finish(),
+                      grpc::StatusCode::DEADLINE_EXCEEDED,
+                      "--stream_idle_timeout"));
+  // A refusal that would fail again (a tensor past its limit) is not retried.
+  absl::StatusOr<std::unique_ptr<ServerProcess>> small =
+      ServerProcess::Start({"--max_tensor_bytes=32"});  // Small's are 60
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_TRUE(HasCode(MakeClient((*small)->target(), /*max_attempts=*/10)
+                          ->ComputeLossUnary(request)
+                          .status(),
+                      absl::StatusCode::kResourceExhausted,
+                      "--max_tensor_bytes"));
+  EXPECT_EQ(SeriesValue(ScrapeMetrics((*small)->metrics_port()),
+                        "klserve_requests_total{code=\"RESOURCE_EXHAUSTED\","
+                        "method=\"ComputeLoss\"}"),
+            1);
 }
 
 TEST(StreamDurationTest, AStreamThatTricklesIsEndedAtItsMaximumDuration) {

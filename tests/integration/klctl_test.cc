@@ -628,12 +628,20 @@ TEST(KlctlTargetTest, APortAloneIsRefusedWithTheTargetToGive) {
 // A host alone got gRPC's port (443 for a name, 0 for an address), and the
 // error said nothing listens there, not that the port was missing.
 TEST(KlctlTargetTest, AHostAloneIsRefusedWithTheTargetToGive) {
-  for (const std::string host : {"localhost", "127.0.0.1", "[::1]"}) {
+  for (const auto& [host, give] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"localhost", "localhost:50051"},
+           {"127.0.0.1", "127.0.0.1:50051"},
+           {"[::1]", "[::1]:50051"},
+           {"::1", "[::1]:50051"},
+           {"dns:///localhost", "dns:///localhost:50051"},
+           {"dns://8.8.8.8/klserve.example",
+            "dns://8.8.8.8/klserve.example:50051"}}) {
     ExpectTargetRefused(host,
                         absl::StrCat("target: \"", host,
                                      "\" has no port, and gRPC would "
                                      "not pick klserve's; give host:port (",
-                                     host, ":50051"));
+                                     give, " for"));
   }
 }
 

@@ -319,11 +319,24 @@ def test_a_url_is_refused_as_a_target():
 def test_a_host_alone_is_refused_as_a_plaintext_target():
     # gRPC gives a host alone its own port (443 for a name, 0 for an
     # address), where no plaintext klserve listens.
-    for host in ("localhost", "127.0.0.1", "[::1]", "klserve.example"):
+    for host, give in (("localhost", "localhost:50051"),
+                       ("127.0.0.1", "127.0.0.1:50051"),
+                       ("[::1]", "[::1]:50051"), ("::1", "[::1]:50051"),
+                       ("klserve.example", "klserve.example:50051"),
+                       ("dns:///localhost", "dns:///localhost:50051"),
+                       ("dns://8.8.8.8/klserve.example",
+                        "dns://8.8.8.8/klserve.example:50051"),
+                       ("dns:localhost", "dns:localhost:50051")):
         with pytest.raises(ValueError,
-                           match=r"^target: '%s' has no port, .*\(%s:50051 " %
-                                 (re.escape(host), re.escape(host))):
+                           match=r"^target: '%s' has no port, .*\(%s " %
+                                 (re.escape(host), re.escape(give))):
             klserve.Client(host)
+    # Targets with a port, or of schemes gRPC checks itself, are taken.
+    for target in ("localhost:50051", "[::1]:50051", "dns:///h:1",
+                   "unix:/run/klserve/klserve.sock", "unix-abstract:klserve",
+                   "ipv4:127.0.0.1:50051", "ipv6:[::1]:50051",
+                   "vsock:3:50051"):
+        klserve.Client(target).close()
 
 
 def test_unavailable_is_retried_then_raised():
@@ -481,7 +494,8 @@ def test_a_message_past_a_size_limit_says_whose_and_how_to_stream():
                 "(the server's --max_message_bytes is 1048576 bytes: "
                 "stream=True, or a stream_threshold_bytes below it, sends "
                 "the tensors in blocks of block_bytes, which must be below it "
-                "too)"), e.value.details
+                "too; a projections-form stream's header carries key and "
+                "index_key whole)"), e.value.details
         # ... and the way it names works.
         with server.client(max_attempts=1, block_bytes=256 << 10) as c:
             r = c.compute_loss(scores, attention_weights=weights, stream=True)
@@ -492,4 +506,55 @@ def test_a_message_past_a_size_limit_says_whose_and_how_to_stream():
             assert ("(this client's max_message_bytes is 524288 bytes: "
                     "stream=True") in e.value.details, e.value.details
     finally:
+        assert server.stop() == 0, "".join(server.log)
+
+
+def test_a_refusal_at_the_limit_of_calls_in_flight_is_retried():
+    # A burst of calls from many ranks past --max_open_streams (or
+    # --max_concurrent_requests) failed the step; the refused call did not
+    # run, so the client retries it as it does UNAVAILABLE.
+    from klserve.v1 import klserve_pb2_grpc
+    rng = np.random.default_rng(6)
+    scores = rng.standard_normal((1, 8, 16), dtype=np.float32)
+    weights = np.abs(scores)
+    server = Server("--max_open_streams=1", "--stream_idle_timeout=1s")
+    release = threading.Event()
+
+    def nothing():  # a stream that sends nothing holds the one slot
+        release.wait()
+        return
+        yield
+
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            holder = klserve_pb2_grpc.IndexerKlStub(channel).ComputeLossStream(
+                nothing(), timeout=30)
+            time.sleep(0.2)
+            with server.client(max_attempts=1) as c:
+                with pytest.raises(klserve.KlserveError) as e:
+                    c.compute_loss(scores, attention_weights=weights,
+                                   stream=True)
+                assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert e.value.overloaded, e.value
+                assert "--max_open_streams" in e.value.details
+            # The idle timeout frees the slot within the retries' 5 to 9 s.
+            with server.client(max_attempts=10) as c:
+                r = c.compute_loss(scores, attention_weights=weights,
+                                   stream=True)
+                assert np.isfinite(r.loss)
+            with pytest.raises(grpc.RpcError) as held:
+                for _ in holder:
+                    pass
+            assert held.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            release.set()
+        # A refusal that would fail again is not marked.
+        with server.client(max_attempts=1, max_message_bytes=1024) as c:
+            with pytest.raises(klserve.KlserveError) as e:
+                c.compute_loss(np.zeros((1, 64, 64), np.float32),
+                               attention_weights=np.ones((1, 64, 64),
+                                                         np.float32),
+                               stream=False)
+            assert not e.value.overloaded
+    finally:
+        release.set()
         assert server.stop() == 0, "".join(server.log)

@@ -16,23 +16,25 @@
 namespace klserve::cpu::KLSERVE_ISA {
 namespace {
 
-// Floats reused from tile to tile, grown as needed and left uninitialised
+// Values reused from tile to tile, grown as needed and left uninitialised
 // (the large buffers of a dense tile would otherwise be zeroed and faulted
 // in again for every tile).
-class FloatBuffer {
+template <typename T>
+class GrowingBuffer {
  public:
-  float* Get(int64_t n) {
+  T* Get(int64_t n) {
     if (n > size_) {
-      data_.reset(new float[n]);
+      data_.reset(new T[n]);
       size_ = n;
     }
     return data_.get();
   }
 
  private:
-  std::unique_ptr<float[]> data_;
+  std::unique_ptr<T[]> data_;
   int64_t size_ = 0;
 };
+using FloatBuffer = GrowingBuffer<float>;
 
 // Per key tile of a dense tile, `slices` blocks of `block` floats (a head's
 // logits; the indexer's dot products): kept for all key tiles when they fit
@@ -69,7 +71,7 @@ struct DenseScratch {
   FloatBuffer shift, scale;  // [n, H]
   KeyTileStore logits;       // the main logits, [key tile][head][n, kKeyTile]
   KeyTileStore dots;         // u = q_I k_I^T, [key tile][n * H_I, kKeyTile]
-  std::vector<double> head_sums;  // [n, kKeyTile] past kHeadsPerFloatSum heads
+  GrowingBuffer<double> head_sums;  // [n, kKeyTile], past 64 heads
 };
 thread_local std::unique_ptr<DenseScratch> dense_scratch;
 
@@ -265,8 +267,8 @@ class DenseTile : private TileBase {
     }
 
     const bool blocked_heads = H > kHeadsPerFloatSum;
-    if (blocked_heads) big_.head_sums.resize(n_ * kKeyTile);
-    double* head_sums = big_.head_sums.data();
+    double* head_sums =
+        blocked_heads ? big_.head_sums.Get(n_ * kKeyTile) : nullptr;
     for (int64_t s0 = lo_; s0 < hi_; s0 += kKeyTile) {
       const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
       const float* keys = stored ? nullptr : KeyTile(s0, s1);

@@ -285,17 +285,50 @@ def _release(channel, stub, metadata, registered: Set[str],
     channel.close()
 
 
+# Schemes whose targets gRPC checks itself: a port is the DNS form's only.
+_OTHER_SCHEMES = ("unix", "unix-abstract", "ipv4", "ipv6", "vsock", "xds",
+                  "google-c2p")
+
+
+def _with_default_port(target: str) -> Optional[str]:
+    """Where `target` names a host without a port ("localhost", "10.0.0.1",
+    "[::1]", a bare "::1", each also after "dns:" or "dns://authority/"),
+    the host:port to give instead; otherwise None."""
+    host = target
+    if host.startswith("dns:"):
+        host = host[len("dns:"):]
+        if host.startswith("//"):
+            slash = host.find("/", 2)
+            if slash < 0:
+                return None
+            host = host[slash + 1:]
+    elif host.split(":", 1)[0] in _OTHER_SCHEMES:
+        return None
+    prefix = target[:len(target) - len(host)]
+    if host.startswith("["):
+        return None if "]:" in host else target + ":50051"
+    colons = host.count(":")
+    if colons == 1:
+        return None
+    # No colon: a name or an IPv4 address. Several: an IPv6 address, whose
+    # port needs the brackets.
+    return (target + ":50051" if colons == 0 else
+            "%s[%s]:50051" % (prefix, host))
+
+
 class Client:
     """A blocking client of klserve.
 
     Every call runs under `deadline` seconds, counted from its start and
-    covering its retries. UNAVAILABLE is retried up to `max_attempts` times
-    with exponential backoff (from `initial_backoff` seconds, doubling up to
-    `max_backoff`, each wait jittered to between half and all of it: the
-    defaults wait about 5 to 9 s in all, so that a step rides out a server
-    that restarts, and a dead server is reported after that); every
-    other error raises KlserveError at once with the server's code and
-    message. compute_loss sends a request whose tensors exceed
+    covering its retries. UNAVAILABLE, and RESOURCE_EXHAUSTED at the
+    server's limit of calls in flight (the call did not run; `.overloaded`
+    on the error), are retried up to `max_attempts` times with exponential
+    backoff (from `initial_backoff` seconds, doubling up to `max_backoff`,
+    each wait jittered to between half and all of it: the defaults wait
+    about 5 to 9 s in all, so that a step rides out a server that restarts
+    or a burst of calls from many ranks, and a dead server is reported
+    after that); every other error raises KlserveError at once with the
+    server's code and message. compute_loss sends a request whose tensors exceed
     `stream_threshold_bytes` through ComputeLossStream in blocks of about
     `block_bytes` of rows, the rest as one message. Thread-safe: calls share
     one channel.
@@ -366,13 +399,12 @@ class Client:
         # A host alone gets gRPC's port, 443 for a name and 0 for an
         # address, where no plaintext klserve listens; over TLS it may well
         # be a proxy's 443.
-        host_alone = ":" not in target or (target.startswith("[") and
-                                           target.endswith("]"))
-        if host_alone and tls_ca_file is None:
+        with_port = _with_default_port(target)
+        if with_port is not None and tls_ca_file is None:
             raise ValueError(
                 "target: %r has no port, and gRPC would not pick klserve's; "
-                "give host:port (%s:50051 for klserve's default --listen)" %
-                (target, target))
+                "give host:port (%s for klserve's default --listen)" %
+                (target, with_port))
         if not (deadline > 0 and np.isfinite(deadline)):
             raise ValueError("deadline: must be finite and > 0, got %r" %
                              (deadline,))
@@ -483,7 +515,8 @@ class Client:
     def _with_retries(self, attempt_fn: Callable[[float, _Attempt], _T]
                       ) -> _T:
         """Runs attempt_fn(timeout_s, attempt) until it returns, raises
-        anything but a retriable UNAVAILABLE, or attempts or time run out."""
+        anything but a retriable UNAVAILABLE or a refusal at the server's
+        limit of calls in flight, or attempts or time run out."""
         deadline = time.monotonic() + self.deadline
         backoff = self.initial_backoff
         tries = 0
@@ -500,7 +533,8 @@ class Client:
                 raise
             except grpc.RpcError as e:
                 error = KlserveError.from_rpc_error(e)
-            if error.code != grpc.StatusCode.UNAVAILABLE:
+            if (error.code != grpc.StatusCode.UNAVAILABLE and
+                    not error.overloaded):
                 raise explain_message_limit(error, self.max_message_bytes)
             last = explain_unavailable(error, self._tls,
                                        self._client_certificate)

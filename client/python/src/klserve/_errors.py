@@ -5,6 +5,12 @@ import re
 import grpc
 
 
+# Trailing metadata of a call the server refused at its limit of calls in
+# flight (--max_concurrent_requests, --max_open_streams): it did not run, and
+# may be sent again after a backoff (proto/call_metadata.h).
+OVERLOADED_METADATA_KEY = "klserve-overloaded"
+
+
 class KlserveError(grpc.RpcError):
     """A failed klserve call.
 
@@ -18,11 +24,15 @@ class KlserveError(grpc.RpcError):
     A subclass of grpc.RpcError, so `except grpc.RpcError` catches it.
     """
 
-    def __init__(self, code, details, debug_error_string=None):
+    def __init__(self, code, details, debug_error_string=None,
+                 overloaded=False):
         super().__init__(code, details)
         self.code = code
         self.details = details
         self.debug_error_string = debug_error_string
+        # A refusal at the server's limit of calls in flight: the call did
+        # not run, and the client retries it as it does UNAVAILABLE.
+        self.overloaded = overloaded
 
     def __str__(self):
         name = getattr(self.code, "name", str(self.code))
@@ -56,7 +66,12 @@ class KlserveError(grpc.RpcError):
             code = grpc.StatusCode.UNAVAILABLE
             details = ("the server shut down before handling the call "
                        "(gRPC: CANCELLED)")
-        return cls(code, details or "", debug)
+        overloaded = False
+        if (code == grpc.StatusCode.RESOURCE_EXHAUSTED and
+                callable(getattr(error, "trailing_metadata", None))):
+            overloaded = any(key == OVERLOADED_METADATA_KEY
+                             for key, _ in error.trailing_metadata() or ())
+        return cls(code, details or "", debug, overloaded)
 
 
 # gRPC's words for a connection that failed below the call: what a TLS
@@ -83,14 +98,18 @@ def explain_message_limit(error, max_message_bytes):
     if not match:
         return error
     limit = int(match.group(2))
-    whose = ("this client's max_message_bytes"
-             if match.group(1) == "Sent" or limit == max_message_bytes else
+    # Received at this client's own limit: its answer, or the server's
+    # refusal at a limit the same as this client's.
+    whose = ("this client's max_message_bytes" if match.group(1) == "Sent" else
+             "this client's max_message_bytes or the server's "
+             "--max_message_bytes" if limit == max_message_bytes else
              "the server's --max_message_bytes")
     return KlserveError(error.code, (
         "%s (%s is %d bytes: stream=True, or a stream_threshold_bytes below "
         "it, sends the tensors in blocks of block_bytes, which must be below "
-        "it too)" % (error.details, whose, limit)),
-        error.debug_error_string)
+        "it too; a projections-form stream's header carries key and "
+        "index_key whole)" % (error.details, whose, limit)),
+        error.debug_error_string, error.overloaded)
 
 
 def explain_unavailable(error, tls, client_certificate):
