@@ -93,27 +93,36 @@ absl::Status CheckInputBytes(
       "or its container's limit); make --shape smaller"));
 }
 
+// A Client that has answered GetServerInfo: connected.
+absl::StatusOr<std::unique_ptr<Client>> ConnectedClient(
+    const ClientOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(options));
+  RETURN_IF_ERROR(client->GetServerInfo().status());
+  return client;
+}
+
 // Runs `call(client, worker)` (one request on a Client; returns the bytes
 // it moved) from `limits.concurrency` workers, each on its own connected
 // Client.
 template <typename Call>
 LoadResult RunLoad(const ClientOptions& client_options,
                    const LoadLimits& limits, Call call) {
-  // RunWorkers sends a refused request again itself, at once: the client's
-  // backoff would be measured as latency.
+  LoadResult failed;
+  // A server that is starting is waited for, as every klctl command does.
+  failed.first_error = ConnectedClient(client_options).status();
+  if (!failed.first_error.ok()) return failed;
+  // Then RunWorkers sends a refused request again itself, at once: the
+  // client's backoff would be measured as latency.
   ClientOptions once = client_options;
   once.max_attempts = 1;
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < limits.concurrency; ++i) {
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(once);
-    // Connect before the clock starts, so the first request's latency is
-    // not a TCP handshake.
-    absl::Status status = client.status();
-    if (status.ok()) status = (*client)->GetServerInfo().status();
-    if (!status.ok()) {
-      LoadResult result;
-      result.first_error = status;
-      return result;
+    // Connected before the clock starts, so that the first request's
+    // latency is not a TCP handshake.
+    absl::StatusOr<std::unique_ptr<Client>> client = ConnectedClient(once);
+    if (!client.ok()) {
+      failed.first_error = client.status();
+      return failed;
     }
     clients.push_back(*std::move(client));
   }

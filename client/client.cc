@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -46,7 +47,8 @@ void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
 // (unix:, ipv4:, vsock:, ...) are gRPC's to check.
 std::optional<std::string> WithDefaultPort(absl::string_view target) {
   absl::string_view host = target;
-  if (absl::ConsumePrefix(&host, "dns:")) {
+  if (absl::StartsWithIgnoreCase(host, "dns:")) {
+    host.remove_prefix(4);
     if (absl::ConsumePrefix(&host, "//")) {
       const size_t slash = host.find('/');
       if (slash == absl::string_view::npos) return std::nullopt;
@@ -54,11 +56,15 @@ std::optional<std::string> WithDefaultPort(absl::string_view target) {
     }
   } else {
     const absl::string_view scheme = host.substr(0, host.find(':'));
-    for (absl::string_view other : {"unix", "unix-abstract", "ipv4", "ipv6",
-                                    "vsock", "xds", "google-c2p"}) {
-      if (scheme == other) return std::nullopt;
+    for (absl::string_view other :
+         {"unix", "unix-abstract", "ipv4", "ipv6", "vsock", "xds", "google-c2p",
+          "passthrough"}) {
+      if (absl::EqualsIgnoreCase(scheme, other)) return std::nullopt;
     }
   }
+  if (absl::StripAsciiWhitespace(host).empty()) return std::nullopt;
+  // An empty port ("localhost:", "[::1]:") is none.
+  if (absl::ConsumeSuffix(&host, ":")) target.remove_suffix(1);
   const std::string prefix(target.substr(0, target.size() - host.size()));
   if (absl::StartsWith(host, "[")) {
     if (absl::StrContains(host, "]:")) return std::nullopt;
@@ -158,6 +164,7 @@ auto WithRetries(const ClientOptions& options, grpc::Channel& channel,
     -> decltype(attempt(nullptr)) {
   absl::BitGen jitter;
   absl::Duration backoff = options.initial_backoff;
+  const absl::Time start = absl::Now();
   for (int tries = 1;; ++tries) {
     bool may_retry = true;
     auto result = attempt(&may_retry);
@@ -167,6 +174,14 @@ auto WithRetries(const ClientOptions& options, grpc::Channel& channel,
       return ExplainMessageLimit(result.status(), options.max_message_bytes);
     }
     const auto last = [&]() -> decltype(attempt(nullptr)) {
+      if (IsOverloaded(result.status()) && tries > 1) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            result.status().message(), " (refused ", tries, " times in ",
+            absl::FormatDuration(
+                absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
+            "; for longer bursts raise ClientOptions::max_attempts, klctl "
+            "--max_attempts)"));
+      }
       return ExplainUnavailable(result.status(), !options.tls_ca_file.empty(),
                                 !options.tls_cert_file.empty());
     };

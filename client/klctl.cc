@@ -60,7 +60,8 @@ ABSL_FLAG(klserve::flags::Duration, deadline,
           "Time limit of each call, retries included");
 ABSL_FLAG(int, max_attempts, klserve::ClientOptions().max_attempts,
           "Attempts per call while UNAVAILABLE or refused at the server's "
-          "limit of calls in flight");
+          "limit of calls in flight (bench: while connecting; it sends a "
+          "refused request again itself)");
 ABSL_FLAG(std::string, stream, "auto",
           "loss, bench: auto (stream above --stream_threshold), always, never");
 ABSL_FLAG(klserve::flags::ByteCount, stream_threshold,

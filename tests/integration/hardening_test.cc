@@ -233,14 +233,14 @@ TEST_F(IdleStreamTest, IdleStreamsNeitherLockOutOthersNorStayOpen) {
 // training step (found by an ML-engineer helper).
 TEST(OverloadTest, ARefusalAtTheLimitIsMarkedAndRetriedByTheClient) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
-      {"--max_open_streams=1", "--stream_idle_timeout=1s"});
+      {"--max_open_streams=1", "--stream_idle_timeout=2s"});
   ASSERT_TRUE(server.ok()) << server.status();
   std::unique_ptr<v1::IndexerKl::Stub> stub = MakeStub((*server)->target());
   const v1::ComputeLossRequest request = Small();
   absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(request);
   ASSERT_TRUE(expected.ok()) << expected.status();
 
-  RawStream holder = OpenStream(*stub);  // holds the one slot for 1 s
+  RawStream holder = OpenStream(*stub);  // holds the one slot for 2 s
   absl::SleepFor(absl::Milliseconds(200));
   RawStream refused = OpenStream(*stub);
   const grpc::Status status = refused.stream->Finish();
@@ -257,7 +257,13 @@ TEST(OverloadTest, ARefusalAtTheLimitIsMarkedAndRetriedByTheClient) {
                           .status(),
                       absl::StatusCode::kResourceExhausted,
                       "--max_open_streams"));
-  // ... with them it waits for the slot, which the idle timeout frees.
+  // ... and after its retries, says how many it made.
+  EXPECT_TRUE(HasCode(MakeClient((*server)->target(), /*max_attempts=*/3)
+                          ->ComputeLossStreaming(request)
+                          .status(),
+                      absl::StatusCode::kResourceExhausted,
+                      "(refused 3 times in "));
+  // With enough it waits for the slot, which the idle timeout frees.
   absl::StatusOr<v1::ComputeLossResponse> retried =
       MakeClient((*server)->target(), /*max_attempts=*/10)
           ->ComputeLossStreaming(request);

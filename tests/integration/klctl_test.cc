@@ -636,7 +636,8 @@ TEST(KlctlTargetTest, AHostAloneIsRefusedWithTheTargetToGive) {
            {"::1", "[::1]:50051"},
            {"dns:///localhost", "dns:///localhost:50051"},
            {"dns://8.8.8.8/klserve.example",
-            "dns://8.8.8.8/klserve.example:50051"}}) {
+            "dns://8.8.8.8/klserve.example:50051"},
+           {"localhost:", "localhost:50051"}}) {
     ExpectTargetRefused(host,
                         absl::StrCat("target: \"", host,
                                      "\" has no port, and gRPC would "

@@ -2,6 +2,7 @@
 port, with the Python client (the `klserve` package, pip install
 client/python) pointed at it."""
 
+import contextlib
 import os
 import pathlib
 import queue
@@ -11,6 +12,7 @@ import sys
 import threading
 import time
 
+import grpc
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # reference
@@ -87,6 +89,30 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+@contextlib.contextmanager
+def held_stream_slot(server):
+    """A ComputeLossStream that sends nothing: it holds one of `server`'s
+    stream slots until the server's --stream_idle_timeout ends it, or the
+    block does. Yields the call."""
+    from klserve.v1 import klserve_pb2_grpc
+    release = threading.Event()
+
+    def nothing():
+        release.wait()
+        return
+        yield
+
+    with grpc.insecure_channel(server.target) as channel:
+        call = klserve_pb2_grpc.IndexerKlStub(channel).ComputeLossStream(
+            nothing(), timeout=30)
+        time.sleep(0.2)  # for the server to take the slot
+        try:
+            yield call
+        finally:
+            release.set()
+            call.cancel()
 
 
 @pytest.fixture(scope="session")

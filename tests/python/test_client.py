@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import klserve
-from conftest import Server
+from conftest import Server, held_stream_slot
 from reference import indexer_kl_reference
 
 BF16 = ml_dtypes.bfloat16
@@ -326,7 +326,10 @@ def test_a_host_alone_is_refused_as_a_plaintext_target():
                        ("dns:///localhost", "dns:///localhost:50051"),
                        ("dns://8.8.8.8/klserve.example",
                         "dns://8.8.8.8/klserve.example:50051"),
-                       ("dns:localhost", "dns:localhost:50051")):
+                       ("dns:localhost", "dns:localhost:50051"),
+                       ("DNS:localhost", "DNS:localhost:50051"),
+                       ("localhost:", "localhost:50051"),
+                       ("[::1]:", "[::1]:50051")):
         with pytest.raises(ValueError,
                            match=r"^target: '%s' has no port, .*\(%s " %
                                  (re.escape(host), re.escape(give))):
@@ -335,7 +338,8 @@ def test_a_host_alone_is_refused_as_a_plaintext_target():
     for target in ("localhost:50051", "[::1]:50051", "dns:///h:1",
                    "unix:/run/klserve/klserve.sock", "unix-abstract:klserve",
                    "ipv4:127.0.0.1:50051", "ipv6:[::1]:50051",
-                   "vsock:3:50051"):
+                   "Ipv4:127.0.0.1:50051", "DNS:///localhost:50051",
+                   "vsock:3:50051", "passthrough:///localhost:50051"):
         klserve.Client(target).close()
 
 
@@ -513,23 +517,12 @@ def test_a_refusal_at_the_limit_of_calls_in_flight_is_retried():
     # A burst of calls from many ranks past --max_open_streams (or
     # --max_concurrent_requests) failed the step; the refused call did not
     # run, so the client retries it as it does UNAVAILABLE.
-    from klserve.v1 import klserve_pb2_grpc
     rng = np.random.default_rng(6)
     scores = rng.standard_normal((1, 8, 16), dtype=np.float32)
     weights = np.abs(scores)
     server = Server("--max_open_streams=1", "--stream_idle_timeout=1s")
-    release = threading.Event()
-
-    def nothing():  # a stream that sends nothing holds the one slot
-        release.wait()
-        return
-        yield
-
     try:
-        with grpc.insecure_channel(server.target) as channel:
-            holder = klserve_pb2_grpc.IndexerKlStub(channel).ComputeLossStream(
-                nothing(), timeout=30)
-            time.sleep(0.2)
+        with held_stream_slot(server) as holder:
             with server.client(max_attempts=1) as c:
                 with pytest.raises(klserve.KlserveError) as e:
                     c.compute_loss(scores, attention_weights=weights,
@@ -537,6 +530,12 @@ def test_a_refusal_at_the_limit_of_calls_in_flight_is_retried():
                 assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
                 assert e.value.overloaded, e.value
                 assert "--max_open_streams" in e.value.details
+            with server.client(max_attempts=2) as c:
+                with pytest.raises(klserve.KlserveError) as e:
+                    c.compute_loss(scores, attention_weights=weights,
+                                   stream=True)
+                assert e.value.overloaded
+                assert "(refused 2 times in " in e.value.details, e.value
             # The idle timeout frees the slot within the retries' 5 to 9 s.
             with server.client(max_attempts=10) as c:
                 r = c.compute_loss(scores, attention_weights=weights,
@@ -546,7 +545,6 @@ def test_a_refusal_at_the_limit_of_calls_in_flight_is_retried():
                 for _ in holder:
                     pass
             assert held.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            release.set()
         # A refusal that would fail again is not marked.
         with server.client(max_attempts=1, max_message_bytes=1024) as c:
             with pytest.raises(klserve.KlserveError) as e:
@@ -556,5 +554,4 @@ def test_a_refusal_at_the_limit_of_calls_in_flight_is_retried():
                                stream=False)
             assert not e.value.overloaded
     finally:
-        release.set()
         assert server.stop() == 0, "".join(server.log)

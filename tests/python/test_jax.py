@@ -277,6 +277,22 @@ def test_errors_surface_through_jax(client, caplog):
                         want_row_kl=True)
 
 
+def test_an_overload_refusal_keeps_its_mark_through_jax():
+    # The wrapper's copy of the client's error dropped .overloaded.
+    from conftest import Server, held_stream_slot
+    scores, logits = problem(8)
+    server = Server("--max_open_streams=1", "--stream_idle_timeout=5s")
+    try:
+        with held_stream_slot(server), server.client(max_attempts=1) as c:
+            with pytest.raises(klserve.KlserveError) as info:
+                jax.block_until_ready(indexer_kl_loss(
+                    scores, attention_logits=logits, client=c, stream=True))
+            assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert info.value.overloaded
+    finally:
+        assert server.stop() == 0, "".join(server.log)
+
+
 # -- the projections form ----------------------------------------------------
 
 

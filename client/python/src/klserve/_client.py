@@ -287,7 +287,7 @@ def _release(channel, stub, metadata, registered: Set[str],
 
 # Schemes whose targets gRPC checks itself: a port is the DNS form's only.
 _OTHER_SCHEMES = ("unix", "unix-abstract", "ipv4", "ipv6", "vsock", "xds",
-                  "google-c2p")
+                  "google-c2p", "passthrough")
 
 
 def _with_default_port(target: str) -> Optional[str]:
@@ -295,15 +295,19 @@ def _with_default_port(target: str) -> Optional[str]:
     "[::1]", a bare "::1", each also after "dns:" or "dns://authority/"),
     the host:port to give instead; otherwise None."""
     host = target
-    if host.startswith("dns:"):
+    if host.lower().startswith("dns:"):  # gRPC reads schemes in any case
         host = host[len("dns:"):]
         if host.startswith("//"):
             slash = host.find("/", 2)
             if slash < 0:
                 return None
             host = host[slash + 1:]
-    elif host.split(":", 1)[0] in _OTHER_SCHEMES:
+    elif host.split(":", 1)[0].lower() in _OTHER_SCHEMES:
         return None
+    if not host.strip():
+        return None
+    if host.endswith(":"):  # an empty port ("localhost:", "[::1]:") is none
+        host, target = host[:-1], target[:-1]
     prefix = target[:len(target) - len(host)]
     if host.startswith("["):
         return None if "]:" in host else target + ":50051"
@@ -517,7 +521,8 @@ class Client:
         """Runs attempt_fn(timeout_s, attempt) until it returns, raises
         anything but a retriable UNAVAILABLE or a refusal at the server's
         limit of calls in flight, or attempts or time run out."""
-        deadline = time.monotonic() + self.deadline
+        start = time.monotonic()
+        deadline = start + self.deadline
         backoff = self.initial_backoff
         tries = 0
         while True:
@@ -538,6 +543,12 @@ class Client:
                 raise explain_message_limit(error, self.max_message_bytes)
             last = explain_unavailable(error, self._tls,
                                        self._client_certificate)
+            if error.overloaded and tries > 1:
+                last = KlserveError(error.code, (
+                    "%s (refused %d times in %.1f s; for longer bursts raise "
+                    "max_attempts)" % (error.details, tries,
+                                       time.monotonic() - start)),
+                    error.debug_error_string, True)
             if not attempt.may_retry or tries >= self.max_attempts:
                 raise last
             with self._random_lock:

@@ -141,7 +141,8 @@ class _ServiceErrors:
         except KlserveError as e:
             # A copy without the traceback: a jitted function keeps this
             # object, and the frames would keep the request's arrays.
-            self._last = KlserveError(e.code, e.details, e.debug_error_string)
+            self._last = KlserveError(e.code, e.details, e.debug_error_string,
+                                      e.overloaded)
             raise
 
     def run(self, fn, *args):
