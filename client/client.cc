@@ -12,8 +12,10 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "auth/credential_file.h"
@@ -42,13 +44,13 @@ void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
 }
 
 // Where `target` names a host without a port ("localhost", "10.0.0.1",
-// "[::1]", a bare "::1", each also after "dns:" or "dns://authority/"), the
-// host:port to give instead; otherwise nothing. Other schemes' targets
-// (unix:, ipv4:, vsock:, ...) are gRPC's to check.
+// "[::1]", a bare "::1", an empty port "localhost:", each also after "dns:"
+// or "dns://authority/"), the host:port to give instead; otherwise nothing.
+// Other schemes' targets (unix:, ipv4:, vsock:, ...) are gRPC's to check.
 std::optional<std::string> WithDefaultPort(absl::string_view target) {
   absl::string_view host = target;
-  if (absl::StartsWithIgnoreCase(host, "dns:")) {
-    host.remove_prefix(4);
+  // Schemes as gRPC C++ 1.51 reads them: case matters.
+  if (absl::ConsumePrefix(&host, "dns:")) {
     if (absl::ConsumePrefix(&host, "//")) {
       const size_t slash = host.find('/');
       if (slash == absl::string_view::npos) return std::nullopt;
@@ -59,12 +61,18 @@ std::optional<std::string> WithDefaultPort(absl::string_view target) {
     for (absl::string_view other :
          {"unix", "unix-abstract", "ipv4", "ipv6", "vsock", "xds", "google-c2p",
           "passthrough"}) {
-      if (absl::EqualsIgnoreCase(scheme, other)) return std::nullopt;
+      if (scheme == other) return std::nullopt;
     }
   }
   if (absl::StripAsciiWhitespace(host).empty()) return std::nullopt;
-  // An empty port ("localhost:", "[::1]:") is none.
-  if (absl::ConsumeSuffix(&host, ":")) target.remove_suffix(1);
+  // An empty port ("localhost:", "[::1]:") is none; an IPv6 address may
+  // end in "::" itself.
+  if (absl::EndsWith(host, ":") &&
+      (absl::EndsWith(host, "]:") ||
+       std::count(host.begin(), host.end(), ':') == 1)) {
+    host.remove_suffix(1);
+    target.remove_suffix(1);
+  }
   const std::string prefix(target.substr(0, target.size() - host.size()));
   if (absl::StartsWith(host, "[")) {
     if (absl::StrContains(host, "]:")) return std::nullopt;
@@ -165,6 +173,7 @@ auto WithRetries(const ClientOptions& options, grpc::Channel& channel,
   absl::BitGen jitter;
   absl::Duration backoff = options.initial_backoff;
   const absl::Time start = absl::Now();
+  int refusals = 0;  // at the server's limit of calls in flight
   for (int tries = 1;; ++tries) {
     bool may_retry = true;
     auto result = attempt(&may_retry);
@@ -173,24 +182,38 @@ auto WithRetries(const ClientOptions& options, grpc::Channel& channel,
         !IsOverloaded(result.status())) {
       return ExplainMessageLimit(result.status(), options.max_message_bytes);
     }
-    const auto last = [&]() -> decltype(attempt(nullptr)) {
-      if (IsOverloaded(result.status()) && tries > 1) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            result.status().message(), " (refused ", tries, " times in ",
-            absl::FormatDuration(
-                absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
-            "; for longer bursts raise ClientOptions::max_attempts, klctl "
-            "--max_attempts)"));
+    if (IsOverloaded(result.status())) ++refusals;
+    // The last result, with the count of refusals and what ended the
+    // retries (`ran_out`) added to a refusal at the limit.
+    const auto last =
+        [&](absl::string_view ran_out) -> decltype(attempt(nullptr)) {
+      if (!IsOverloaded(result.status()) || refusals < 2) {
+        return ExplainUnavailable(result.status(), !options.tls_ca_file.empty(),
+                                  !options.tls_cert_file.empty());
       }
-      return ExplainUnavailable(result.status(), !options.tls_ca_file.empty(),
-                                !options.tls_cert_file.empty());
+      absl::Status status(
+          result.status().code(),
+          absl::StrCat(
+              result.status().message(), " (refused ", refusals, " times in ",
+              absl::StrFormat("%.1f s",
+                              absl::ToDoubleSeconds(absl::Now() - start)),
+              "; ", ran_out, ")"));
+      result.status().ForEachPayload(
+          [&](absl::string_view url, const absl::Cord& payload) {
+            status.SetPayload(url, payload);
+          });
+      return status;
     };
-    if (!may_retry || tries >= options.max_attempts) return last();
+    if (!may_retry || tries >= options.max_attempts) {
+      return last(
+          "for longer bursts raise ClientOptions::max_attempts, klctl "
+          "--max_attempts");
+    }
     // Jitter keeps a crowd of clients that failed together from retrying
     // together.
     const absl::Time until =
         absl::Now() + backoff * absl::Uniform(jitter, 0.5, 1.0);
-    if (until >= deadline) return last();
+    if (until >= deadline) return last("the call's deadline came first");
     if (channel.GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
       absl::SleepFor(until - absl::Now());  // connected: the server said no
     } else {

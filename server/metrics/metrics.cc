@@ -72,6 +72,10 @@ Metrics::Metrics(const MetricsOptions& options)
                              "calls (of --max_concurrent_requests) and open "
                              "streams (of --max_open_streams).")
                      .Add({})),
+      refused_at_limit_(CounterFamily(
+          *registry_, "klserve_refused_at_limit_total",
+          "Calls refused (RESOURCE_EXHAUSTED) at the limit of calls in flight, "
+          "by the limit's flag; the clients retry them.")),
       shm_regions_(GaugeFamily(*registry_, "klserve_shared_memory_regions",
                                "Shared-memory regions registered now.")
                        .Add({})),
@@ -221,6 +225,10 @@ void Metrics::RecordRequest(absl::string_view method, absl::string_view code,
 
 void Metrics::InFlight(int delta) {
   in_flight_.Increment(static_cast<double>(delta));
+}
+
+void Metrics::RefusedAtLimit(absl::string_view limit) {
+  refused_at_limit_.Add({{"limit", std::string(limit)}}).Increment();
 }
 
 void Metrics::SharedMemoryRegions(int regions, int64_t bytes) {

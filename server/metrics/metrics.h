@@ -62,6 +62,8 @@ struct MetricsOptions {
 //   klserve_sent_bytes_total{method}             counter
 //   klserve_rows_computed_total                  counter
 //   klserve_requests_in_flight                   gauge
+//   klserve_refused_at_limit_total{limit}        counter, RESOURCE_EXHAUSTED
+//                                                refusals the clients retry
 //   klserve_shared_memory_regions                gauge, registered now
 //   klserve_shared_memory_region_bytes           gauge, their byte_size sum
 //   klserve_build_info{version,backend,device}   gauge, 1
@@ -120,6 +122,11 @@ class Metrics {
 
   // +1 when a request starts, -1 when it ends.
   void InFlight(int delta);
+  // A call refused at the limit of calls in flight, `limit` the flag
+  // ("max_concurrent_requests"). It is also a RESOURCE_EXHAUSTED in
+  // klserve_requests_total; this tells it from a size limit's, which the
+  // clients do not retry.
+  void RefusedAtLimit(absl::string_view limit);
 
   // The shared-memory regions registered now, and their bytes.
   void SharedMemoryRegions(int regions, int64_t bytes);
@@ -182,6 +189,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& sent_bytes_;
   prometheus::Counter& rows_computed_;
   prometheus::Gauge& in_flight_;
+  prometheus::Family<prometheus::Counter>& refused_at_limit_;
   prometheus::Gauge& shm_regions_;
   prometheus::Gauge& shm_region_bytes_;
   prometheus::Counter& tensorboard_errors_;

@@ -12,6 +12,7 @@ absl::Status Admission::Enter(grpc::CallbackServerContext& call) {
   }
   if (in_flight_ >= max_in_flight_) {
     call.AddTrailingMetadata(kOverloadedMetadataKey, flag_);
+    metrics_->RefusedAtLimit(flag_);
     return absl::ResourceExhaustedError(
         absl::StrCat("server: ", in_flight_, " ", what_, ", the limit (--",
                      flag_, "); retry later"));

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/call_status.h"
 #include "client/stream_codec.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
@@ -257,12 +258,19 @@ TEST(OverloadTest, ARefusalAtTheLimitIsMarkedAndRetriedByTheClient) {
                           .status(),
                       absl::StatusCode::kResourceExhausted,
                       "--max_open_streams"));
-  // ... and after its retries, says how many it made.
-  EXPECT_TRUE(HasCode(MakeClient((*server)->target(), /*max_attempts=*/3)
-                          ->ComputeLossStreaming(request)
-                          .status(),
-                      absl::StatusCode::kResourceExhausted,
+  // ... and after its retries, says how many it made, keeping the mark.
+  const absl::Status retried_out =
+      MakeClient((*server)->target(), /*max_attempts=*/3)
+          ->ComputeLossStreaming(request)
+          .status();
+  EXPECT_TRUE(HasCode(retried_out, absl::StatusCode::kResourceExhausted,
                       "(refused 3 times in "));
+  EXPECT_TRUE(IsOverloaded(retried_out)) << retried_out;
+  // Counted apart from a size limit's RESOURCE_EXHAUSTED: 1 + 1 + 3 so far.
+  EXPECT_EQ(SeriesValue(ScrapeMetrics((*server)->metrics_port()),
+                        "klserve_refused_at_limit_total{limit=\"max_open_"
+                        "streams\"}"),
+            5);
   // With enough it waits for the slot, which the idle timeout frees.
   absl::StatusOr<v1::ComputeLossResponse> retried =
       MakeClient((*server)->target(), /*max_attempts=*/10)

@@ -637,7 +637,9 @@ TEST(KlctlTargetTest, AHostAloneIsRefusedWithTheTargetToGive) {
            {"dns:///localhost", "dns:///localhost:50051"},
            {"dns://8.8.8.8/klserve.example",
             "dns://8.8.8.8/klserve.example:50051"},
-           {"localhost:", "localhost:50051"}}) {
+           {"localhost:", "localhost:50051"},
+           {"[::1]:", "[::1]:50051"},
+           {"fd00::", "[fd00::]:50051"}}) {
     ExpectTargetRefused(host,
                         absl::StrCat("target: \"", host,
                                      "\" has no port, and gRPC would "

@@ -329,7 +329,8 @@ def test_a_host_alone_is_refused_as_a_plaintext_target():
                        ("dns:localhost", "dns:localhost:50051"),
                        ("DNS:localhost", "DNS:localhost:50051"),
                        ("localhost:", "localhost:50051"),
-                       ("[::1]:", "[::1]:50051")):
+                       ("[::1]:", "[::1]:50051"),
+                       ("fd00::", "[fd00::]:50051")):
         with pytest.raises(ValueError,
                            match=r"^target: '%s' has no port, .*\(%s " %
                                  (re.escape(host), re.escape(give))):
@@ -520,7 +521,7 @@ def test_a_refusal_at_the_limit_of_calls_in_flight_is_retried():
     rng = np.random.default_rng(6)
     scores = rng.standard_normal((1, 8, 16), dtype=np.float32)
     weights = np.abs(scores)
-    server = Server("--max_open_streams=1", "--stream_idle_timeout=1s")
+    server = Server("--max_open_streams=1", "--stream_idle_timeout=2s")
     try:
         with held_stream_slot(server) as holder:
             with server.client(max_attempts=1) as c:
@@ -536,6 +537,12 @@ def test_a_refusal_at_the_limit_of_calls_in_flight_is_retried():
                                    stream=True)
                 assert e.value.overloaded
                 assert "(refused 2 times in " in e.value.details, e.value
+                assert "raise max_attempts)" in e.value.details, e.value
+            with server.client(max_attempts=10, deadline=0.3) as c:
+                with pytest.raises(klserve.KlserveError) as e:
+                    c.compute_loss(scores, attention_weights=weights,
+                                   stream=True)
+                assert "the call's deadline came first)" in e.value.details
             # The idle timeout frees the slot within the retries' 5 to 9 s.
             with server.client(max_attempts=10) as c:
                 r = c.compute_loss(scores, attention_weights=weights,

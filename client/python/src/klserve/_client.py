@@ -295,7 +295,8 @@ def _with_default_port(target: str) -> Optional[str]:
     "[::1]", a bare "::1", each also after "dns:" or "dns://authority/"),
     the host:port to give instead; otherwise None."""
     host = target
-    if host.lower().startswith("dns:"):  # gRPC reads schemes in any case
+    # grpcio reads schemes in any case (the C++ client's gRPC does not).
+    if host.lower().startswith("dns:"):
         host = host[len("dns:"):]
         if host.startswith("//"):
             slash = host.find("/", 2)
@@ -306,7 +307,9 @@ def _with_default_port(target: str) -> Optional[str]:
         return None
     if not host.strip():
         return None
-    if host.endswith(":"):  # an empty port ("localhost:", "[::1]:") is none
+    # An empty port ("localhost:", "[::1]:") is none; an IPv6 address may
+    # end in "::" itself.
+    if host.endswith(":") and (host.endswith("]:") or host.count(":") == 1):
         host, target = host[:-1], target[:-1]
     prefix = target[:len(target) - len(host)]
     if host.startswith("["):
@@ -525,6 +528,18 @@ class Client:
         deadline = start + self.deadline
         backoff = self.initial_backoff
         tries = 0
+        refusals = 0  # at the server's limit of calls in flight
+
+        def last_of(error: KlserveError, ran_out: str) -> KlserveError:
+            """`error`, with the count of refusals and what ended the
+            retries added to a refusal at the limit."""
+            if not error.overloaded or refusals < 2:
+                return error
+            return KlserveError(error.code, "%s (refused %d times in %.1f s; "
+                                "%s)" % (error.details, refusals,
+                                         time.monotonic() - start, ran_out),
+                                error.debug_error_string, True)
+
         while True:
             tries += 1
             attempt = _Attempt()
@@ -541,20 +556,15 @@ class Client:
             if (error.code != grpc.StatusCode.UNAVAILABLE and
                     not error.overloaded):
                 raise explain_message_limit(error, self.max_message_bytes)
+            refusals += error.overloaded
             last = explain_unavailable(error, self._tls,
                                        self._client_certificate)
-            if error.overloaded and tries > 1:
-                last = KlserveError(error.code, (
-                    "%s (refused %d times in %.1f s; for longer bursts raise "
-                    "max_attempts)" % (error.details, tries,
-                                       time.monotonic() - start)),
-                    error.debug_error_string, True)
             if not attempt.may_retry or tries >= self.max_attempts:
-                raise last
+                raise last_of(last, "for longer bursts raise max_attempts")
             with self._random_lock:
                 wait = backoff * self._random.uniform(0.5, 1.0)
             if time.monotonic() + wait >= deadline:
-                raise last
+                raise last_of(last, "the call's deadline came first")
             time.sleep(wait)
             backoff = min(backoff * 2, self.max_backoff)
 
