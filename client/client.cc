@@ -73,7 +73,6 @@ std::optional<std::string> WithDefaultPort(absl::string_view target) {
     host.remove_suffix(1);
     target.remove_suffix(1);
   }
-  const std::string prefix(target.substr(0, target.size() - host.size()));
   if (absl::StartsWith(host, "[")) {
     if (absl::StrContains(host, "]:")) return std::nullopt;
     return absl::StrCat(target, ":50051");
@@ -82,8 +81,9 @@ std::optional<std::string> WithDefaultPort(absl::string_view target) {
   if (colons == 1) return std::nullopt;
   // No colon: a name or an IPv4 address. Several: an IPv6 address, whose
   // port needs the brackets.
-  return colons == 0 ? absl::StrCat(target, ":50051")
-                     : absl::StrCat(prefix, "[", host, "]:50051");
+  if (colons == 0) return absl::StrCat(target, ":50051");
+  return absl::StrCat(target.substr(0, target.size() - host.size()), "[", host,
+                      "]:50051");
 }
 
 // A web URL ("http://host:port") or a port alone ("50051") is no gRPC
@@ -178,16 +178,17 @@ auto WithRetries(const ClientOptions& options, grpc::Channel& channel,
     bool may_retry = true;
     auto result = attempt(&may_retry);
     if (result.ok()) return result;
+    const bool overloaded = IsOverloaded(result.status());
     if (result.status().code() != absl::StatusCode::kUnavailable &&
-        !IsOverloaded(result.status())) {
+        !overloaded) {
       return ExplainMessageLimit(result.status(), options.max_message_bytes);
     }
-    if (IsOverloaded(result.status())) ++refusals;
+    refusals += overloaded;
     // The last result, with the count of refusals and what ended the
     // retries (`ran_out`) added to a refusal at the limit.
     const auto last =
         [&](absl::string_view ran_out) -> decltype(attempt(nullptr)) {
-      if (!IsOverloaded(result.status()) || refusals < 2) {
+      if (!overloaded || refusals < 2) {
         return ExplainUnavailable(result.status(), !options.tls_ca_file.empty(),
                                   !options.tls_cert_file.empty());
       }
