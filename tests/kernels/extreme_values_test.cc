@@ -175,6 +175,41 @@ TEST_P(ExtremeValues, AllTargetMassOnOneKey) {
   }
 }
 
+// The EXACT KL's cross term sum(p * (I - m)) was taken as sum(w * I) - m *
+// sum(w), whose two parts cancel when the scores are large: the term of a
+// key whose p is below about 1e-16 of the row's largest was lost (scores
+// [1e20, 0], p = [1, 4e-18]: a KL of 424.8 read as 0). Every row here has
+// one key of score 1e20 holding nearly all of p, and keys of p near 4e-18
+// scored 0 to 1. The CUDA backend still takes the difference
+// (docs/cuda.md).
+TEST(HugeScores, KeepTheTermsOfKeysWithTinyTargetMass) {
+  std::mt19937_64 rng(8);
+  uint64_t seed = 80;
+  for (InputForm form : kInputFormsByTarget) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE(Name({form, Flavor::kExact, dtype}));
+      Case c = MakeRandomCase(Spec(form, Flavor::kExact, dtype), seed++);
+      std::vector<int64_t> seen_in_row(c.num_rows(), 0);
+      ForEachValidSlot(c, [&](int64_t b, int64_t t, int64_t j, int64_t i) {
+        const bool top = seen_in_row[b * c.T + t]++ == 0;
+        const double u = static_cast<double>(rng() % 1000) / 1000;
+        c.indexer_scores.values[i] = top ? 1e20 : u;
+        if (c.attention_logits) {
+          for (int64_t h = 0; h < c.H; ++h) {
+            c.attention_logits->at({b, h, t, j}) = top ? 0.0 : -40.0 - u;
+          }
+        } else {
+          c.attention_weights->values[i] = top ? 1.0 : 4e-18 * (1 + u);
+        }
+      });
+      const klref::RefResult ref =
+          CheckAgainstReference(c, {.loss_rel = 1e-6, .grad_rel = 1e-6});
+      // Each low key adds about 4e-18 * 1e20 nats.
+      EXPECT_GT(ref.unscaled_loss, 100);
+    }
+  }
+}
+
 // One float32 sum of every head's softmax stagnated (at 2^17 heads the loss
 // was off by a relative 8.5e-5); the CPU backend sums the heads in blocks
 // (kHeadsPerFloatSum). Around the block size a head dropped or counted twice

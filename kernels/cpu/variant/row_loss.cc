@@ -1,6 +1,7 @@
 #include "kernels/cpu/variant/row_loss.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numbers>
 #include <type_traits>
 
@@ -141,6 +142,19 @@ absl::StatusOr<ScannedRow> ScanTargetAndScores(const IndexerKlProblem& p,
   return row;
 }
 
+// The ExpRow extra of a row's loss: the sum of the entropy of q
+// (diagnostics) and the EXACT KL's cross term, each only where it is read.
+template <bool kEntropy, bool kCross>
+struct RowLossSums {
+  EntropySum entropy;
+  ShiftedScoreSum cross;
+
+  void operator()(int64_t i, int64_t count, VecF d, VecF e) {
+    if constexpr (kEntropy) entropy(i, count, d, e);
+    if constexpr (kCross) cross(i, count, d, e);
+  }
+};
+
 // The loss and gradient of a row once its target and scores are scanned.
 template <bool kMasked>
 absl::StatusOr<RowResult> ScannedRowLoss(const IndexerKlProblem& p, int64_t r,
@@ -171,8 +185,7 @@ absl::StatusOr<RowResult> ScannedRowLoss(const IndexerKlProblem& p, int64_t r,
     if (grad != nullptr) std::fill(grad, grad + p.row_length, 0.0f);
     return result;
   }
-  const bool exact = p.options.flavor == Flavor::kExact;
-  if (exact && terms.mass_on_minus_inf) {
+  if (p.options.flavor == Flavor::kExact && terms.mass_on_minus_inf) {
     // Bounded: the scores may have changed since the scan (a region).
     int64_t j = 0;
     while (j + 1 < p.row_length && !(target.w[j] > 0 && I[j] == -kInf)) ++j;
@@ -180,17 +193,27 @@ absl::StatusOr<RowResult> ScannedRowLoss(const IndexerKlProblem& p, int64_t r,
                           {.b = b, .t = t, .j = j});
   }
 
-  // q's normaliser L = sum(exp(I - m)), with the exponentials kept in e.
-  double l;
-  double sum_e_shifted = 0;
-  if (p.options.want_diagnostics) {
-    EntropySum entropy;
-    l = ExpRow<kMasked>(I, v.limit, v.bytes, m, 1.0f, scratch.e(), entropy);
-    sum_e_shifted = ReduceSum(entropy.sum);
-  } else {
-    NoExtra none;
-    l = ExpRow<kMasked>(I, v.limit, v.bytes, m, 1.0f, scratch.e(), none);
-  }
+  // q's normaliser L = sum(exp(I - m)), with the exponentials kept in e, and
+  // in the same pass the sums that need m: the entropy of q's (diagnostics)
+  // and, past kShiftedCrossTermAbove, the EXACT KL's cross term.
+  const bool exact = p.options.flavor == Flavor::kExact;
+  const bool shifted = exact && std::fabs(m) > kShiftedCrossTermAbove;
+  EntropySum entropy;
+  ShiftedScoreSum cross{target.w, I, m};
+  const auto exp_row = [&]<bool kEntropy, bool kCross>() {
+    RowLossSums<kEntropy, kCross> sums{entropy, cross};
+    const double sum =
+        ExpRow<kMasked>(I, v.limit, v.bytes, m, 1.0f, scratch.e(), sums);
+    entropy = sums.entropy;
+    cross = sums.cross;
+    return sum;
+  };
+  const double l =
+      p.options.want_diagnostics
+          ? (shifted ? exp_row.template operator()<true, true>()
+                     : exp_row.template operator()<true, false>())
+          : (shifted ? exp_row.template operator()<false, true>()
+                     : exp_row.template operator()<false, false>());
   const double log_z = LogDouble(target.z);
   const double log_l = LogDouble(l);
   const double sum_w_log_w =
@@ -203,9 +226,11 @@ absl::StatusOr<RowResult> ScannedRowLoss(const IndexerKlProblem& p, int64_t r,
   if (exact) {
     // sum_s p_s (log p_s - log q_s) with log p = log w - log Z and
     // log q = (I - m) - log L, expanded into the row sums.
-    result.kl = (sum_w_log_w - terms.sum_w * log_z -
-                 (terms.sum_w_scores - m * terms.sum_w) + terms.sum_w * log_l) /
-                target.z;
+    const double cross_term =
+        shifted ? cross.Result() : terms.sum_w_scores - m * terms.sum_w;
+    result.kl =
+        (sum_w_log_w - terms.sum_w * log_z - cross_term + terms.sum_w * log_l) /
+        target.z;
   } else {
     maxtext = MaxTextTermsRow(scratch.e(), target.w, inv_l, inv_z, v.limit,
                               scratch.maxtext_g());
@@ -213,7 +238,7 @@ absl::StatusOr<RowResult> ScannedRowLoss(const IndexerKlProblem& p, int64_t r,
   }
   if (p.options.want_diagnostics) {
     result.entropy_p = (terms.sum_w * log_z - sum_w_log_w) / target.z;
-    result.entropy_q = log_l - sum_e_shifted / l;
+    result.entropy_q = log_l - ReduceSum(entropy.sum) / l;
     if (p.options.recall_k > 0) {
       result.recall = TopkRecall(p, v, I, target, scratch);
     }
