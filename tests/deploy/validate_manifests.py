@@ -2,11 +2,13 @@
 
 Every YAML file under deploy/ must parse (all of its documents); then the
 fields the deployment relies on are checked: the Kubernetes Deployment
-(GPU request, probes, grace period longer than --drain_timeout, non-root),
-the headless Service, the PodMonitor's port, the kustomization's files, the
+(GPU request, probes, grace period longer than --drain_timeout, non-root,
+a memory limit above the worst case of its flags), the headless Service, the
+PodMonitor's port, the PodDisruptionBudget, the kustomization's files, the
 sidecar overlay (deploy/k8s-sidecar: klserve beside a training job, sharing
 /dev/shm and a socket), the compose services and their mounts (compose.yaml
-and the sidecar-style compose.shm.yaml), and the Dockerfile's stages. Where
+and the sidecar-style compose.shm.yaml), the Dockerfile's stages, and the
+Grafana error-ratio panel against its alert. Where
 the kubernetes-validate package is importable, the built-in Kubernetes kinds
 (the base's, and the overlay's as built) are also validated against the
 OpenAPI schema (strict: unknown fields fail). Where kubectl (or kustomize) is
@@ -126,6 +128,26 @@ def test_yaml_parses(path):
 def test_grafana_dashboard_is_json():
     for path in (DEPLOY / "grafana" / "dashboards").glob("*.json"):
         json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_dashboard_error_ratio_is_the_alerts_expression():
+    """The panel shows what KlserveHighErrorRatio compares with its
+    threshold, so that the two never disagree about what a failure is."""
+    rules = load_all(DEPLOY / "prometheus" / "alerts.yml")[0]
+    (alert,) = [r for g in rules["groups"] for r in g["rules"]
+                if r.get("alert") == "KlserveHighErrorRatio"]
+    expr, threshold = alert["expr"].strip().rsplit(">", 1)
+    float(threshold)
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" /
+                            "klserve.json").read_text(encoding="utf-8"))
+    (panel,) = [p for p in dashboard["panels"] if p["title"] == "Error ratio"]
+    (target,) = panel["targets"]
+
+    def squeeze(text):
+        text = " ".join(text.split())
+        return text.replace("( ", "(").replace(" )", ")")
+
+    assert squeeze(target["expr"]) == squeeze(expr)
 
 
 # ---------------------------------------------------------------- kubernetes
@@ -251,6 +273,44 @@ def test_tensorboard_bytes_fit_the_volume():
     assert_tensorboard_bytes_fit_the_volume(pod, container(), all_args())
 
 
+# klserve's defaults (klserve --help) of the flags that bound its memory.
+MEMORY_FLAG_DEFAULTS = {
+    "max_message_bytes": "256MiB", "max_open_streams": "16",
+    "max_stream_key_bytes": "1GiB", "max_concurrent_requests": "8",
+    "max_thread_scratch_bytes": "1GiB", "transport_memory_bytes": "4GiB",
+    "threads": "0"}
+
+
+def worst_case_memory(c, args):
+    """What klserve may hold at most with these flags (docs/security.md,
+    "Resource model"): every open stream 4 messages (3 held and a tile's
+    rows) and its key side, every unary call its request and response,
+    every compute thread its scratch, and gRPC's buffers."""
+    value = lambda name: (last_flag(args, name) or
+                          MEMORY_FLAG_DEFAULTS[name])
+    message = parse_byte_count(value("max_message_bytes"))
+    streams = int(value("max_open_streams"))
+    threads = int(value("threads")) or int(c["resources"]["limits"]["cpu"])
+    return (streams * 4 * message +
+            streams * parse_byte_count(value("max_stream_key_bytes")) +
+            int(value("max_concurrent_requests")) * 2 * message +
+            threads * parse_byte_count(value("max_thread_scratch_bytes")) +
+            parse_byte_count(value("transport_memory_bytes")))
+
+
+def assert_memory_fits_the_limit(c, args):
+    """The worst case of the flags, plus 1 GiB for the process itself, stays
+    under the container's memory limit: past it the kernel kills klserve
+    with every call in flight."""
+    limit = parse_quantity(c["resources"]["limits"]["memory"])
+    bound = worst_case_memory(c, args)
+    assert bound + 2**30 <= limit, (bound / 2**30, limit / 2**30)
+
+
+def test_deployment_memory_fits_the_limit():
+    assert_memory_fits_the_limit(container(), all_args())
+
+
 def test_service_is_headless_and_selects_the_pods():
     service = one("Service")
     labels = one("Deployment", "klserve")["spec"]["template"]["metadata"][
@@ -303,6 +363,26 @@ def test_networkpolicy_admits_clients_to_grpc_and_prometheus_to_metrics():
     assert admitted == {
         "grpc": {"klserve-client": "true"},
         "metrics": {"app.kubernetes.io/name": "prometheus"}}
+
+
+def test_poddisruptionbudget_selects_the_deployments_pods():
+    pdb = one("PodDisruptionBudget", "klserve")
+    deployment = one("Deployment", "klserve")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selector = pdb["spec"]["selector"]
+    assert set(selector) == {"matchLabels"}, selector  # what is checked
+    assert selector["matchLabels"]
+    assert selector["matchLabels"].items() <= labels.items()
+    # One of the two, and a budget that lets a drain evict a pod whatever
+    # the number of replicas.
+    spec = pdb["spec"]
+    assert ("maxUnavailable" in spec) != ("minAvailable" in spec), spec
+    if "maxUnavailable" in spec:
+        assert isinstance(spec["maxUnavailable"], int), spec
+        assert spec["maxUnavailable"] >= 1
+    else:
+        assert isinstance(spec["minAvailable"], int), spec
+        assert spec["minAvailable"] < deployment["spec"]["replicas"]
 
 
 def test_kustomization_lists_existing_files():
@@ -474,12 +554,13 @@ def test_sidecar_overlay_builds_on_the_base():
     on_disk = {p.name for p in SIDECAR.glob("*.y*ml")} - {"kustomization.yaml"}
     assert on_disk == set(kz["resources"][1:]), "files not in resources"
     kinds = {(d["kind"], d["metadata"]["name"]) for d in build_sidecar()}
-    # The shared replicas and their Service are gone, and so is the
-    # Namespace: the job's exists already, and an overlay owning it would
-    # delete it with `kubectl delete -k`. The flags and the PodMonitor stay,
-    # in the job's namespace.
+    # The shared replicas, their Service and their PodDisruptionBudget are
+    # gone, and so is the Namespace: the job's exists already, and an overlay
+    # owning it would delete it with `kubectl delete -k`. The flags and the
+    # PodMonitor stay, in the job's namespace.
     assert ("Deployment", "klserve") not in kinds
     assert ("Service", "klserve-headless") not in kinds
+    assert ("PodDisruptionBudget", "klserve") not in kinds
     assert not [k for k in kinds if k[0] == "Namespace"], kinds
     for want in (("Job", "trainer"), ("ConfigMap", "klserve-flags"),
                  ("PodMonitor", "klserve")):
@@ -516,6 +597,10 @@ def test_sidecar_flags():
         assert arg in c["args"], arg
     threads = int(last_flag(args, "threads"))
     assert threads == int(c["resources"]["limits"]["cpu"])
+
+
+def test_sidecar_memory_fits_the_limit():
+    assert_memory_fits_the_limit(sidecar_klserve(), sidecar_args())
 
 
 def test_sidecar_tensorboard_bytes_fit_the_volume():
