@@ -149,8 +149,6 @@ class ProjectionsResponseAssembler {
   // INTERNAL describing the violation otherwise.
   absl::Status Add(v1::GradBlock& block);
 
-  int64_t rows_done() const { return next_row_; }
-
   // Completes `final_result` (the stream's last message, with d_index_key)
   // with the assembled tensors. INTERNAL when the blocks did not cover every
   // row, or the result carries a per-row tensor itself.

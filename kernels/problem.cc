@@ -298,13 +298,14 @@ absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
   return p;
 }
 
-RowView WholeRows(const TensorView& view, int64_t T, int64_t n, int64_t H) {
+RowView WholeRows(const TensorView& view, int64_t T, int64_t width,
+                  int64_t heads) {
   RowView rows;
   rows.dtype = view.dtype;
   rows.data = static_cast<const std::byte*>(view.data);
-  rows.batch_stride = H * T * n;
-  rows.row_stride = n;
-  rows.head_stride = T * n;
+  rows.batch_stride = heads * T * width;
+  rows.row_stride = width;
+  rows.head_stride = T * width;
   return rows;
 }
 

@@ -71,9 +71,8 @@ class ProjectionsComputation {
   };
   static HeldBytes MaxHeldBytes(const ProjectionsProblem& problem);
 
-  // The rows held back from earlier blocks, and the next row expected.
+  // The rows held back from earlier blocks.
   int64_t held_rows() const { return held_.end - held_.begin; }
-  int64_t next_row() const { return next_row_; }
 
   // Computes query rows `rows`, the next ones (INVALID_ARGUMENT naming
   // row_begin otherwise), from `data`: checks their values, computes every

@@ -1,6 +1,5 @@
 #include "kernels/tensor_checks.h"
 
-#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -104,12 +103,6 @@ absl::Status CheckTensor(absl::string_view field, const TensorView& view,
         ShapeString(view.shape));
   }
   return absl::OkStatus();
-}
-
-int32_t LoadInt32(const std::byte* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
 }
 
 }  // namespace klserve

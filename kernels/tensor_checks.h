@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 
@@ -51,8 +52,13 @@ absl::Status CheckTensor(absl::string_view field, const TensorView& view,
                          std::initializer_list<int64_t> expected,
                          absl::string_view origin = {});
 
-// An unaligned little-endian INT32.
-int32_t LoadInt32(const std::byte* p);
+// An unaligned little-endian INT32. Inline: the top-k check loads one per
+// slot.
+inline int32_t LoadInt32(const std::byte* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
 
 }  // namespace klserve
 

@@ -1,21 +1,12 @@
 #include "kernels/topk_check.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/tensor_checks.h"
 #include "kernels/value_errors.h"
 
 namespace klserve {
-namespace {
-
-int32_t LoadInt32(const std::byte* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-}  // namespace
 
 absl::Status CheckTopkRow(const std::byte* indices_row, int64_t K, int64_t S,
                           int64_t b, int64_t t, RowKeySet& keys) {

@@ -104,11 +104,6 @@ RequestForm FormOf(const v1::StreamHeader& header) {
   return header.has_query() ? RequestForm::kProjections : RequestForm::kLogits;
 }
 
-absl::string_view FormName(RequestForm form) {
-  return form == RequestForm::kProjections ? "the projections form"
-                                           : "the logits form";
-}
-
 bool TakenIn(RequestForm form, const RequestTensor& tensor) {
   return form == RequestForm::kProjections
              ? !std::holds_alternative<std::monostate>(tensor.projections)

@@ -280,8 +280,6 @@ absl::string_view DTypeRuleText(DTypeRule rule);
 // a StreamHeader, its spec).
 RequestForm FormOf(const v1::ComputeLossRequest& request);
 RequestForm FormOf(const v1::StreamHeader& header);
-// "the logits form" or "the projections form", for messages.
-absl::string_view FormName(RequestForm form);
 
 // Whether requests of `form` take `tensor`, and must carry it.
 bool TakenIn(RequestForm form, const RequestTensor& tensor);

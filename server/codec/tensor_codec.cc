@@ -36,6 +36,12 @@ absl::StatusOr<DType> ParseDTypeOf(absl::string_view field,
                    ", got ", QuoteForMessage(name)));
 }
 
+// "FP32", "BF16", "FP16", "INT32" or "BOOL". INVALID_ARGUMENT names `field`.
+absl::StatusOr<DType> ParseDType(absl::string_view field,
+                                 absl::string_view name) {
+  return ParseDTypeOf(field, name, kWireDTypes);
+}
+
 // A shape-only view for a tensor whose bytes come in blocks.
 absl::StatusOr<TensorView> SpecView(absl::string_view field,
                                     const v1::TensorSpec& spec) {
@@ -145,11 +151,6 @@ absl::Status CheckNoProjectionsOptions(const v1::LossOptions& o) {
 }
 
 }  // namespace
-
-absl::StatusOr<DType> ParseDType(absl::string_view field,
-                                 absl::string_view name) {
-  return ParseDTypeOf(field, name, kWireDTypes);
-}
 
 absl::StatusOr<TensorView> ViewOf(absl::string_view field,
                                   const v1::Tensor& tensor,

@@ -23,10 +23,6 @@
 
 namespace klserve::server {
 
-// "FP32", "BF16", "FP16", "INT32" or "BOOL". INVALID_ARGUMENT names `field`.
-absl::StatusOr<DType> ParseDType(absl::string_view field,
-                                 absl::string_view name);
-
 // A view of tensor.data(); `tensor` must outlive every use of the view.
 // With `regions`, a tensor may instead name a slice of a shared-memory
 // region (Tensor.region), viewed in place, or copied into `regions` for

@@ -23,7 +23,7 @@ using RawIndexerKlService = v1::IndexerKl::WithRawCallbackMethod_ComputeLoss<
 // The IndexerKl service. Handlers only admit the request and hand it on:
 // computation runs on the ComputeExecutor, and the streaming RPCs are driven
 // by their own reactors. The token, when one is required, has been checked
-// by gRPC before any handler runs (server/auth.h).
+// by gRPC before any handler runs (server/service/auth.h).
 class LossService final : public RawIndexerKlService {
  public:
   explicit LossService(const ServiceContext& context) : context_(context) {}

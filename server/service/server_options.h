@@ -11,8 +11,8 @@
 
 namespace klserve::server {
 
-// Everything the server is configured with. main.cc fills it from flags;
-// tests build one directly.
+// Everything the server is configured with. klserve_main.cc fills it from
+// flags; tests build one directly.
 struct ServerOptions {
   // Addresses to serve gRPC on, comma-separated: HOST:PORT (port 0 picks a
   // free one, see KlServer::port) or unix:/absolute/path for a Unix-domain
@@ -118,6 +118,9 @@ struct ServerOptions {
   int max_runs = StepAggregatorOptions{}.max_runs;
   // tags.layer must be in [0, max_layers_per_run).
   int max_layers_per_run = LossReporterOptions{}.max_layers_per_run;
+  // tags.microbatch must be in [0, max_microbatches_per_step).
+  int max_microbatches_per_step =
+      LossReporterOptions{}.max_microbatches_per_step;
   // Runs given a TensorBoard directory over the process's lifetime.
   int max_tensorboard_runs = LossReporterOptions{}.max_tensorboard_runs;
   // Disk space the event files may take, all runs together.

@@ -578,18 +578,6 @@ inline void ExactGradRow(const float* e, const float* w, float inv_l,
   });
 }
 
-// MaxText's KL with its epsilon, and sum(q * g) with g = -p / (q + eps),
-// where p = w / Z and q = e / L; g goes to `g_out`, for the gradient pass.
-// Per slot one division and one log: with r = 1 / (q + eps), g = -p r and
-// log(p + eps) - log(q + eps) = log((p + eps) r), in place of two logs
-// (bench, AVX2 on one core: dense_agg_fp32_maxtext 1.07-1.19x).
-// The log's argument lies in [eps / (1 + eps), (1 + eps) / eps], so it takes
-// the normal-only split.
-struct MaxTextTerms {
-  double kl = 0;
-  double sum_qg = 0;
-};
-
 // log(x) in float, for a normal x > 0.
 inline VecF LogOfNormal(VecF x) {
   const LogParts parts = LogSplitNormal(x);
@@ -597,6 +585,18 @@ inline VecF LogOfNormal(VecF x) {
          (parts.mantissa_log + parts.exponent * Splat(-2.12194440e-4f));
 }
 
+struct MaxTextTerms {
+  double kl = 0;
+  double sum_qg = 0;
+};
+
+// MaxText's KL with its epsilon, and sum(q * g) with g = -p / (q + eps),
+// where p = w / Z and q = e / L; g goes to `g_out`, for the gradient pass.
+// Per slot one division and one log: with r = 1 / (q + eps), g = -p r and
+// log(p + eps) - log(q + eps) = log((p + eps) r), in place of two logs
+// (bench, AVX2 on one core: dense_agg_fp32_maxtext 1.07-1.19x).
+// The log's argument lies in [eps / (1 + eps), (1 + eps) / eps], so it takes
+// the normal-only split.
 inline MaxTextTerms MaxTextTermsRow(const float* e, const float* w, float inv_l,
                                     float inv_z, int64_t limit, float* g_out) {
   VecD kl{}, qg{};

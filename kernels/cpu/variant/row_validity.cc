@@ -9,6 +9,9 @@
 namespace klserve::cpu::KLSERVE_ISA {
 namespace {
 
+// Not kernels/tensor_checks.h's: an inline function of namespace klserve
+// built in this variant's instruction set could stand for every caller's
+// (isa_namespace.h).
 int32_t LoadInt32(const std::byte* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof v);
