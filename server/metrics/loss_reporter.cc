@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/tensorboard/run_name.h"
@@ -79,6 +80,14 @@ absl::Status LossReporter::CheckTags(const LossTags& tags) const {
         " (--max_layers_per_run bounds the layers of a run: each adds "
         "Prometheus series)"));
   }
+  if (tags.microbatch < 0 ||
+      tags.microbatch >= options_.max_microbatches_per_step) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tags.microbatch: must be in [0, ", options_.max_microbatches_per_step,
+        "), got ", tags.microbatch,
+        " (--max_microbatches_per_step bounds the distinct microbatches a "
+        "step keeps until it is published)"));
+  }
   return absl::OkStatus();
 }
 
@@ -105,6 +114,7 @@ absl::Status LossReporter::Add(const LossTags& tags,
       d.recall_sum = *result.diagnostics->topk_recall * counted;
     }
   }
+  absl::MutexLock order(&order_mu_);
   absl::StatusOr<AddResult> added = aggregator_.Add(sample, absl::Now());
   if (!added.ok()) return added.status();
   if (added->late) metrics_->CountLateSample(sample.run);
@@ -122,6 +132,7 @@ absl::StatusOr<FinishedStep> LossReporter::FinishStep(absl::string_view run,
   if (absl::Status status = CheckRunName(run, "run"); !status.ok()) {
     return status;
   }
+  absl::MutexLock order(&order_mu_);
   absl::StatusOr<FinishedStep> finished = aggregator_.Finish(run, step);
   if (finished.ok()) Publish({*finished});
   return finished;
@@ -139,6 +150,9 @@ bool LossReporter::TakeTensorBoardRun(const std::string& run) {
   if (static_cast<int>(tensorboard_runs_.size()) <
       options_.max_tensorboard_runs) {
     tensorboard_runs_.insert(run);
+    // Its directories, one per part of its name (a/b/c makes three), each
+    // a block on disk: one name can make 64.
+    tensorboard_bytes_ += kEventFileCharge * (1 + absl::c_count(run, '/'));
     return true;
   }
   // Once per process: a caller sending new run names would otherwise fill
@@ -236,7 +250,10 @@ void LossReporter::Tick() {
       mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.tick);
       if (stopping_) return;
     }
-    Publish(aggregator_.FinishIdle(absl::Now()));
+    {
+      absl::MutexLock order(&order_mu_);
+      Publish(aggregator_.FinishIdle(absl::Now()));
+    }
     absl::MutexLock lock(&mu_);
     for (auto& [run, writer] : writers_) {
       if (absl::Status status = writer->Flush(); !status.ok()) {
@@ -249,7 +266,10 @@ void LossReporter::Tick() {
 }
 
 void LossReporter::Shutdown() {
-  Publish(aggregator_.FinishAll());
+  {
+    absl::MutexLock order(&order_mu_);
+    Publish(aggregator_.FinishAll());
+  }
   absl::MutexLock lock(&mu_);
   for (auto& [run, writer] : writers_) {
     if (absl::Status status = writer->Close(); !status.ok()) {

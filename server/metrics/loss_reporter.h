@@ -29,6 +29,14 @@ struct LossReporterOptions {
   // computing, with no state and no race between concurrent requests of a
   // run; layers are numbered 0..L-1 in practice (DeepSeek-V3: 61).
   int max_layers_per_run = 128;
+  // tags.microbatch must be in [0, max_microbatches_per_step). A step keeps
+  // the set of its distinct microbatches until it is published (its count
+  // is klserve_indexer_microbatches), and a step kept open by a steady
+  // stream of requests would otherwise grow it without end (400,000 ids
+  // took 24 MB). A range for the reasons given for layers; a job numbering
+  // its microbatches globally (rank * per_rank + i) needs ranks times its
+  // per-rank count.
+  int max_microbatches_per_step = 65536;
   // Where each run's TensorBoard event file goes; empty writes none.
   std::string tensorboard_dir;
   // Runs given a TensorBoard directory in this process's lifetime. A run
@@ -42,7 +50,8 @@ struct LossReporterOptions {
   // blocks: a restarted server's earlier files), then every record framed,
   // plus kEventFileCharge for each file opened (a run evicted from the
   // aggregator opens a new file when it returns). Once it is spent, steps
-  // reach Prometheus only (see WriteTensorBoard); the step that spends it
+  // reach Prometheus only (see WriteTensorBoard); a new run's directories
+  // count a block each too. The step that spends it
   // is written whole, so the files may pass it by one step's records.
   // Without it a caller publishing steps as fast as it can would fill the
   // disk.
@@ -69,7 +78,8 @@ class LossReporter {
   // Checked before a request computes, so that a refused request is counted
   // nowhere. For a tagged request (run set): INVALID_ARGUMENT, naming the
   // field, for a run name CheckRunName refuses, a missing step, or a layer
-  // outside [0, max_layers_per_run). Untagged requests are not aggregated,
+  // outside [0, max_layers_per_run), or a microbatch outside [0,
+  // max_microbatches_per_step). Untagged requests are not aggregated,
   // so their step and layer are not checked.
   absl::Status CheckTags(const LossTags& tags) const;
 
@@ -101,6 +111,13 @@ class LossReporter {
   const LossReporterOptions options_;
   StepAggregator aggregator_;
 
+  // Held from the aggregator's answer until the metrics and the event files
+  // have taken it, so that they see the runs' events in the aggregator's
+  // order: a step published by one thread after another had evicted its run
+  // and removed its series brought the series back, never to be removed
+  // again (66 runs' series after 20,000 runs went through --max_runs=2).
+  // Taken before mu_.
+  absl::Mutex order_mu_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<TensorBoardWriter>> writers_
       ABSL_GUARDED_BY(mu_);

@@ -143,6 +143,8 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(at_least("max_runs", options.max_runs, 1));
   RETURN_IF_ERROR(
       at_least("max_layers_per_run", options.max_layers_per_run, 1));
+  RETURN_IF_ERROR(at_least("max_microbatches_per_step",
+                           options.max_microbatches_per_step, 1));
   RETURN_IF_ERROR(
       at_least("max_tensorboard_runs", options.max_tensorboard_runs, 1));
   RETURN_IF_ERROR(bytes_at_least("max_tensorboard_bytes",
@@ -268,6 +270,7 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   reporting.steps.max_runs = options.max_runs;
   reporting.steps.idle_timeout = options.step_idle_timeout;
   reporting.max_layers_per_run = options.max_layers_per_run;
+  reporting.max_microbatches_per_step = options.max_microbatches_per_step;
   reporting.tensorboard_dir = options.tensorboard_dir;
   reporting.max_tensorboard_runs = options.max_tensorboard_runs;
   reporting.max_tensorboard_bytes = options.max_tensorboard_bytes;
@@ -282,6 +285,8 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   s->executor_ =
       std::make_unique<ComputeExecutor>(options.max_concurrent_requests);
   s->watchdog_ = std::make_unique<StreamWatchdog>(WatchdogPeriod(options));
+  s->unsent_answers_ = std::make_unique<UnsentAnswers>(
+      options.max_concurrent_requests, s->metrics_.get());
   if (options.shared_memory) {
     s->regions_ = std::make_unique<RegionRegistry>(
         RegionLimits{.max_regions = options.max_regions,
@@ -291,10 +296,10 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
           metrics->SharedMemoryRegions(regions, bytes);
         });
   }
-  s->service_ = std::make_unique<LossService>(
-      ServiceContext{s->backends_.get(), s->executor_.get(), s->requests_.get(),
-                     s->streams_.get(), s->watchdog_.get(), s->metrics_.get(),
-                     s->reporter_.get(), &s->options_, s->regions_.get()});
+  s->service_ = std::make_unique<LossService>(ServiceContext{
+      s->backends_.get(), s->executor_.get(), s->requests_.get(),
+      s->streams_.get(), s->watchdog_.get(), s->unsent_answers_.get(),
+      s->metrics_.get(), s->reporter_.get(), &s->options_, s->regions_.get()});
 
   grpc::EnableDefaultHealthCheckService(true);
   // With a token set, reflection needs it like every method but health.

@@ -19,6 +19,7 @@
 #include "server/service/server_options.h"
 #include "server/service/socket_file.h"
 #include "server/service/stream_watchdog.h"
+#include "server/service/unsent_answers.h"
 
 namespace klserve::server {
 
@@ -68,6 +69,7 @@ class KlServer {
   std::unique_ptr<Admission> streams_;
   std::unique_ptr<ComputeExecutor> executor_;
   std::unique_ptr<StreamWatchdog> watchdog_;
+  std::unique_ptr<UnsentAnswers> unsent_answers_;
   std::unique_ptr<RegionRegistry> regions_;  // null unless shared_memory
   std::unique_ptr<LossService> service_;
   OpenCalls open_calls_;  // fed by the server's interceptor

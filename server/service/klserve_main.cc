@@ -144,6 +144,10 @@ ABSL_FLAG(int, max_runs, Defaults().max_runs,
 ABSL_FLAG(int, max_layers_per_run, Defaults().max_layers_per_run,
           "tags.layer must be in [0, N): bounds the per-layer loss series of "
           "each run; other layers are refused with INVALID_ARGUMENT");
+ABSL_FLAG(int, max_microbatches_per_step, Defaults().max_microbatches_per_step,
+          "tags.microbatch must be in [0, N): bounds the distinct "
+          "microbatches an open step keeps; others are refused with "
+          "INVALID_ARGUMENT");
 ABSL_FLAG(int, max_tensorboard_runs, Defaults().max_tensorboard_runs,
           "runs given a TensorBoard directory while the server runs; later "
           "new runs get Prometheus metrics but no event file");
@@ -256,6 +260,8 @@ int main(int argc, char** argv) {
   options.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
   options.max_runs = absl::GetFlag(FLAGS_max_runs);
   options.max_layers_per_run = absl::GetFlag(FLAGS_max_layers_per_run);
+  options.max_microbatches_per_step =
+      absl::GetFlag(FLAGS_max_microbatches_per_step);
   options.max_tensorboard_runs = absl::GetFlag(FLAGS_max_tensorboard_runs);
   options.max_tensorboard_bytes =
       absl::GetFlag(FLAGS_max_tensorboard_bytes).bytes;

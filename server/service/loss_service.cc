@@ -19,6 +19,7 @@
 #include "server/service/loss_tags_from.h"
 #include "server/service/region_answer_checks.h"
 #include "server/service/region_rpcs.h"
+#include "server/service/unary_compute_call.h"
 #include "server/service/version.h"
 
 namespace klserve::server {
@@ -231,14 +232,21 @@ absl::Status ComputeUnary(const ServiceContext& ctx, bool local_caller,
   return absl::OkStatus();
 }
 
+// Records a unary call in the request metrics, as it is answered.
+void RecordUnary(const ServiceContext& ctx, absl::string_view method,
+                 absl::Time start, const absl::Status& status, int64_t bytes_in,
+                 int64_t bytes_out, int64_t rows) {
+  ctx.metrics->RecordRequest(method, absl::StatusCodeToString(status.code()),
+                             absl::ToDoubleSeconds(absl::Now() - start),
+                             bytes_in, bytes_out, rows);
+}
+
 // Finishes a unary call and records it in the request metrics.
 void FinishUnary(const ServiceContext& ctx, grpc::ServerUnaryReactor* reactor,
                  absl::string_view method, absl::Time start,
                  const absl::Status& status, int64_t bytes_in,
                  int64_t bytes_out, int64_t rows) {
-  ctx.metrics->RecordRequest(method, absl::StatusCodeToString(status.code()),
-                             absl::ToDoubleSeconds(absl::Now() - start),
-                             bytes_in, bytes_out, rows);
+  RecordUnary(ctx, method, start, status, bytes_in, bytes_out, rows);
   reactor->Finish(ToGrpcStatus(status));
 }
 
@@ -255,29 +263,29 @@ class RefusedStream final
 grpc::ServerUnaryReactor* LossService::ComputeLoss(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* call = new UnaryComputeCall(context_, context);
   const absl::Time start = absl::Now();
   const auto bytes_in = static_cast<int64_t>(request->Length());
+  const auto refuse = [&](const absl::Status& status) {
+    RecordUnary(context_, "ComputeLoss", start, status, bytes_in, 0, 0);
+    call->Answer(ToGrpcStatus(status));
+    return call;
+  };
   // gRPC hands over a call whose client reset it, message or not: it gets
   // no slot and no compute task (a flood of resets would fill both).
   if (context->IsCancelled()) {
-    FinishUnary(context_, reactor, "ComputeLoss", start,
-                absl::CancelledError("cancelled by the client"), bytes_in, 0,
-                0);
-    return reactor;
+    return refuse(absl::CancelledError("cancelled by the client"));
   }
   if (absl::Status admitted = context_.requests->Enter(*context);
       !admitted.ok()) {
-    FinishUnary(context_, reactor, "ComputeLoss", start, admitted, bytes_in, 0,
-                0);
-    return reactor;
+    return refuse(admitted);
   }
   // The request and response belong to gRPC until Finish, so the task may
   // use them in place; the request's bytes are the call's to drop once
   // parsed, which is why they are taken as mutable.
   auto* request_bytes = const_cast<grpc::ByteBuffer*>(request);
   context_.executor->Submit([ctx = context_, context, request_bytes, response,
-                             reactor, start, bytes_in] {
+                             call, start, bytes_in] {
     absl::Status status;
     int64_t rows = 0;
     if (context->IsCancelled()) {
@@ -288,11 +296,12 @@ grpc::ServerUnaryReactor* LossService::ComputeLoss(
                             UnaryStopCheck(context, start, *ctx.options));
     }
     ctx.requests->Leave();
-    FinishUnary(ctx, reactor, "ComputeLoss", start, status, bytes_in,
+    RecordUnary(ctx, "ComputeLoss", start, status, bytes_in,
                 status.ok() ? static_cast<int64_t>(response->Length()) : 0,
                 rows);
+    call->Answer(ToGrpcStatus(status));
   });
-  return reactor;
+  return call;
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*

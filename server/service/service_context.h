@@ -8,6 +8,7 @@
 #include "server/service/compute_executor.h"
 #include "server/service/server_options.h"
 #include "server/service/stream_watchdog.h"
+#include "server/service/unsent_answers.h"
 #include "server/shm/region_registry.h"
 
 namespace klserve::server {
@@ -19,6 +20,7 @@ struct ServiceContext {
   Admission* requests;  // unary ComputeLoss calls computing or queued
   Admission* streams;   // ComputeLossStream and Echo calls open
   StreamWatchdog* watchdog;
+  UnsentAnswers* unsent_answers;  // unary ComputeLoss answers not yet taken
   Metrics* metrics;
   LossReporter* reporter;
   const ServerOptions* options;

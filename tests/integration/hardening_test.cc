@@ -868,6 +868,65 @@ ProjectionsSpec ManyKeys(int64_t T, int64_t S) {
   return spec;
 }
 
+// A unary answer waits in memory until its client takes it, after the call
+// has given its slot back: a client that opened no flow-control window made
+// the server keep every answer it asked for (240 answers of 4 MiB held
+// 1.09 GB). Now at most --max_concurrent_requests answers wait (the one
+// waiting longest is cancelled past that), and none for longer than
+// --stream_idle_timeout. The raw client reads frames but never opens a
+// window beyond HTTP/2's initial 64 KiB.
+TEST(UnreadAnswerTest, AnswersLeftUntakenAreCancelledWithBoundedRss) {
+  constexpr int kCalls = 30;  // under --max_streams_per_connection
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      {"--max_concurrent_requests=2", "--stream_idle_timeout=3s",
+       "--release_memory_after_idle=0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<int64_t> before = (*server)->RssKiB();
+  ASSERT_TRUE(before.ok());
+  // A request of about 40 KB whose answer carries the service's top-k
+  // selection of every key: 256 rows of 4096 INT32s, 4 MiB.
+  ProjectionsSpec spec = ManyKeys(256, 4096);
+  spec.options.set_topk(4096);
+  spec.options.set_skip_grad(true);
+  const std::string request = MakeProjectionsRequest(spec).SerializeAsString();
+  absl::StatusOr<std::unique_ptr<RawHttp2>> h2 =
+      RawHttp2::Connect((*server)->port());
+  ASSERT_TRUE(h2.ok()) << h2.status();
+  std::vector<uint32_t> streams;
+  for (int i = 0; i < kCalls; ++i) {
+    absl::StatusOr<uint32_t> stream = (*h2)->OpenCall(kComputeLoss);
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    ASSERT_TRUE((*h2)
+                    ->SendMessage(*stream, request,
+                                  static_cast<uint32_t>(request.size()),
+                                  /*end_stream=*/true)
+                    .ok());
+    streams.push_back(*stream);
+    // One at a time, so that each is admitted: what is bounded here is
+    // the answers, not the slots.
+    ASSERT_TRUE((*h2)->Pump(absl::Milliseconds(150)).ok());
+  }
+  // 30 answers would be 120 MiB; two waiting, and two computing, 16.
+  const int64_t growth = RssGrowthKiB(**server, *before);
+  EXPECT_LT(growth, 64 * 1024 + kQuarantineKiB)
+      << "RSS grew by " << growth << " KiB";
+  EXPECT_GE((*h2)->ended_streams(), kCalls - 4);
+  // The last ones end once they have waited for the idle timeout.
+  ASSERT_TRUE((*h2)->Pump(absl::Seconds(5)).ok());
+  for (uint32_t stream : streams) {
+    EXPECT_TRUE((*h2)->end(stream).reset) << "stream " << stream;
+  }
+  const std::string metrics = ScrapeMetrics((*server)->metrics_port());
+  EXPECT_TRUE(absl::StrContains(
+      metrics,
+      "klserve_unsent_answers_cancelled_total{limit=\"stream_idle_timeout\"}"))
+      << metrics;
+  // Meanwhile others are served, bit for bit.
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  ExpectServedExactly(*client);
+  EXPECT_TRUE((*server)->Running());
+}
+
 // A dense tile held [128, S] floats three times over in every compute
 // thread: a 17 MB request of 2^21 keys and 64 rows took 1.8 GB, one of 2^24
 // keys would have taken 28 GB a thread, and what a tile took stayed with

@@ -269,9 +269,9 @@ TEST(TensorBoardBoundTest, RunsPastTheBoundGetMetricsButNoDirectory) {
 TEST(TensorBoardBoundTest, StepsPastTheByteBoundGetMetricsButNoEvent) {
   const std::string tb_dir = MakeTempDir();
   ASSERT_FALSE(tb_dir.empty());
-  // Opening the event file of "a" takes 4096 of the 4097 bytes, and its first
-  // step's records pass the rest: that step is written whole, and nothing
-  // after it, from "a" or from a new run, whatever its size.
+  // The directory and event file of "a" take 8192 bytes, past the 4097:
+  // its first step is written whole, and nothing after it, from "a" or
+  // from a new run, whatever its size.
   std::optional<Reporting> r = StartReporting(
       {"--tensorboard_dir=" + tb_dir, "--max_tensorboard_bytes=4097"});
   ASSERT_TRUE(r.has_value());
@@ -295,6 +295,25 @@ TEST(TensorBoardBoundTest, StepsPastTheByteBoundGetMetricsButNoEvent) {
   EXPECT_EQ(a.files, 1);
   EXPECT_EQ(a.steps, (std::set<int64_t>{1}));
   ExpectSaidOnce(r->server->Log(), "--max_tensorboard_bytes");
+  fs::remove_all(tb_dir);
+}
+
+// A run's name makes a directory per part, up to 64 of them, which take
+// disk blocks as files do: they count against the bound, 4 KiB each. Before,
+// eight names of 64 parts made 2 MiB of directories past a 1 MiB bound.
+TEST(TensorBoardBoundTest, ARunsDirectoriesCountAgainstTheBound) {
+  const std::string tb_dir = MakeTempDir();
+  ASSERT_FALSE(tb_dir.empty());
+  // Six directories and a file, 28 KiB of the 16: its first step is
+  // written whole (the step that spends the bound), and "g" gets none.
+  std::optional<Reporting> r = StartReporting(
+      {"--tensorboard_dir=" + tb_dir, "--max_tensorboard_bytes=16KiB"});
+  ASSERT_TRUE(r.has_value());
+  FinishOneStep(*r, "a/b/c/d/e/f", 1);
+  FinishOneStep(*r, "g", 1);
+  ExpectSkippedStepsWithoutErrors(ScrapeMetrics(r->metrics_port), "1");
+  ASSERT_NO_FATAL_FAILURE(DrainAndExit(*r->server));
+  EXPECT_EQ(Entries(tb_dir), (std::set<std::string>{"a"}));
   fs::remove_all(tb_dir);
 }
 
