@@ -76,12 +76,11 @@ Metrics::Metrics(const MetricsOptions& options)
           *registry_, "klserve_refused_at_limit_total",
           "Calls refused (RESOURCE_EXHAUSTED) at the limit of calls in flight, "
           "by the limit's flag; the clients retry them.")),
-      unsent_answers_cancelled_(CounterFamily(
-          *registry_, "klserve_unsent_answers_cancelled_total",
-          "Unary answers cancelled before their client took them, by the "
-          "flag of the limit they met: more answers waiting than "
-          "--max_concurrent_requests (the one waiting longest goes), or "
-          "waiting for --stream_idle_timeout.")),
+      untaken_answers_cancelled_(
+          CounterFamily(*registry_, "klserve_untaken_answers_cancelled_total",
+                        "Unary ComputeLoss answers cancelled because their "
+                        "client left them untaken for --stream_idle_timeout.")
+              .Add({})),
       shm_regions_(GaugeFamily(*registry_, "klserve_shared_memory_regions",
                                "Shared-memory regions registered now.")
                        .Add({})),
@@ -237,8 +236,8 @@ void Metrics::RefusedAtLimit(absl::string_view limit) {
   refused_at_limit_.Add({{"limit", std::string(limit)}}).Increment();
 }
 
-void Metrics::CancelledUnsentAnswer(absl::string_view limit) {
-  unsent_answers_cancelled_.Add({{"limit", std::string(limit)}}).Increment();
+void Metrics::CancelledUntakenAnswer() {
+  untaken_answers_cancelled_.Increment();
 }
 
 void Metrics::SharedMemoryRegions(int regions, int64_t bytes) {

@@ -64,8 +64,9 @@ struct MetricsOptions {
 //   klserve_requests_in_flight                   gauge
 //   klserve_refused_at_limit_total{limit}        counter, RESOURCE_EXHAUSTED
 //                                                refusals the clients retry
-//   klserve_unsent_answers_cancelled_total{limit} counter, unary answers
-//                                                a client left untaken
+//   klserve_untaken_answers_cancelled_total      counter, unary answers
+//                                                left untaken for
+//                                                --stream_idle_timeout
 //   klserve_shared_memory_regions                gauge, registered now
 //   klserve_shared_memory_region_bytes           gauge, their byte_size sum
 //   klserve_build_info{version,backend,device}   gauge, 1
@@ -130,10 +131,9 @@ class Metrics {
   // clients do not retry.
   void RefusedAtLimit(absl::string_view limit);
 
-  // A unary answer cancelled before its client took it, at `limit`: the
-  // flag of the limit it met ("max_concurrent_requests" answers waiting, or
-  // "stream_idle_timeout" waited).
-  void CancelledUnsentAnswer(absl::string_view limit);
+  // A unary answer cancelled because its client left it untaken for
+  // --stream_idle_timeout.
+  void CancelledUntakenAnswer();
 
   // The shared-memory regions registered now, and their bytes.
   void SharedMemoryRegions(int regions, int64_t bytes);
@@ -197,7 +197,7 @@ class Metrics {
   prometheus::Counter& rows_computed_;
   prometheus::Gauge& in_flight_;
   prometheus::Family<prometheus::Counter>& refused_at_limit_;
-  prometheus::Family<prometheus::Counter>& unsent_answers_cancelled_;
+  prometheus::Counter& untaken_answers_cancelled_;
   prometheus::Gauge& shm_regions_;
   prometheus::Gauge& shm_region_bytes_;
   prometheus::Counter& tensorboard_errors_;

@@ -5,15 +5,22 @@
 
 namespace klserve::server {
 
+absl::Status RefuseAtLimit(grpc::CallbackServerContext& call,
+                           absl::string_view flag, Metrics& metrics,
+                           absl::string_view message) {
+  call.AddTrailingMetadata(kOverloadedMetadataKey, std::string(flag));
+  metrics.RefusedAtLimit(flag);
+  return absl::ResourceExhaustedError(message);
+}
+
 absl::Status Admission::Enter(grpc::CallbackServerContext& call) {
   absl::MutexLock lock(&mu_);
   if (draining_) {
     return absl::UnavailableError("server: draining, not taking new requests");
   }
   if (in_flight_ >= max_in_flight_) {
-    call.AddTrailingMetadata(kOverloadedMetadataKey, flag_);
-    metrics_->RefusedAtLimit(flag_);
-    return absl::ResourceExhaustedError(
+    return RefuseAtLimit(
+        call, flag_, *metrics_,
         absl::StrCat("server: ", in_flight_, " ", what_, ", the limit (--",
                      flag_, "); retry later"));
   }

@@ -12,6 +12,14 @@
 
 namespace klserve::server {
 
+// A refusal at a limit of calls in flight or of what they hold, as the
+// clients retry it: RESOURCE_EXHAUSTED with `message`, kOverloadedMetadataKey
+// in `call`'s trailing metadata (its value `flag`, the limit's flag without
+// dashes), counted in klserve_refused_at_limit_total.
+absl::Status RefuseAtLimit(grpc::CallbackServerContext& call,
+                           absl::string_view flag, Metrics& metrics,
+                           absl::string_view message);
+
 // Counts calls of one kind in flight (unary requests, or open streams).
 // Refuses a new one past the limit (RESOURCE_EXHAUSTED) or once draining has
 // begun (UNAVAILABLE, which clients retry, on another replica if they have

@@ -286,7 +286,8 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
       std::make_unique<ComputeExecutor>(options.max_concurrent_requests);
   s->watchdog_ = std::make_unique<StreamWatchdog>(WatchdogPeriod(options));
   s->unsent_answers_ = std::make_unique<UnsentAnswers>(
-      options.max_concurrent_requests, s->metrics_.get());
+      int64_t{options.max_concurrent_requests} * options.max_message_bytes,
+      s->metrics_.get());
   if (options.shared_memory) {
     s->regions_ = std::make_unique<RegionRegistry>(
         RegionLimits{.max_regions = options.max_regions,

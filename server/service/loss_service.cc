@@ -276,6 +276,10 @@ grpc::ServerUnaryReactor* LossService::ComputeLoss(
   if (context->IsCancelled()) {
     return refuse(absl::CancelledError("cancelled by the client"));
   }
+  if (absl::Status unsent = context_.unsent_answers->Admit(*context);
+      !unsent.ok()) {
+    return refuse(unsent);
+  }
   if (absl::Status admitted = context_.requests->Enter(*context);
       !admitted.ok()) {
     return refuse(admitted);
@@ -296,10 +300,10 @@ grpc::ServerUnaryReactor* LossService::ComputeLoss(
                             UnaryStopCheck(context, start, *ctx.options));
     }
     ctx.requests->Leave();
-    RecordUnary(ctx, "ComputeLoss", start, status, bytes_in,
-                status.ok() ? static_cast<int64_t>(response->Length()) : 0,
-                rows);
-    call->Answer(ToGrpcStatus(status));
+    const int64_t bytes_out =
+        status.ok() ? static_cast<int64_t>(response->Length()) : 0;
+    RecordUnary(ctx, "ComputeLoss", start, status, bytes_in, bytes_out, rows);
+    call->Answer(ToGrpcStatus(status), bytes_out);
   });
   return call;
 }

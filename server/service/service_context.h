@@ -20,7 +20,7 @@ struct ServiceContext {
   Admission* requests;  // unary ComputeLoss calls computing or queued
   Admission* streams;   // ComputeLossStream and Echo calls open
   StreamWatchdog* watchdog;
-  UnsentAnswers* unsent_answers;  // unary ComputeLoss answers not yet taken
+  UnsentAnswers* unsent_answers;  // unary answers not yet taken
   Metrics* metrics;
   LossReporter* reporter;
   const ServerOptions* options;

@@ -8,14 +8,16 @@ UnaryComputeCall::UnaryComputeCall(const ServiceContext& context,
   context_.watchdog->Add(this);
 }
 
-void UnaryComputeCall::Answer(const grpc::Status& status) {
+void UnaryComputeCall::Answer(const grpc::Status& status,
+                              int64_t response_bytes) {
   {
     absl::MutexLock lock(&mu_);
     answered_at_ = absl::Now();
   }
-  // A status alone is small; counting it would let a flood of refusals
-  // cancel the answers other clients are taking.
-  if (status.ok()) context_.unsent_answers->Add(call_);
+  if (status.ok()) {
+    unsent_bytes_ = response_bytes;
+    context_.unsent_answers->Add(unsent_bytes_);
+  }
   Finish(status);
 }
 
@@ -28,14 +30,14 @@ void UnaryComputeCall::Check(absl::Time now) {
     }
     expired_ = true;
   }
-  context_.metrics->CancelledUnsentAnswer("stream_idle_timeout");
+  context_.metrics->CancelledUntakenAnswer();
   // Safe: the call is not done (OnDone waits in Remove for this Check).
   call_->TryCancel();
 }
 
 void UnaryComputeCall::OnDone() {
   context_.watchdog->Remove(this);
-  context_.unsent_answers->Remove(call_);
+  context_.unsent_answers->Remove(unsent_bytes_);
   delete this;
 }
 

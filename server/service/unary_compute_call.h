@@ -3,6 +3,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
 #include <optional>
 
 #include "absl/status/status.h"
@@ -13,11 +14,11 @@
 
 namespace klserve::server {
 
-// The reactor of one unary ComputeLoss call. An answer waits in memory
-// until its client takes it: the call counts among the UnsentAnswers until
-// it is done, and an answer its client leaves untaken for
-// --stream_idle_timeout (its flow-control window shut) ends the call, which
-// frees the answer's bytes.
+// The reactor of one unary ComputeLoss call. Its answer waits in memory
+// until its client takes it, counted in UnsentAnswers until the call is
+// done; an answer left untaken for --stream_idle_timeout (a client that
+// stopped reading, its flow-control window shut) ends the call, which frees
+// its bytes.
 class UnaryComputeCall final : public grpc::ServerUnaryReactor,
                                public StreamWatchdog::Watched {
  public:
@@ -25,9 +26,9 @@ class UnaryComputeCall final : public grpc::ServerUnaryReactor,
   UnaryComputeCall(const ServiceContext& context,
                    grpc::CallbackServerContext* call);
 
-  // Sends the answer: the response given to the handler when OK, or the
-  // status alone.
-  void Answer(const grpc::Status& status);
+  // Sends the answer: the response given to the handler, of
+  // `response_bytes`, when OK, or the status alone.
+  void Answer(const grpc::Status& status, int64_t response_bytes = 0);
 
   void OnDone() override;
   void Check(absl::Time now) override;
@@ -35,6 +36,7 @@ class UnaryComputeCall final : public grpc::ServerUnaryReactor,
  private:
   const ServiceContext context_;
   grpc::CallbackServerContext* const call_;
+  int64_t unsent_bytes_ = 0;  // set before Finish, read in OnDone
   absl::Mutex mu_;
   std::optional<absl::Time> answered_at_ ABSL_GUARDED_BY(mu_);
   bool expired_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,26 +1,29 @@
 #include "server/service/unsent_answers.h"
 
+#include "absl/strings/str_cat.h"
+#include "server/service/admission.h"
+
 namespace klserve::server {
 
-void UnsentAnswers::Add(grpc::CallbackServerContext* call) {
+absl::Status UnsentAnswers::Admit(grpc::CallbackServerContext& call) {
   absl::MutexLock lock(&mu_);
-  where_[call] = waiting_.insert(waiting_.end(), call);
-  while (static_cast<int>(waiting_.size()) > max_) {
-    grpc::CallbackServerContext* oldest = waiting_.front();
-    where_.erase(oldest);
-    waiting_.pop_front();
-    metrics_->CancelledUnsentAnswer("max_concurrent_requests");
-    // Safe: that call is not done, as its Remove waits for this lock.
-    oldest->TryCancel();
-  }
+  if (bytes_ < max_bytes_) return absl::OkStatus();
+  return RefuseAtLimit(
+      call, "max_concurrent_requests", *metrics_,
+      absl::StrCat("server: answers of ", bytes_,
+                   " bytes wait for their clients to take them, the limit "
+                   "(--max_concurrent_requests times --max_message_bytes); "
+                   "retry later"));
 }
 
-void UnsentAnswers::Remove(grpc::CallbackServerContext* call) {
+void UnsentAnswers::Add(int64_t bytes) {
   absl::MutexLock lock(&mu_);
-  if (auto it = where_.find(call); it != where_.end()) {
-    waiting_.erase(it->second);
-    where_.erase(it);
-  }
+  bytes_ += bytes;
+}
+
+void UnsentAnswers::Remove(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  bytes_ -= bytes;
 }
 
 }  // namespace klserve::server

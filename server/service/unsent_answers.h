@@ -3,40 +3,46 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <list>
+#include <cstdint>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "server/metrics/metrics.h"
 
 namespace klserve::server {
 
-// The unary answers gRPC holds until their clients take them. A client that
-// stops reading (its flow-control window shut) leaves its answer in memory,
-// up to a message each, after the call has given its compute slot back. At
-// most `max` are kept: one more cancels the one waiting longest, which frees
-// its bytes. A client that reads takes its answer within moments, so the
-// one waiting longest is the likeliest to be a reader that stopped.
+// The bytes of the unary answers gRPC holds until their clients take them.
+// A call gives its --max_concurrent_requests slot back once computed (a
+// client that has its answer must find a slot free for its next call), but
+// its answer stays in memory until its client reads it: a client that
+// stopped reading (its flow-control window shut) made the server keep every
+// answer it asked for. Past `max_bytes` of such answers new calls are
+// refused, as at the limit of calls in flight (the clients retry), until
+// answers are taken or cancelled (UnaryComputeCall: --stream_idle_timeout).
+// Refusing rather than cancelling the oldest answer: a client reading a
+// large answer over a slow link is no different, seen from here, from one
+// that stopped.
 class UnsentAnswers {
  public:
-  // `metrics` (not owned) counts the cancelled answers.
-  UnsentAnswers(int max, Metrics* metrics) : max_(max), metrics_(metrics) {}
+  // `metrics` (not owned) counts the refusals.
+  UnsentAnswers(int64_t max_bytes, Metrics* metrics)
+      : max_bytes_(max_bytes), metrics_(metrics) {}
   UnsentAnswers(const UnsentAnswers&) = delete;
   UnsentAnswers& operator=(const UnsentAnswers&) = delete;
 
-  // Before `call` sends its answer; Remove when the call is done.
-  void Add(grpc::CallbackServerContext* call);
-  void Remove(grpc::CallbackServerContext* call);
+  // OK while the answers waiting take less than max_bytes; else
+  // RESOURCE_EXHAUSTED, marked for the clients' retry as Admission::Enter
+  // marks its refusals.
+  absl::Status Admit(grpc::CallbackServerContext& call);
+  // An answer of `bytes` from when it is sent until its call is done.
+  void Add(int64_t bytes);
+  void Remove(int64_t bytes);
 
  private:
-  const int max_;
+  const int64_t max_bytes_;
   Metrics* const metrics_;
   absl::Mutex mu_;
-  // Oldest first.
-  std::list<grpc::CallbackServerContext*> waiting_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<grpc::CallbackServerContext*,
-                      std::list<grpc::CallbackServerContext*>::iterator>
-      where_ ABSL_GUARDED_BY(mu_);
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace klserve::server

@@ -284,8 +284,10 @@ MEMORY_FLAG_DEFAULTS = {
 def worst_case_memory(c, args):
     """What klserve may hold at most with these flags (docs/security.md,
     "Resource model"): every open stream 4 messages (3 held and a tile's
-    rows) and its key side, every unary call its request and response,
-    every compute thread its scratch, and gRPC's buffers."""
+    rows) and its key side, every unary call computing its request and
+    response and as many answers again waiting for their clients (up to
+    twice --max_concurrent_requests messages), every compute thread its
+    scratch, and gRPC's buffers."""
     value = lambda name: (last_flag(args, name) or
                           MEMORY_FLAG_DEFAULTS[name])
     message = parse_byte_count(value("max_message_bytes"))
@@ -293,7 +295,7 @@ def worst_case_memory(c, args):
     threads = int(value("threads")) or int(c["resources"]["limits"]["cpu"])
     return (streams * 4 * message +
             streams * parse_byte_count(value("max_stream_key_bytes")) +
-            int(value("max_concurrent_requests")) * 2 * message +
+            int(value("max_concurrent_requests")) * 4 * message +
             threads * parse_byte_count(value("max_thread_scratch_bytes")) +
             parse_byte_count(value("transport_memory_bytes")))
 

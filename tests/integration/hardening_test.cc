@@ -868,18 +868,19 @@ ProjectionsSpec ManyKeys(int64_t T, int64_t S) {
   return spec;
 }
 
-// A unary answer waits in memory until its client takes it, after the call
+// A unary answer waits in memory until its client takes it, after its call
 // has given its slot back: a client that opened no flow-control window made
 // the server keep every answer it asked for (240 answers of 4 MiB held
-// 1.09 GB). Now at most --max_concurrent_requests answers wait (the one
-// waiting longest is cancelled past that), and none for longer than
-// --stream_idle_timeout. The raw client reads frames but never opens a
-// window beyond HTTP/2's initial 64 KiB.
+// 1.09 GB). Now once the answers waiting take --max_concurrent_requests
+// times --max_message_bytes (here 2 x 8 MiB), later calls are refused to be
+// retried, and an answer untaken for --stream_idle_timeout is cancelled.
+// The raw client reads frames but never opens a window beyond HTTP/2's
+// initial 64 KiB.
 TEST(UnreadAnswerTest, AnswersLeftUntakenAreCancelledWithBoundedRss) {
   constexpr int kCalls = 30;  // under --max_streams_per_connection
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
-      {"--max_concurrent_requests=2", "--stream_idle_timeout=3s",
-       "--release_memory_after_idle=0"});
+      {"--max_concurrent_requests=2", "--max_message_bytes=8MiB",
+       "--stream_idle_timeout=3s", "--release_memory_after_idle=0"});
   ASSERT_TRUE(server.ok()) << server.status();
   absl::StatusOr<int64_t> before = (*server)->RssKiB();
   ASSERT_TRUE(before.ok());
@@ -902,24 +903,26 @@ TEST(UnreadAnswerTest, AnswersLeftUntakenAreCancelledWithBoundedRss) {
                                   /*end_stream=*/true)
                     .ok());
     streams.push_back(*stream);
-    // One at a time, so that each is admitted: what is bounded here is
-    // the answers, not the slots.
-    ASSERT_TRUE((*h2)->Pump(absl::Milliseconds(150)).ok());
+    ASSERT_TRUE((*h2)->Pump(absl::Milliseconds(100)).ok());
   }
-  // 30 answers would be 120 MiB; two waiting, and two computing, 16.
+  // 30 answers would be 120 MiB; four or five wait (until they take
+  // 16 MiB), and the later calls were refused.
   const int64_t growth = RssGrowthKiB(**server, *before);
   EXPECT_LT(growth, 64 * 1024 + kQuarantineKiB)
       << "RSS grew by " << growth << " KiB";
-  EXPECT_GE((*h2)->ended_streams(), kCalls - 4);
-  // The last ones end once they have waited for the idle timeout.
+  // Every call ends: the refused at once, the answered once they have
+  // waited for the idle timeout (a reset).
   ASSERT_TRUE((*h2)->Pump(absl::Seconds(5)).ok());
+  int reset = 0;
   for (uint32_t stream : streams) {
-    EXPECT_TRUE((*h2)->end(stream).reset) << "stream " << stream;
+    EXPECT_TRUE((*h2)->end(stream).ended) << "stream " << stream;
+    reset += (*h2)->end(stream).reset ? 1 : 0;
   }
+  EXPECT_GE(reset, 1);
+  EXPECT_LE(reset, 6);
   const std::string metrics = ScrapeMetrics((*server)->metrics_port());
   EXPECT_TRUE(absl::StrContains(
-      metrics,
-      "klserve_unsent_answers_cancelled_total{limit=\"stream_idle_timeout\"}"))
+      metrics, absl::StrCat("klserve_untaken_answers_cancelled_total ", reset)))
       << metrics;
   // Meanwhile others are served, bit for bit.
   std::unique_ptr<Client> client = MakeClient((*server)->target());

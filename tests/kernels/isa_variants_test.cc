@@ -326,6 +326,21 @@ TEST(IsaVariants, EveryVariantGivesTheSameBytes) {
       specs.push_back(spec);
     }
   }
+  // Scores past kShiftedCrossTermAbove, where the EXACT KL's cross term is
+  // summed after the maximum (ShiftedScoreSum), with and without the
+  // diagnostics' sum in the same pass.
+  for (double spread : {1e4, 1e20}) {
+    for (InputForm form : kInputFormsByTarget) {
+      CaseSpec spec;
+      spec.B = 2, spec.T = 5, spec.S = 257, spec.H = 3, spec.K = 200;
+      spec.form = form;
+      spec.causal = true;
+      spec.score_spread = spread;
+      spec.options.flavor = Flavor::kExact;
+      spec.options.want_diagnostics = spread > 1e10;
+      specs.push_back(spec);
+    }
+  }
   std::vector<std::unique_ptr<CpuBackend>> backends;
   for (Isa isa : isas) backends.push_back(std::make_unique<CpuBackend>(2, isa));
   uint64_t seed = 5000;

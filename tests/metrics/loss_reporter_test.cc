@@ -27,6 +27,15 @@ int RunsWithSeries(const std::string& exposition) {
   return runs;
 }
 
+// Metrics that serve no port: the tests read Scrape().
+std::unique_ptr<Metrics> MetricsWithoutPort() {
+  MetricsOptions options;
+  options.listen_address = "";
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(options);
+  EXPECT_TRUE(metrics.ok()) << metrics.status();
+  return metrics.ok() ? *std::move(metrics) : nullptr;
+}
+
 // Threads that each run fresh runs of two steps push the others' runs out
 // of --max_runs = 2. A step published by one thread after another had
 // evicted its run and removed its series used to bring the series back for
@@ -34,14 +43,11 @@ int RunsWithSeries(const std::string& exposition) {
 // attack over gRPC). Whatever the interleaving, only tracked runs may have
 // series: at most max_runs.
 TEST(LossReporterTest, RunsEvictedWhileOthersPublishKeepNoSeries) {
-  MetricsOptions metrics_options;
-  metrics_options.listen_address = "";
-  absl::StatusOr<std::unique_ptr<Metrics>> metrics =
-      Metrics::Create(metrics_options);
-  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  std::unique_ptr<Metrics> metrics = MetricsWithoutPort();
+  ASSERT_NE(metrics, nullptr);
   LossReporterOptions options;
   options.steps.max_runs = 2;
-  LossReporter reporter(metrics->get(), options);
+  LossReporter reporter(metrics.get(), options);
   constexpr int kThreads = 8;
   constexpr int kRunsPerThread = 10000;
   IndexerKlResult result;
@@ -64,20 +70,17 @@ TEST(LossReporterTest, RunsEvictedWhileOthersPublishKeepNoSeries) {
     });
   }
   for (std::thread& thread : threads) thread.join();
-  EXPECT_LE(RunsWithSeries((*metrics)->Scrape()), options.steps.max_runs);
+  EXPECT_LE(RunsWithSeries(metrics->Scrape()), options.steps.max_runs);
 }
 
 // A step keeps its distinct microbatches until it is published, so their
 // range is bounded like the layers', before anything is computed.
 TEST(LossReporterTest, MicrobatchesOutsideTheirRangeAreRefusedNamingTheFlag) {
-  MetricsOptions metrics_options;
-  metrics_options.listen_address = "";
-  absl::StatusOr<std::unique_ptr<Metrics>> metrics =
-      Metrics::Create(metrics_options);
-  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  std::unique_ptr<Metrics> metrics = MetricsWithoutPort();
+  ASSERT_NE(metrics, nullptr);
   LossReporterOptions options;
   options.max_microbatches_per_step = 16;
-  LossReporter reporter(metrics->get(), options);
+  LossReporter reporter(metrics.get(), options);
   const auto check = [&](int32_t microbatch) {
     return reporter.CheckTags(
         {.run = "r", .step = 1, .layer = 0, .microbatch = microbatch});
