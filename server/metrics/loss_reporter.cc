@@ -15,12 +15,18 @@ namespace klserve::server {
 
 namespace {
 
-// What the event files already in `dir` (and below) take, charged as
-// LossReporter charges its own: each file's bytes, in whole 4 KiB blocks.
-// A restarted server (a container restarted in its pod, whose emptyDir
-// stays) thereby keeps the files of its earlier lives within the bound.
-// Unreadable entries count nothing.
-int64_t EventFileBytesIn(const std::string& dir) {
+// What a run's directories take: one per part of its name (a/b/c makes
+// three), a block each. One name can make 64.
+int64_t DirectoryBytes(const std::string& run) {
+  return LossReporter::kEventFileCharge * (1 + absl::c_count(run, '/'));
+}
+
+// What the event files and directories already in `dir` (and below) take,
+// charged as LossReporter charges its own: each file's bytes in whole 4 KiB
+// blocks, and a block a directory. A restarted server (a container
+// restarted in its pod, whose emptyDir stays) thereby keeps the files of
+// its earlier lives within the bound. Unreadable entries count nothing.
+int64_t TensorBoardBytesIn(const std::string& dir) {
   namespace fs = std::filesystem;
   constexpr int64_t kBlock = LossReporter::kEventFileCharge;
   int64_t total = 0;
@@ -30,6 +36,10 @@ int64_t EventFileBytesIn(const std::string& dir) {
        end;
        !error && it != end; it.increment(error)) {
     std::error_code ignored;
+    if (it->is_directory(ignored)) {
+      total += kBlock;
+      continue;
+    }
     if (!it->is_regular_file(ignored) ||
         !absl::StartsWith(it->path().filename().string(),
                           "events.out.tfevents.")) {
@@ -50,7 +60,7 @@ LossReporter::LossReporter(Metrics* metrics, LossReporterOptions options)
       aggregator_(options_.steps),
       tensorboard_bytes_(options_.tensorboard_dir.empty()
                              ? 0
-                             : EventFileBytesIn(options_.tensorboard_dir)),
+                             : TensorBoardBytesIn(options_.tensorboard_dir)),
       ticker_([this] { Tick(); }) {}
 
 LossReporter::~LossReporter() {
@@ -150,9 +160,7 @@ bool LossReporter::TakeTensorBoardRun(const std::string& run) {
   if (static_cast<int>(tensorboard_runs_.size()) <
       options_.max_tensorboard_runs) {
     tensorboard_runs_.insert(run);
-    // Its directories, one per part of its name (a/b/c makes three), each
-    // a block on disk: one name can make 64.
-    tensorboard_bytes_ += kEventFileCharge * (1 + absl::c_count(run, '/'));
+    tensorboard_bytes_ += DirectoryBytes(run);
     return true;
   }
   // Once per process: a caller sending new run names would otherwise fill
@@ -169,8 +177,12 @@ bool LossReporter::TakeTensorBoardRun(const std::string& run) {
   return false;
 }
 
-bool LossReporter::TensorBoardBytesLeft(const std::string& run) {
-  if (tensorboard_bytes_ < options_.max_tensorboard_bytes) return true;
+bool LossReporter::TensorBoardBytesLeft(const std::string& run,
+                                        int64_t needed) {
+  if (tensorboard_bytes_ < options_.max_tensorboard_bytes &&
+      needed < options_.max_tensorboard_bytes - tensorboard_bytes_) {
+    return true;
+  }
   if (!tensorboard_bytes_logged_) {
     tensorboard_bytes_logged_ = true;
     std::fprintf(stderr,
@@ -194,7 +206,10 @@ bool LossReporter::TensorBoardBytesLeft(const std::string& run) {
 void LossReporter::WriteTensorBoard(const FinishedStep& step) {
   absl::MutexLock lock(&mu_);
   auto it = writers_.find(step.run);
-  if (!TensorBoardBytesLeft(step.run) ||
+  // A new run's directories must fit whole: one name can make 64 of them.
+  const int64_t directories =
+      tensorboard_runs_.contains(step.run) ? 0 : DirectoryBytes(step.run);
+  if (!TensorBoardBytesLeft(step.run, directories) ||
       (it == writers_.end() && !TakeTensorBoardRun(step.run))) {
     metrics_->CountTensorBoardSkippedStep();
     return;

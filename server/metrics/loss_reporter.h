@@ -47,11 +47,12 @@ struct LossReporterOptions {
   int max_tensorboard_runs = 1024;
   // Disk space the event files in tensorboard_dir may take, all runs
   // together: those found there at start (each in whole kEventFileCharge
-  // blocks: a restarted server's earlier files), then every record framed,
-  // plus kEventFileCharge for each file opened (a run evicted from the
-  // aggregator opens a new file when it returns). Once it is spent, steps
-  // reach Prometheus only (see WriteTensorBoard); a new run's directories
-  // count a block each too. The step that spends it
+  // blocks, and a block for each directory: a restarted server's earlier
+  // files), then every record framed, plus kEventFileCharge for each file
+  // opened (a run evicted from the aggregator opens a new file when it
+  // returns) and for each directory a new run's name makes (a new run whose
+  // directories would pass the bound gets none). Once it is spent, steps
+  // reach Prometheus only (see WriteTensorBoard); the step that spends it
   // is written whole, so the files may pass it by one step's records.
   // Without it a caller publishing steps as fast as it can would fill the
   // disk.
@@ -102,8 +103,9 @@ class LossReporter {
   // fewer than max_tensorboard_runs runs do (it then takes one).
   bool TakeTensorBoardRun(const std::string& run)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether max_tensorboard_bytes has room left; logs once when it has not.
-  bool TensorBoardBytesLeft(const std::string& run)
+  // Whether max_tensorboard_bytes has room left, `needed` bytes more than
+  // it holds; logs once when it has not.
+  bool TensorBoardBytesLeft(const std::string& run, int64_t needed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Tick();
 

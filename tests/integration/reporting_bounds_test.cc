@@ -36,6 +36,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "tests/integration/harness.h"
@@ -299,21 +300,27 @@ TEST(TensorBoardBoundTest, StepsPastTheByteBoundGetMetricsButNoEvent) {
 }
 
 // A run's name makes a directory per part, up to 64 of them, which take
-// disk blocks as files do: they count against the bound, 4 KiB each. Before,
-// eight names of 64 parts made 2 MiB of directories past a 1 MiB bound.
+// disk blocks as files do: they count against the bound, 4 KiB each, and
+// a new run whose directories would pass it gets none. Before, eight names
+// of 64 parts made 2 MiB of directories past a 1 MiB bound.
 TEST(TensorBoardBoundTest, ARunsDirectoriesCountAgainstTheBound) {
   const std::string tb_dir = MakeTempDir();
   ASSERT_FALSE(tb_dir.empty());
-  // Six directories and a file, 28 KiB of the 16: its first step is
-  // written whole (the step that spends the bound), and "g" gets none.
+  // "a/b" takes two directories and a file, 12 KiB and its records, of the
+  // 16; "c/d" would take two directories more, and so would a name of 64
+  // parts, at once.
   std::optional<Reporting> r = StartReporting(
       {"--tensorboard_dir=" + tb_dir, "--max_tensorboard_bytes=16KiB"});
   ASSERT_TRUE(r.has_value());
-  FinishOneStep(*r, "a/b/c/d/e/f", 1);
-  FinishOneStep(*r, "g", 1);
-  ExpectSkippedStepsWithoutErrors(ScrapeMetrics(r->metrics_port), "1");
+  FinishOneStep(*r, "a/b", 1);
+  FinishOneStep(*r, "c/d", 1);
+  FinishOneStep(*r, absl::StrJoin(std::vector<std::string>(64, "x"), "/"), 1);
+  FinishOneStep(*r, "a/b", 2);  // the bound is not spent
+  ExpectSkippedStepsWithoutErrors(ScrapeMetrics(r->metrics_port), "2");
   ASSERT_NO_FATAL_FAILURE(DrainAndExit(*r->server));
   EXPECT_EQ(Entries(tb_dir), (std::set<std::string>{"a"}));
+  EXPECT_EQ(ReadRun(fs::path(tb_dir) / "a" / "b").steps,
+            (std::set<int64_t>{1, 2}));
   fs::remove_all(tb_dir);
 }
 
