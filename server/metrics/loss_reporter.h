@@ -1,13 +1,10 @@
 #ifndef KLSERVE_SERVER_METRICS_LOSS_REPORTER_H_
 #define KLSERVE_SERVER_METRICS_LOSS_REPORTER_H_
 
-#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -16,7 +13,7 @@
 #include "server/metrics/loss_tags.h"
 #include "server/metrics/metrics.h"
 #include "server/metrics/step_aggregator.h"
-#include "server/tensorboard/tensorboard_writer.h"
+#include "server/metrics/tensorboard_publisher.h"
 
 namespace klserve::server {
 
@@ -37,41 +34,20 @@ struct LossReporterOptions {
   // its microbatches globally (rank * per_rank + i) needs ranks times its
   // per-rank count.
   int max_microbatches_per_step = 65536;
-  // Where each run's TensorBoard event file goes; empty writes none.
-  std::string tensorboard_dir;
-  // Runs given a TensorBoard directory in this process's lifetime. A run
-  // past the bound still gets its Prometheus series but no event file (see
-  // WriteTensorBoard). Directories are never deleted: they hold
-  // researchers' data, and a run evicted from the aggregator writes a new
-  // event file into its own directory when it comes back.
-  int max_tensorboard_runs = 1024;
-  // Disk space the event files in tensorboard_dir may take, all runs
-  // together: those found there at start (each in whole kEventFileCharge
-  // blocks, and a block for each directory: a restarted server's earlier
-  // files), then every record framed, plus kEventFileCharge for each file
-  // opened (a run evicted from the aggregator opens a new file when it
-  // returns) and for each directory a new run's name makes (a new run whose
-  // directories would pass the bound gets none). Once it is spent, steps
-  // reach Prometheus only (see WriteTensorBoard); the step that spends it
-  // is written whole, so the files may pass it by one step's records.
-  // Without it a caller publishing steps as fast as it can would fill the
-  // disk.
-  int64_t max_tensorboard_bytes = int64_t{16} << 30;
-  // How often idle steps are finished and event files flushed.
+  // The runs' event files.
+  TensorBoardPublisherOptions tensorboard;
+  // How often idle steps are finished.
   absl::Duration tick = absl::Seconds(1);
 };
 
 // Turns tagged requests into per-step losses: accumulates them by run, step
 // and layer (StepAggregator), and publishes each finished step to
-// Prometheus (Metrics) and to the run's TensorBoard event file. A background
-// thread finishes idle steps and flushes the files. A TensorBoard write
-// failure is logged and counted, never returned to the RPC. Thread-safe.
+// Prometheus (Metrics) and to the run's TensorBoard event file
+// (TensorBoardPublisher, on its own thread). A background thread finishes
+// idle steps. A TensorBoard write failure is logged and counted, never
+// returned to the RPC. Thread-safe.
 class LossReporter {
  public:
-  // What opening an event file counts against max_tensorboard_bytes: the
-  // block a file takes on disk, however little it holds.
-  static constexpr int64_t kEventFileCharge = 4096;
-
   LossReporter(Metrics* metrics, LossReporterOptions options);
   // Stops the background thread and publishes what is still open.
   ~LossReporter();
@@ -92,45 +68,29 @@ class LossReporter {
   // (naming `run`) for a run name CheckRunName refuses.
   absl::StatusOr<FinishedStep> FinishStep(absl::string_view run, int64_t step);
 
-  // Publishes every open step and flushes and closes the event files (on
+  // Publishes every open step, then writes and closes the event files (on
   // drain). Idempotent.
   void Shutdown();
 
  private:
-  void Publish(const std::vector<FinishedStep>& steps);
-  void WriteTensorBoard(const FinishedStep& step);
-  // Whether `run` may have a TensorBoard directory: it has one already, or
-  // fewer than max_tensorboard_runs runs do (it then takes one).
-  bool TakeTensorBoardRun(const std::string& run)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether max_tensorboard_bytes has room left, `needed` bytes more than
-  // it holds; logs once when it has not.
-  bool TensorBoardBytesLeft(const std::string& run, int64_t needed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Publish(const std::vector<FinishedStep>& steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(order_mu_);
   void Tick();
 
   Metrics* const metrics_;
   const LossReporterOptions options_;
   StepAggregator aggregator_;
 
-  // Held from the aggregator's answer until the metrics and the event files
-  // have taken it, so that they see the runs' events in the aggregator's
-  // order: a step published by one thread after another had evicted its run
-  // and removed its series brought the series back, never to be removed
-  // again (66 runs' series after 20,000 runs went through --max_runs=2).
-  // Taken before mu_.
+  TensorBoardPublisher tensorboard_;
+
+  // Held from the aggregator's answer until the metrics and the event files'
+  // queue have taken it, so that they see the runs' events in the
+  // aggregator's order: a step published by one thread after another had
+  // evicted its run and removed its series brought the series back, never
+  // to be removed again (66 runs' series after 20,000 runs went through
+  // --max_runs=2). Nothing under it waits for the disk.
   absl::Mutex order_mu_;
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<TensorBoardWriter>> writers_
-      ABSL_GUARDED_BY(mu_);
-  // Every run given a TensorBoard directory so far; at most
-  // max_tensorboard_runs names, kept after eviction so that a returning run
-  // keeps its directory.
-  absl::flat_hash_set<std::string> tensorboard_runs_ ABSL_GUARDED_BY(mu_);
-  bool tensorboard_limit_logged_ ABSL_GUARDED_BY(mu_) = false;
-  // What the event files have taken of max_tensorboard_bytes.
-  int64_t tensorboard_bytes_ ABSL_GUARDED_BY(mu_);
-  bool tensorboard_bytes_logged_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread ticker_;
 };

@@ -105,8 +105,8 @@ absl::StatusOr<AddResult> StepAggregator::Add(const StepSample& sample,
 void StepAggregator::Merge(const StepSample& sample, absl::Time now,
                            OpenStep& open) {
   LayerSums& layer = open.layers[sample.layer];
-  layer.kl_sum += sample.kl_sum;
-  layer.scaled_kl_sum += sample.scaling_factor * sample.kl_sum;
+  layer.kl_sum.Add(sample.kl_sum);
+  layer.scaled_kl_sum.Add(sample.scaling_factor * sample.kl_sum);
   layer.rows += sample.rows;
   ++layer.samples;
   open.microbatches.insert(sample.microbatch);
@@ -119,12 +119,12 @@ void StepAggregator::Merge(const StepSample& sample, absl::Time now,
   if (sample.diagnostics.has_value()) {
     const SampleDiagnostics& d = *sample.diagnostics;
     open.has_diagnostics = true;
-    open.entropy_p_sum += d.entropy_p_sum;
-    open.entropy_q_sum += d.entropy_q_sum;
+    open.entropy_p_sum.Add(d.entropy_p_sum);
+    open.entropy_q_sum.Add(d.entropy_q_sum);
     open.diagnostics_rows += d.rows_counted;
     if (d.recall_sum.has_value()) {
       open.has_recall = true;
-      open.recall_sum += *d.recall_sum;
+      open.recall_sum.Add(*d.recall_sum);
       open.recall_rows += d.rows_counted;
     }
   }
@@ -151,12 +151,12 @@ FinishedStep StepAggregator::Close(const std::string& run, RunState& state,
   for (const auto& [layer, sums] : open.layers) {
     LayerLoss l;
     l.layer = layer;
-    l.unscaled_loss = Ratio(sums.kl_sum, sums.rows);
+    l.unscaled_loss = Ratio(sums.kl_sum.Value(), sums.rows);
     // With one c for the step, c * mean is exact; the sum of c_i * kl_i is
     // only needed when the samples disagree.
     l.loss = out.scaling_factor.has_value()
                  ? *out.scaling_factor * l.unscaled_loss
-                 : Ratio(sums.scaled_kl_sum, sums.rows);
+                 : Ratio(sums.scaled_kl_sum.Value(), sums.rows);
     l.rows = sums.rows;
     l.samples = sums.samples;
     unscaled_total += l.unscaled_loss;
@@ -171,11 +171,13 @@ FinishedStep StepAggregator::Close(const std::string& run, RunState& state,
                  : scaled_total / num_layers;
 
   if (open.has_diagnostics) {
-    out.mean_entropy_p = Ratio(open.entropy_p_sum, open.diagnostics_rows);
-    out.mean_entropy_q = Ratio(open.entropy_q_sum, open.diagnostics_rows);
+    out.mean_entropy_p =
+        Ratio(open.entropy_p_sum.Value(), open.diagnostics_rows);
+    out.mean_entropy_q =
+        Ratio(open.entropy_q_sum.Value(), open.diagnostics_rows);
   }
   if (open.has_recall) {
-    out.topk_recall = Ratio(open.recall_sum, open.recall_rows);
+    out.topk_recall = Ratio(open.recall_sum.Value(), open.recall_rows);
   }
 
   state.last_finished_step = open.step;

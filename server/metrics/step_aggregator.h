@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/metrics/exact_sum.h"
 
 namespace klserve::server {
 
@@ -114,7 +115,8 @@ struct AddResult {
 };
 
 struct StepAggregatorOptions {
-  // Runs tracked at once. Each costs a few hundred bytes here and, in
+  // Runs tracked at once. Each costs here about 1.7 KB and 1.1 KB a layer
+  // of its open step (exact sums; 9 MB at 64 runs of 128 layers) and, in
   // Prometheus, about 4 series per layer, so this bounds the series count.
   int max_runs = 64;
   // A step with no new sample for this long is finished by FinishIdle. Longer
@@ -171,9 +173,11 @@ class StepAggregator {
   int num_runs() const;
 
  private:
+  // The sums are exact (ExactSum), so that a step's values do not depend on
+  // the order its samples arrived in.
   struct LayerSums {
-    double kl_sum = 0.0;
-    double scaled_kl_sum = 0.0;  // sum of c * kl_sum
+    ExactSum kl_sum;
+    ExactSum scaled_kl_sum;  // sum of c * kl_sum
     int64_t rows = 0;
     int64_t samples = 0;
   };
@@ -186,11 +190,11 @@ class StepAggregator {
     bool mixed_scaling_factors = false;
     int64_t samples = 0;
     int64_t rows = 0;
-    double entropy_p_sum = 0.0;
-    double entropy_q_sum = 0.0;
+    ExactSum entropy_p_sum;
+    ExactSum entropy_q_sum;
     int64_t diagnostics_rows = 0;
     bool has_diagnostics = false;
-    double recall_sum = 0.0;
+    ExactSum recall_sum;
     int64_t recall_rows = 0;
     bool has_recall = false;
     absl::Time first_sample_time;

@@ -149,6 +149,8 @@ absl::Status ValidateOptions(const ServerOptions& options) {
       at_least("max_tensorboard_runs", options.max_tensorboard_runs, 1));
   RETURN_IF_ERROR(bytes_at_least("max_tensorboard_bytes",
                                  options.max_tensorboard_bytes, 1));
+  RETURN_IF_ERROR(at_least("max_tensorboard_queued_steps",
+                           options.max_tensorboard_queued_steps, 1));
   if (options.max_regions < 1 || options.max_regions > kMaxGuardedMappings) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_regions: must be in [1, ", kMaxGuardedMappings,
@@ -271,9 +273,10 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   reporting.steps.idle_timeout = options.step_idle_timeout;
   reporting.max_layers_per_run = options.max_layers_per_run;
   reporting.max_microbatches_per_step = options.max_microbatches_per_step;
-  reporting.tensorboard_dir = options.tensorboard_dir;
-  reporting.max_tensorboard_runs = options.max_tensorboard_runs;
-  reporting.max_tensorboard_bytes = options.max_tensorboard_bytes;
+  reporting.tensorboard.dir = options.tensorboard_dir;
+  reporting.tensorboard.max_runs = options.max_tensorboard_runs;
+  reporting.tensorboard.max_bytes = options.max_tensorboard_bytes;
+  reporting.tensorboard.max_queued = options.max_tensorboard_queued_steps;
   s->reporter_ =
       std::make_unique<LossReporter>(s->metrics_.get(), std::move(reporting));
   s->requests_ = std::make_unique<Admission>(

@@ -155,6 +155,11 @@ ABSL_FLAG(ByteCount, max_tensorboard_bytes,
           ByteCount{Defaults().max_tensorboard_bytes},
           "disk space the TensorBoard event files may take, all runs "
           "together; later steps get Prometheus metrics but no event");
+ABSL_FLAG(int, max_tensorboard_queued_steps,
+          Defaults().max_tensorboard_queued_steps,
+          "steps waiting for the TensorBoard writing thread (a stalled disk "
+          "delays only the event files); later steps get Prometheus metrics "
+          "but no event");
 ABSL_FLAG(Duration, step_idle_timeout, Duration{Defaults().step_idle_timeout},
           "a step with no request for this long is finished and published "
           "(inf: only FinishStep or the run's next step publishes it)");
@@ -265,6 +270,8 @@ int main(int argc, char** argv) {
   options.max_tensorboard_runs = absl::GetFlag(FLAGS_max_tensorboard_runs);
   options.max_tensorboard_bytes =
       absl::GetFlag(FLAGS_max_tensorboard_bytes).bytes;
+  options.max_tensorboard_queued_steps =
+      absl::GetFlag(FLAGS_max_tensorboard_queued_steps);
   options.step_idle_timeout = absl::GetFlag(FLAGS_step_idle_timeout).value;
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);

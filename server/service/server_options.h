@@ -113,7 +113,7 @@ struct ServerOptions {
   std::string tensorboard_dir;
   // The per-run loss series and event files. Their defaults, and what each
   // bounds, live with the code they configure (LossReporterOptions,
-  // StepAggregatorOptions).
+  // StepAggregatorOptions, TensorBoardPublisherOptions).
   // Runs whose per-step series are kept; the run idle longest goes first.
   int max_runs = StepAggregatorOptions{}.max_runs;
   // tags.layer must be in [0, max_layers_per_run).
@@ -122,9 +122,11 @@ struct ServerOptions {
   int max_microbatches_per_step =
       LossReporterOptions{}.max_microbatches_per_step;
   // Runs given a TensorBoard directory over the process's lifetime.
-  int max_tensorboard_runs = LossReporterOptions{}.max_tensorboard_runs;
+  int max_tensorboard_runs = TensorBoardPublisherOptions{}.max_runs;
   // Disk space the event files may take, all runs together.
-  int64_t max_tensorboard_bytes = LossReporterOptions{}.max_tensorboard_bytes;
+  int64_t max_tensorboard_bytes = TensorBoardPublisherOptions{}.max_bytes;
+  // Steps waiting for the event files' thread.
+  int max_tensorboard_queued_steps = TensorBoardPublisherOptions{}.max_queued;
   // A step with no request for this long is finished and published.
   absl::Duration step_idle_timeout = StepAggregatorOptions{}.idle_timeout;
 

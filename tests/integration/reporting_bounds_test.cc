@@ -377,6 +377,15 @@ TEST(TensorBoardBoundTest, ANonPositiveByteBoundDoesNotStart) {
       << result.err;
 }
 
+TEST(TensorBoardBoundTest, ANonPositiveQueueBoundDoesNotStart) {
+  const CommandResult result =
+      RunCommand({KLSERVE_BIN, "--listen=127.0.0.1:0",
+                  "--metrics_listen=", "--max_tensorboard_queued_steps=0"});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(result.err, "--max_tensorboard_queued_steps"))
+      << result.err;
+}
+
 // ---------------------------------------------------------------------------
 // Run names
 

@@ -5,7 +5,9 @@
 
 #include "server/metrics/step_aggregator.h"
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -158,6 +160,45 @@ TEST(StepAggregator, NaNPropagatesSoAlertsSeeIt) {
   EXPECT_TRUE(std::isnan(s.loss));
   EXPECT_TRUE(std::isnan(s.layers[0].loss));
   EXPECT_DOUBLE_EQ(s.layers[1].loss, 0.25);
+}
+
+TEST(StepAggregator, TheValuesDoNotDependOnTheOrderSamplesArriveIn) {
+  // Ranks' requests finish in any order. kl_sums 2^53, 1, 1 sum to 2^53 + 2;
+  // a running sum started with 2^53 rounds each 1 away (ties to even) and
+  // gets 2^53. Each layer and each diagnostic must be the exact sum, rounded
+  // once, then divided by the rows.
+  const double two53 = std::ldexp(1.0, 53);
+  std::vector<StepSample> samples;
+  for (int32_t layer : {0, 1}) {
+    for (double kl : {two53, 1.0, 1.0}) {
+      StepSample s =
+          Sample("r", 1, layer, static_cast<int32_t>(kl == 1.0), kl, 1, 0.5);
+      SampleDiagnostics& d = s.diagnostics.emplace();
+      d.entropy_p_sum = kl;
+      d.entropy_q_sum = -kl;
+      d.recall_sum = kl;
+      d.rows_counted = 1;
+      samples.push_back(s);
+    }
+  }
+  const double layer_mean = (two53 + 2.0) / 3.0;
+  std::mt19937_64 rng(3);
+  for (int order = 0; order < 30; ++order) {
+    std::shuffle(samples.begin(), samples.end(), rng);
+    StepAggregator agg;
+    for (const StepSample& s : samples) MustAdd(agg, s);
+    const FinishedStep step = MustFinish(agg, "r", 1);
+    ASSERT_EQ(step.layers.size(), 2u);
+    for (const LayerLoss& layer : step.layers) {
+      EXPECT_EQ(layer.unscaled_loss, layer_mean);
+      EXPECT_EQ(layer.loss, 0.5 * layer_mean);
+    }
+    EXPECT_EQ(step.unscaled_loss, layer_mean);
+    EXPECT_EQ(step.loss, 0.5 * layer_mean);
+    EXPECT_EQ(step.mean_entropy_p, (2 * two53 + 4.0) / 6.0);
+    EXPECT_EQ(step.mean_entropy_q, -(2 * two53 + 4.0) / 6.0);
+    EXPECT_EQ(step.topk_recall, (2 * two53 + 4.0) / 6.0);
+  }
 }
 
 TEST(StepAggregator, DiagnosticsAreRowWeightedOverTheSamplesThatSentThem) {

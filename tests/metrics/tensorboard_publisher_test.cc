@@ -1,0 +1,177 @@
+// The event files are written on a thread of their own: a request that
+// publishes a step never waits for the disk. The test stalls that real thread
+// (a signal handler that blocks, as a write to a stalled network volume
+// would) and checks that requests go on, that the steps past
+// --max_tensorboard_queued_steps are counted as skipped, and that the ones
+// queued reach the file, in order, once the thread goes on.
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gtest/gtest.h"
+#include "server/metrics/loss_reporter.h"
+#include "tests/tensorboard/event_file_reader.h"
+
+namespace klserve::server {
+namespace {
+
+std::atomic<bool> stalled{false};
+std::atomic<bool> released{false};
+
+// Runs on the writing thread: blocks it where it waits for work, until the
+// test releases it. Only async-signal-safe calls.
+void StallUntilReleased(int) {
+  stalled.store(true);
+  const timespec pause = {0, 1000000};
+  while (!released.load()) nanosleep(&pause, nullptr);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  return text;
+}
+
+// The id of this process's thread named `name`, if there is one.
+std::optional<pid_t> ThreadNamed(absl::string_view name) {
+  for (const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/task")) {
+    const std::string comm = ReadFile(entry.path() / "comm");
+    if (absl::StripSuffix(comm, "\n") == name) {
+      int tid = 0;
+      if (absl::SimpleAtoi(entry.path().filename().string(), &tid)) return tid;
+    }
+  }
+  return std::nullopt;
+}
+
+// Whether thread `tid` is asleep in futex(2): waiting for work with its
+// lock released.
+bool WaitsInFutex(pid_t tid) {
+  const std::string syscall =
+      ReadFile(absl::StrCat("/proc/self/task/", tid, "/syscall"));
+  const std::vector<std::string> fields = absl::StrSplit(syscall, ' ');
+  int number = -1;
+  return absl::SimpleAtoi(fields[0], &number) && number == SYS_futex;
+}
+
+// The value of the unlabelled sample `name` in an exposition.
+double SampleValue(const std::string& exposition, absl::string_view name) {
+  for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
+    if (absl::ConsumePrefix(&line, name) && absl::ConsumePrefix(&line, " ")) {
+      double value = 0;
+      if (absl::SimpleAtod(line, &value)) return value;
+    }
+  }
+  ADD_FAILURE() << name << " not in the exposition";
+  return -1;
+}
+
+TEST(TensorBoardPublisherTest, RequestsGoOnWhileTheWritingThreadIsStalled) {
+  const std::string dir = (std::filesystem::path(::testing::TempDir()) /
+                           absl::StrCat("stalled_tensorboard_", getpid()))
+                              .string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+
+  MetricsOptions metrics_options;
+  metrics_options.listen_address = "";
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics =
+      Metrics::Create(metrics_options);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+
+  constexpr int kQueued = 8;
+  constexpr int kSteps = 100;
+  LossReporterOptions options;
+  options.tensorboard.dir = dir;
+  options.tensorboard.max_queued = kQueued;
+  // No flush while stalled, so the thread sleeps until the steps come.
+  options.tensorboard.flush_interval = absl::Hours(1);
+  auto reporter = std::make_unique<LossReporter>(metrics->get(), options);
+
+  // The writing thread, idle: stall it there.
+  std::optional<pid_t> writer;
+  for (int i = 0; i < 1000 && !(writer = ThreadNamed("klserve-tboard")); ++i) {
+    usleep(1000);
+  }
+  ASSERT_TRUE(writer.has_value()) << "no thread named klserve-tboard";
+  // Seen asleep 20 times over 100 ms running: past its start, waiting.
+  int asleep = 0;
+  for (int i = 0; i < 5000 && asleep < 20; ++i) {
+    asleep = WaitsInFutex(*writer) ? asleep + 1 : 0;
+    usleep(5000);
+  }
+  ASSERT_EQ(asleep, 20) << "the writing thread never waited for work";
+  struct sigaction action = {};
+  action.sa_handler = StallUntilReleased;
+  ASSERT_EQ(sigaction(SIGUSR1, &action, nullptr), 0);
+  ASSERT_EQ(syscall(SYS_tgkill, getpid(), *writer, SIGUSR1), 0);
+  while (!stalled.load()) usleep(1000);
+
+  // Each step of the run publishes the one before it: kSteps - 1 steps.
+  IndexerKlResult result;
+  result.denominator = 1;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t step = 0; step < kSteps; ++step) {
+    result.kl_sum = static_cast<double>(step);
+    ASSERT_TRUE(
+        reporter
+            ->Add({.run = "stalled", .step = step, .layer = std::nullopt},
+                  result, 1.0)
+            .ok());
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, std::chrono::seconds(10));
+  const std::string exposition = (*metrics)->Scrape();
+  EXPECT_TRUE(absl::StrContains(
+      exposition, "klserve_indexer_last_step{run=\"stalled\"} 98"))
+      << exposition;
+  EXPECT_EQ(SampleValue(exposition, "klserve_tensorboard_skipped_steps_total"),
+            kSteps - 1 - kQueued);
+
+  released.store(true);
+  reporter->Shutdown();
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(
+           std::filesystem::path(dir) / "stalled")) {
+    files.push_back(entry.path().string());
+  }
+  ASSERT_EQ(files.size(), 1u);
+  absl::StatusOr<std::vector<event_reader::ReadEvent>> events =
+      event_reader::ReadEventFile(files[0]);
+  ASSERT_TRUE(events.ok()) << events.status();
+  std::vector<int64_t> steps;
+  for (const event_reader::ReadEvent& event : *events) {
+    if (!event.summary) continue;
+    ASSERT_EQ(event.summary->size(), 1u);
+    EXPECT_EQ((*event.summary)[0].tag, "indexer_loss");
+    EXPECT_EQ((*event.summary)[0].simple_value,
+              static_cast<float>(event.step.value_or(-1)));
+    steps.push_back(event.step.value_or(-1));
+  }
+  EXPECT_EQ(steps, std::vector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7}));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace klserve::server
