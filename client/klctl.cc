@@ -47,6 +47,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/dtype.h"
 #include "kernels/status_macros.h"
 #include "klserve/v1/klserve.pb.h"
 #include "proto/request_tensors.h"
@@ -277,13 +278,18 @@ Common flags: --target=HOST:PORT|unix:/path --deadline=120s
 Errors print the gRPC code and message to stderr and exit 1.
 )";
 
-// The element-dtype names the flags accept, in any case.
+// The float dtypes' names, in any case.
 absl::StatusOr<std::string> WireDType(absl::string_view flag,
                                       absl::string_view value) {
   const std::string upper = absl::AsciiStrToUpper(value);
-  if (upper == "FP32" || upper == "BF16" || upper == "FP16") return upper;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--", flag, ": must be fp32, bf16 or fp16, got \"", value, "\""));
+  std::vector<std::string> names;
+  for (DType dtype : kFloatDTypes) {
+    if (upper == DTypeName(dtype)) return upper;
+    names.push_back(absl::AsciiStrToLower(DTypeName(dtype)));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": must be ",
+                                                 absl::StrJoin(names, ", "),
+                                                 ", got \"", value, "\""));
 }
 
 absl::StatusOr<StreamMode> StreamModeFlag() {

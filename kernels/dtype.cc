@@ -1,5 +1,7 @@
 #include "kernels/dtype.h"
 
+#include "absl/algorithm/container.h"
+
 namespace klserve {
 
 int64_t DTypeSize(DType dtype) {
@@ -48,8 +50,7 @@ double LargestFinite(DType dtype) {
 }
 
 bool IsFloatDType(DType dtype) {
-  return dtype == DType::kFloat32 || dtype == DType::kBFloat16 ||
-         dtype == DType::kFloat16;
+  return absl::c_linear_search(kFloatDTypes, dtype);
 }
 
 }  // namespace klserve

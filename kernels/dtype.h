@@ -9,13 +9,21 @@ namespace klserve {
 // BOOL is one byte per element, nonzero meaning true (the KServe v2 layout).
 enum class DType : uint8_t { kFloat32, kBFloat16, kFloat16, kInt32, kBool };
 
+// Every dtype a request's tensor may have, and the floating ones: what the
+// loss takes as inputs and gives as gradients (GetServerInfo lists them).
+inline constexpr DType kWireDTypes[] = {DType::kFloat32, DType::kBFloat16,
+                                        DType::kFloat16, DType::kInt32,
+                                        DType::kBool};
+inline constexpr DType kFloatDTypes[] = {DType::kFloat32, DType::kBFloat16,
+                                         DType::kFloat16};
+
 // Bytes per element.
 int64_t DTypeSize(DType dtype);
 
 // Wire name: "FP32", "BF16", "FP16", "INT32", "BOOL".
 const char* DTypeName(DType dtype);
 
-// True for the floating types the loss accepts as inputs.
+// True for the kFloatDTypes.
 bool IsFloatDType(DType dtype);
 // The largest finite value of a float dtype (0 for the others).
 double LargestFinite(DType dtype);

@@ -17,11 +17,6 @@
 namespace klserve::server {
 namespace {
 
-constexpr DType kWireDTypes[] = {DType::kFloat32, DType::kBFloat16,
-                                 DType::kFloat16, DType::kInt32, DType::kBool};
-constexpr DType kGradDTypes[] = {DType::kFloat32, DType::kBFloat16,
-                                 DType::kFloat16};
-
 // `name` as one of `allowed`; INVALID_ARGUMENT naming `field` and them.
 absl::StatusOr<DType> ParseDTypeOf(absl::string_view field,
                                    absl::string_view name,
@@ -245,7 +240,7 @@ absl::StatusOr<IndexerKlOptions> LossOptionsFrom(const v1::LossOptions& o) {
   options.want_grad = !o.skip_grad();
   if (!o.grad_dtype().empty()) {
     ASSIGN_OR_RETURN(options.grad_dtype,
-                     ParseDTypeOf("grad_dtype", o.grad_dtype(), kGradDTypes));
+                     ParseDTypeOf("grad_dtype", o.grad_dtype(), kFloatDTypes));
   }
   options.want_row_kl = o.want_row_kl();
   options.want_diagnostics = o.want_diagnostics();

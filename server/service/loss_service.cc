@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/dtype.h"
 #include "kernels/loss.h"
 #include "kernels/projections_loss.h"
 #include "kernels/projections_problem.h"
@@ -184,7 +185,8 @@ StopCheck UnaryStopCheck(grpc::CallbackServerContext* context, absl::Time start,
 // The whole unary computation, on an executor thread: `bytes` in, `out`
 // encoded; `rows_computed` gets the rows computed. `stop` is asked before
 // each tile of a projections computation.
-absl::Status ComputeUnary(const ServiceContext& ctx, bool local_caller,
+absl::Status ComputeUnary(const ServiceContext& ctx,
+                          grpc::CallbackServerContext& call,
                           grpc::ByteBuffer& bytes, grpc::ByteBuffer& out,
                           int64_t& rows_computed, StopCheck stop) {
   v1::ComputeLossRequest request;
@@ -201,7 +203,8 @@ absl::Status ComputeUnary(const ServiceContext& ctx, bool local_caller,
   double scaling_factor = 1;
   // Held until the response is encoded: no region this call reads or
   // writes is unmapped before.
-  CallRegions regions(ctx.regions, local_caller, ctx.options->max_tensor_bytes);
+  CallRegions regions(ctx.regions, IsLocalPeer(call.peer()),
+                      ctx.options->max_tensor_bytes);
   if (FormOf(request) == RequestForm::kProjections) {
     ASSIGN_OR_RETURN(const ProjectionsOptions options,
                      ProjectionsOptionsFrom(request.options()));
@@ -226,6 +229,14 @@ absl::Status ComputeUnary(const ServiceContext& ctx, bool local_caller,
   ResultTo(*result, response.mutable_result());
   RETURN_IF_ERROR(EncodeMessage(response, out));
   rows_computed = rows;
+  // A call its client cancelled, or whose deadline passed, while it computed
+  // is answered to nobody, so its sample must not count in its step: a job
+  // that retries it would count it twice.
+  if (call.IsCancelled()) {
+    return absl::CancelledError(
+        "ComputeLoss: cancelled by the client or its deadline while "
+        "computing; not counted in its step");
+  }
   // Tags were checked above: this cannot fail.
   ctx.reporter->Add(LossTagsFrom(request.tags()), *result, scaling_factor)
       .IgnoreError();
@@ -295,8 +306,7 @@ grpc::ServerUnaryReactor* LossService::ComputeLoss(
     if (context->IsCancelled()) {
       status = absl::CancelledError("cancelled before computing");
     } else {
-      status = ComputeUnary(ctx, IsLocalPeer(context->peer()), *request_bytes,
-                            *response, rows,
+      status = ComputeUnary(ctx, *context, *request_bytes, *response, rows,
                             UnaryStopCheck(context, start, *ctx.options));
     }
     ctx.requests->Leave();
@@ -333,9 +343,9 @@ grpc::ServerUnaryReactor* LossService::GetServerInfo(
     info.set_max_stream_key_bytes(options.max_stream_key_bytes);
     info.set_max_thread_scratch_bytes(options.max_thread_scratch_bytes);
     info.set_shared_memory(context_.regions != nullptr);
-    for (const char* dtype : {"FP32", "BF16", "FP16"}) {
-      info.add_input_dtypes(dtype);
-      info.add_grad_dtypes(dtype);
+    for (DType dtype : kFloatDTypes) {
+      info.add_input_dtypes(DTypeName(dtype));
+      info.add_grad_dtypes(DTypeName(dtype));
     }
     return EncodeMessage(info, *response);
   }();

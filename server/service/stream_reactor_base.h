@@ -75,6 +75,7 @@ class StreamReactorBase
     writing_.reset();
     last_progress_ = absl::Now();
     if (deferred_finish_) {
+      LeaveAdmission();
       this->Finish(*deferred_finish_);
       deferred_finish_.reset();
       return;
@@ -238,15 +239,20 @@ class StreamReactorBase
   }
 
   // Ends the call with `status`, once; nothing more is read or written.
+  // Behind a write in flight the call keeps its slot until the write is
+  // taken, or cancelled by the watchdog: until then it holds that answer and
+  // what it had read, and a client that failed streams without reading their
+  // answers held 330 MB in 30 of them, against a bound of 64 MB for 4 open
+  // streams.
   void Fail(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finishing_) return;
     finishing_ = true;
     code_ = status.code();
-    LeaveAdmission();
     writes_.clear();
     if (writing_ != nullptr) {
       deferred_finish_ = ToGrpcStatus(status);
     } else {
+      LeaveAdmission();
       this->Finish(ToGrpcStatus(status));
     }
   }
@@ -260,7 +266,8 @@ class StreamReactorBase
   }
 
   // The slot goes back when the call is finished, before gRPC has sent the
-  // status, so that a client's next call never finds it still taken.
+  // status, so that a client's next call never finds it still taken (a
+  // failed call's: once its last answer is taken, see Fail).
   void LeaveAdmission() {
     if (admitted_.exchange(false)) context_.streams->Leave();
   }

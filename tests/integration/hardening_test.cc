@@ -930,6 +930,121 @@ TEST(UnreadAnswerTest, AnswersLeftUntakenAreCancelledWithBoundedRss) {
   EXPECT_TRUE((*server)->Running());
 }
 
+// A tagged call whose deadline passes while it computes is answered to
+// nobody, so it adds nothing to its step: its job retries it, and it used to
+// count twice (a helper's finding: 3 calls past their deadlines were all in
+// their step, and recorded OK). One projections tile of 16 rows whose
+// computing is most of the call, under a deadline of half what the same call
+// took: it passes inside the tile, after the last check between tiles.
+TEST(DeadlineTest, ATaggedCallPastItsDeadlineCountsInNoStep) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  ProjectionsSpec spec;
+  spec.name = "slow";
+  spec.T = 16, spec.S = 16384;
+  spec.H = 128, spec.H_kv = 1, spec.D = 128;
+  spec.H_I = 4, spec.D_I = 64;
+  v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  request.mutable_tags()->set_step(1);
+  request.mutable_tags()->set_run("timed");
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(client->ComputeLossUnary(request).ok());
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_GT(took, absl::Milliseconds(100))
+      << "too fast for a deadline to fall inside its computing";
+
+  request.mutable_tags()->set_run("late");
+  std::unique_ptr<Client> hasty =
+      MakeClient((*server)->target(), /*max_attempts=*/1, took / 2);
+  EXPECT_EQ(hasty->ComputeLossUnary(request).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // The server computes to the end, then drops the answer, uncounted.
+  const std::string cancelled =
+      "klserve_requests_total{code=\"CANCELLED\",method=\"ComputeLoss\"}";
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (SeriesValue(ScrapeMetrics((*server)->metrics_port()), cancelled) < 1 &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const std::string metrics = ScrapeMetrics((*server)->metrics_port());
+  EXPECT_EQ(SeriesValue(metrics, cancelled), 1) << metrics;
+  EXPECT_EQ(SeriesValue(metrics,
+                        "klserve_requests_total{code=\"OK\",method="
+                        "\"ComputeLoss\"}"),
+            1)
+      << metrics;
+  EXPECT_EQ(client->FinishStep("late", 1).status().code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<v1::FinishStepResponse> timed = client->FinishStep("timed", 1);
+  ASSERT_TRUE(timed.ok()) << Describe(timed.status());
+}
+
+// A stream that fails while its answer waits for a client that does not
+// read it keeps its slot until the answer is taken, or the idle timeout
+// cancels it: it holds that answer and its blocks until then. It used to
+// give the slot back at once, and a client failing streams without reading
+// made 30 of them hold 330 MB against a bound of 64 MB (a helper's attack).
+TEST(UnreadAnswerTest, AStreamFailedBehindAnUntakenAnswerKeepsItsSlot) {
+  constexpr int kStreams = 2;
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({absl::StrCat("--max_open_streams=", kStreams),
+                            "--stream_idle_timeout=2s"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  // A block of 16 rows of 4096 keys is answered with a 256 KiB gradient,
+  // past the 64 KiB a raw client that sends no WINDOW_UPDATE can take.
+  const v1::ComputeLossRequest wide = MakeRequest(WideSpec(64, 5));
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(wide);
+  ASSERT_TRUE(slicer.ok()) << slicer.status();
+  const std::string header = HeaderMessage(*slicer).SerializeAsString();
+  const std::string block = BlockMessage(*slicer, 0, 16).SerializeAsString();
+  absl::StatusOr<std::unique_ptr<RawHttp2>> h2 =
+      RawHttp2::Connect((*server)->port());
+  ASSERT_TRUE(h2.ok()) << h2.status();
+  std::vector<uint32_t> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    absl::StatusOr<uint32_t> stream =
+        (*h2)->OpenCall("/klserve.v1.IndexerKl/ComputeLossStream");
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    // The header, the block, and the block again: its rows overlap, and
+    // the stream fails with its answer still in flight.
+    for (const std::string* message : {&header, &block, &block}) {
+      ASSERT_TRUE((*h2)
+                      ->SendMessage(*stream, *message,
+                                    static_cast<uint32_t>(message->size()),
+                                    /*end_stream=*/false)
+                      .ok());
+      ASSERT_TRUE((*h2)->Pump(absl::Milliseconds(200)).ok());
+    }
+    streams.push_back(*stream);
+  }
+  for (uint32_t stream : streams) {
+    EXPECT_FALSE((*h2)->end(stream).ended) << "stream " << stream;
+  }
+  // Their slots are still taken.
+  std::unique_ptr<v1::IndexerKl::Stub> stub = MakeStub((*server)->target());
+  RawStream refused = OpenStream(*stub);
+  EXPECT_TRUE(HasCode(refused.stream->Finish(),
+                      grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "--max_open_streams"));
+  // The idle timeout cancels their answers, and the slots come back.
+  ASSERT_TRUE((*h2)->Pump(absl::Seconds(4)).ok());
+  for (uint32_t stream : streams) {
+    EXPECT_TRUE((*h2)->end(stream).ended) << "stream " << stream;
+  }
+  std::unique_ptr<Client> client =
+      MakeClient((*server)->target(), /*max_attempts=*/1);
+  const v1::ComputeLossRequest request = Small();
+  absl::StatusOr<v1::ComputeLossResponse> expected = LibraryCompute(request);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  absl::StatusOr<v1::ComputeLossResponse> served =
+      client->ComputeLossStreaming(request);
+  ASSERT_TRUE(served.ok()) << Describe(served.status());
+  EXPECT_TRUE(SameResponse(*expected, *served));
+  EXPECT_TRUE((*server)->Running());
+}
+
 // A dense tile held [128, S] floats three times over in every compute
 // thread: a 17 MB request of 2^21 keys and 64 rows took 1.8 GB, one of 2^24
 // keys would have taken 28 GB a thread, and what a tile took stayed with
