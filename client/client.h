@@ -110,8 +110,9 @@ class Client {
 
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
 
-  // Publishes the run's step now (FinishStep); NOT_FOUND when the server has
-  // no open step `step` for `run`.
+  // Publishes the run's step now (FinishStep): its values, or
+  // already_finished when it was published before; NOT_FOUND when the server
+  // has no samples of `step` for `run`.
   absl::StatusOr<v1::FinishStepResponse> FinishStep(const std::string& run,
                                                     int64_t step);
 

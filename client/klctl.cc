@@ -364,6 +364,10 @@ absl::Status FinishStep() {
   ASSIGN_OR_RETURN(std::unique_ptr<Client> client, MakeClient(nullptr));
   ASSIGN_OR_RETURN(const v1::FinishStepResponse finished,
                    client->FinishStep(run, *step));
+  if (finished.already_finished()) {
+    std::printf("already_finished: true\n");
+    return absl::OkStatus();
+  }
   std::printf("indexer_loss: %.17g\n", finished.indexer_loss());
   std::printf("indexer_loss_unscaled: %.17g\n",
               finished.indexer_loss_unscaled());

@@ -25,9 +25,10 @@ absl::Status CheckProjection(absl::string_view field, const TensorView& view,
 
 absl::Status CheckShape(absl::string_view field, const TensorView& view,
                         absl::string_view layout,
-                        std::initializer_list<int64_t> expected,
-                        bool key_side) {
-  RETURN_IF_ERROR(CheckTensor(field, view, kFloatTypes, layout, expected));
+                        std::initializer_list<int64_t> expected, bool key_side,
+                        absl::string_view origin) {
+  RETURN_IF_ERROR(
+      CheckTensor(field, view, kFloatTypes, layout, expected, origin));
   return key_side ? CheckBytes(field, view) : CheckBytesIfAny(field, view);
 }
 
@@ -108,12 +109,18 @@ absl::StatusOr<ProjectionsProblem> ProjectionsProblem::Create(
   RETURN_IF_ERROR(CheckProjection("index_query", in.index_query,
                                   "[B, T, H_I, D_I]", 4, false));
   const int64_t H_I = in.index_query.shape[2], D_I = in.index_query.shape[3];
+  // Where each dimension came from: a query sent transposed would
+  // otherwise be reported as the indexer's tensors' error.
   RETURN_IF_ERROR(CheckShape("index_query", in.index_query, "[B, T, H_I, D_I]",
-                             {B, T, H_I, D_I}, false));
-  RETURN_IF_ERROR(
-      CheckShape("index_key", in.index_key, "[B, S, D_I]", {B, S, D_I}, true));
+                             {B, T, H_I, D_I}, false,
+                             "B and T from query [B, T, H, D]"));
+  RETURN_IF_ERROR(CheckShape("index_key", in.index_key, "[B, S, D_I]",
+                             {B, S, D_I}, true,
+                             "B from query, S from key [B, S, H_kv, D], D_I "
+                             "from index_query"));
   RETURN_IF_ERROR(CheckShape("index_weights", in.index_weights, "[B, T, H_I]",
-                             {B, T, H_I}, false));
+                             {B, T, H_I}, false,
+                             "B and T from query, H_I from index_query"));
   if (options.loss.num_keys != 0 && options.loss.num_keys != S) {
     return Invalid("num_keys",
                    absl::StrCat("must be 0 or S = ", S, " (key's S)"),

@@ -3,7 +3,8 @@
 
 // Top-k recall of one row on the device: the target mass on the k valid
 // slots with the highest scores, ties going to the lower slot (the CPU
-// backend's TopkRecall). Rather than sorting, the k-th highest score is
+// backend's TopkRecall takes the lower key, which differs in the sparse
+// stage: docs/cuda.md). Rather than sorting, the k-th highest score is
 // found by bisection over the 32 bits of an order-preserving key, then the
 // ties it shares by bisection over the slot index; each step is one counting
 // pass over the row. About 32 + log2(limit) passes: a diagnostic, not a hot

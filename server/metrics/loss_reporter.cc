@@ -26,7 +26,18 @@ LossReporter::~LossReporter() {
 }
 
 absl::Status LossReporter::CheckTags(const LossTags& tags) const {
-  if (tags.run.empty()) return absl::OkStatus();
+  if (tags.run.empty()) {
+    // A step or a layer without a run would be aggregated nowhere, which
+    // the caller cannot see.
+    if (tags.step.has_value() || tags.layer.has_value() ||
+        tags.microbatch != 0) {
+      return absl::InvalidArgumentError(
+          "tags.run: required when tags.step, tags.layer or tags.microbatch "
+          "is set (the per-step loss is kept per run; without a run the "
+          "request is not aggregated)");
+    }
+    return absl::OkStatus();
+  }
   if (absl::Status status = CheckRunName(tags.run, "tags.run"); !status.ok()) {
     return status;
   }

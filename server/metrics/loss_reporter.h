@@ -56,8 +56,9 @@ class LossReporter {
   // nowhere. For a tagged request (run set): INVALID_ARGUMENT, naming the
   // field, for a run name CheckRunName refuses, a missing step, or a layer
   // outside [0, max_layers_per_run), or a microbatch outside [0,
-  // max_microbatches_per_step). Untagged requests are not aggregated,
-  // so their step and layer are not checked.
+  // max_microbatches_per_step). Untagged requests are not aggregated;
+  // INVALID_ARGUMENT naming tags.run for one that sets a step, a layer or
+  // a microbatch without a run.
   absl::Status CheckTags(const LossTags& tags) const;
 
   // A request's loss. Untagged requests (no run) are not aggregated.
@@ -65,7 +66,8 @@ class LossReporter {
                    double scaling_factor);
 
   // The FinishStep RPC: publishes the run's open step now. INVALID_ARGUMENT
-  // (naming `run`) for a run name CheckRunName refuses.
+  // (naming `run`) for a run name CheckRunName refuses; otherwise as
+  // StepAggregator::Finish (ALREADY_EXISTS for a step already finished).
   absl::StatusOr<FinishedStep> FinishStep(absl::string_view run, int64_t step);
 
   // Publishes every open step, then writes and closes the event files (on

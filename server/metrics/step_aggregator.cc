@@ -244,12 +244,14 @@ absl::StatusOr<FinishedStep> StepAggregator::Finish(absl::string_view run,
                             ? step < state.open->step
                             : state.last_finished_step.has_value() &&
                                   step <= *state.last_finished_step;
-  return absl::NotFoundError(absl::StrCat(
+  const std::string message = absl::StrCat(
       "step ", step, " of run \"", name, "\": ",
       finished ? "already finished: the run has passed it, and published "
                  "its value if it had samples"
                : "no samples",
-      " (", where, ")"));
+      " (", where, ")");
+  return finished ? absl::AlreadyExistsError(message)
+                  : absl::NotFoundError(message);
 }
 
 std::vector<FinishedStep> StepAggregator::FinishIdle(absl::Time now) {

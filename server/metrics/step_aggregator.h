@@ -156,10 +156,11 @@ class StepAggregator {
   absl::StatusOr<AddResult> Add(const StepSample& sample, absl::Time now);
 
   // Finishes `step` of `run` now (all its samples were sent; the FinishStep
-  // RPC) and returns it. NOT_FOUND, with a message saying which, for a run
-  // with no samples (never seen, or evicted), a step already finished (by
-  // an earlier Finish, a newer step or the idle timeout), or a step with no
-  // samples yet; nothing changes then. Call it once per step (from one rank).
+  // RPC) and returns it. ALREADY_EXISTS for a step already finished (by an
+  // earlier Finish, a newer step or the idle timeout: every rank of a job may
+  // call it), NOT_FOUND for a run with no samples (never seen, or evicted)
+  // or a step with no samples yet, each with a message saying which;
+  // nothing changes then.
   absl::StatusOr<FinishedStep> Finish(absl::string_view run, int64_t step);
 
   // Finishes the open steps whose last sample is older than now minus the

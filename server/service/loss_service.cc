@@ -363,12 +363,19 @@ grpc::ServerUnaryReactor* LossService::FinishStep(
   const absl::Status status = [&]() -> absl::Status {
     v1::FinishStepRequest parsed;
     RETURN_IF_ERROR(ParseMessage(*request, "FinishStep request", parsed));
-    ASSIGN_OR_RETURN(const FinishedStep step, context_.reporter->FinishStep(
-                                                  parsed.run(), parsed.step()));
+    const absl::StatusOr<FinishedStep> step =
+        context_.reporter->FinishStep(parsed.run(), parsed.step());
     v1::FinishStepResponse finished;
-    finished.set_indexer_loss(step.loss);
-    finished.set_indexer_loss_unscaled(step.unscaled_loss);
-    finished.set_requests(step.samples);
+    if (step.ok()) {
+      finished.set_indexer_loss(step->loss);
+      finished.set_indexer_loss_unscaled(step->unscaled_loss);
+      finished.set_requests(step->samples);
+    } else if (absl::IsAlreadyExists(step.status())) {
+      // Another rank's call, or the run's next step, got there first.
+      finished.set_already_finished(true);
+    } else {
+      return step.status();
+    }
     return EncodeMessage(finished, *response);
   }();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();

@@ -373,6 +373,33 @@ TEST_P(ExtremeValues, LargeSoftmaxScale) {
   }
 }
 
+TEST_P(ExtremeValues, TinySoftmaxScaleOverLogitsSpanningTheFloatRange) {
+  // Logits of +-3e38 times 1e-38: the scaled logits are a few units, but
+  // x - max overflows to -inf, and an exponent formed as scale * (x - max)
+  // gave the keys below the maximum none of their mass (a helper's finding:
+  // a loss of ln 2 where the reference gives 0.6758).
+  uint64_t seed = 90;
+  for (float scale : {1e-38f, 2e-38f}) {
+    for (InputForm form :
+         {InputForm::kDensePerHead, InputForm::kSparsePerHead}) {
+      for (Flavor flavor : {Flavor::kExact, Flavor::kMaxText}) {
+        CaseSpec spec = Spec(form, flavor, DType::kFloat32);
+        spec.options.softmax_scale = scale;
+        SCOPED_TRACE(
+            absl::StrCat(scale, " ", InputFormName(form), " ",
+                         flavor == Flavor::kExact ? "EXACT" : "MAXTEXT"));
+        Case c = MakeRandomCase(spec, seed++);
+        std::mt19937_64 rng(seed);
+        std::uniform_real_distribution<double> unit(-1.0, 1.0);
+        for (double& a : c.attention_logits->values) {
+          if (std::isfinite(a)) a = static_cast<float>(3e38 * unit(rng));
+        }
+        CheckAgainstReference(c);
+      }
+    }
+  }
+}
+
 TEST_P(ExtremeValues, HugeEqualLogitsWithAnOddSoftmaxScale) {
   // Every logit of a head at +-1e30, scaled by 1/sqrt(128): scale * logit
   // rounds by up to ~5e21, so an exponent formed as scale * x - scale * max

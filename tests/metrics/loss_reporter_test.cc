@@ -73,6 +73,26 @@ TEST(LossReporterTest, RunsEvictedWhileOthersPublishKeepNoSeries) {
   EXPECT_LE(RunsWithSeries(metrics->Scrape()), options.steps.max_runs);
 }
 
+// A step, a layer or a microbatch without a run is aggregated nowhere: the
+// caller learns it (an ML-engineer helper's job tagged steps and saw no
+// curve, with no error).
+TEST(LossReporterTest, TagsWithoutARunAreRefusedNamingTheRun) {
+  std::unique_ptr<Metrics> metrics = MetricsWithoutPort();
+  ASSERT_NE(metrics, nullptr);
+  LossReporter reporter(metrics.get(), LossReporterOptions());
+  LossTags step, layer, microbatch;
+  step.step = 3;
+  layer.layer = 2;
+  microbatch.microbatch = 1;
+  for (const LossTags& tags : {step, layer, microbatch}) {
+    const absl::Status status = reporter.CheckTags(tags);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_TRUE(absl::StartsWith(status.message(), "tags.run: required"))
+        << status;
+  }
+  EXPECT_TRUE(reporter.CheckTags(LossTags()).ok());
+}
+
 // A step keeps its distinct microbatches until it is published, so their
 // range is bounded like the layers', before anything is computed.
 TEST(LossReporterTest, MicrobatchesOutsideTheirRangeAreRefusedNamingTheFlag) {
@@ -96,10 +116,11 @@ TEST(LossReporterTest, MicrobatchesOutsideTheirRangeAreRefusedNamingTheFlag) {
         absl::StrContains(status.message(), "--max_microbatches_per_step"))
         << status;
   }
-  // An untagged request is not aggregated: its microbatch is not checked.
+  // Without a run, a microbatch is an error of its own: no run to count in.
   LossTags untagged;
   untagged.microbatch = -1;
-  EXPECT_TRUE(reporter.CheckTags(untagged).ok());
+  EXPECT_TRUE(absl::StartsWith(reporter.CheckTags(untagged).message(),
+                               "tags.run: "));
 }
 
 }  // namespace

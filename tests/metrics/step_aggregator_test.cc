@@ -51,11 +51,12 @@ FinishedStep MustFinish(StepAggregator& agg, const std::string& run,
   return r.ok() ? *std::move(r) : FinishedStep{};
 }
 
-// Expects Finish to say NOT_FOUND with `text` in its message.
-void ExpectFinishNotFound(StepAggregator& agg, const std::string& run,
-                          int64_t step, absl::string_view text) {
+// Expects Finish to say `code` with `text` in its message.
+void ExpectFinishFails(StepAggregator& agg, const std::string& run,
+                       int64_t step, absl::StatusCode code,
+                       absl::string_view text) {
   absl::StatusOr<FinishedStep> r = agg.Finish(run, step);
-  ASSERT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  ASSERT_EQ(r.status().code(), code) << r.status();
   EXPECT_NE(r.status().message().find(text), absl::string_view::npos)
       << r.status();
 }
@@ -282,42 +283,45 @@ TEST(StepAggregator, SampleOfAFinishedStepIsLate) {
   EXPECT_DOUBLE_EQ(MustFinish(agg, "r", 7).loss, 2.0);
 }
 
-TEST(StepAggregator, FinishStepOfAFinishedStepIsNotFound) {
+// Every rank of a job may finish its step: all but the first learn that it
+// was finished already (the service answers them OK, already_finished).
+TEST(StepAggregator, FinishStepOfAFinishedStepSaysSo) {
   StepAggregator agg;
   MustAdd(agg, Sample("r", 6, 0, 0, 2.0, 1));
   MustFinish(agg, "r", 6);
   // Finished by FinishStep.
-  ExpectFinishNotFound(agg, "r", 6,
-                       "step 6 of run \"r\": already finished: the run has "
-                       "passed it, and published its value if it had "
-                       "samples (the run's last finished step is 6)");
+  ExpectFinishFails(agg, "r", 6, absl::StatusCode::kAlreadyExists,
+                    "step 6 of run \"r\": already finished: the run has "
+                    "passed it, and published its value if it had "
+                    "samples (the run's last finished step is 6)");
   // Finished by a newer step.
   MustAdd(agg, Sample("r", 7, 0, 0, 2.0, 1));
   MustAdd(agg, Sample("r", 8, 0, 0, 2.0, 1));
-  ExpectFinishNotFound(agg, "r", 7,
-                       "already finished: the run has passed it, and "
-                       "published its value if it had samples (the run's "
-                       "open step is 8)");
+  ExpectFinishFails(agg, "r", 7, absl::StatusCode::kAlreadyExists,
+                    "already finished: the run has passed it, and "
+                    "published its value if it had samples (the run's "
+                    "open step is 8)");
   // Nothing changed: step 8 is still open.
   EXPECT_EQ(MustFinish(agg, "r", 8).step, 8);
 }
 
 TEST(StepAggregator, FinishStepOfAnUnknownRunIsNotFound) {
   StepAggregator agg;
-  ExpectFinishNotFound(agg, "nope", 3, "run \"nope\": no samples received");
+  ExpectFinishFails(agg, "nope", 3, absl::StatusCode::kNotFound,
+                    "run \"nope\": no samples received");
 }
 
 TEST(StepAggregator, FinishStepOfAStepWithoutSamplesIsNotFound) {
   StepAggregator agg;
   MustAdd(agg, Sample("r", 6, 0, 0, 2.0, 1));
-  ExpectFinishNotFound(agg, "r", 7,
-                       "step 7 of run \"r\": no samples (the run's open "
-                       "step is 6)");
+  ExpectFinishFails(agg, "r", 7, absl::StatusCode::kNotFound,
+                    "step 7 of run \"r\": no samples (the run's open "
+                    "step is 6)");
   // The open step is untouched.
   EXPECT_DOUBLE_EQ(MustFinish(agg, "r", 6).loss, 2.0);
   // Nothing open: a later step is still unknown.
-  ExpectFinishNotFound(agg, "r", 9,
-                       "no samples (the run's last finished step is 6)");
+  ExpectFinishFails(agg, "r", 9, absl::StatusCode::kNotFound,
+                    "no samples (the run's last finished step is 6)");
 }
 
 TEST(StepAggregator, IdleTimeoutFinishesTheOpenStep) {
@@ -368,7 +372,8 @@ TEST(StepAggregator, EvictsTheRunIdleLongest) {
   EXPECT_EQ(r.finished[0].reason, FinishReason::kEvicted);
   EXPECT_DOUBLE_EQ(r.finished[0].loss, 4.0);
   EXPECT_EQ(agg.num_runs(), 2);
-  ExpectFinishNotFound(agg, "b", 4, "no samples received");
+  ExpectFinishFails(agg, "b", 4, absl::StatusCode::kNotFound,
+                    "no samples received");
   // An evicted run that comes back remembers the step it published: a
   // late sample of it is late, not a second point at step 4; a new step
   // opens as usual.

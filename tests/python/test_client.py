@@ -289,12 +289,36 @@ def test_client_side_errors(client):
             (lambda: client.compute_loss(**problem, run="r", layer="x"),
              "layer"),
             (lambda: client.compute_loss(**problem, scaling_factor="high"),
+             "scaling_factor"),
+            # Nothing is coerced into another meaning: bool("False") is
+            # True, int(0.9) is 0, int(2.5) would file a sample under step 2.
+            (lambda: client.compute_loss(**problem, causal="False"),
+             "causal"),
+            (lambda: client.compute_loss(**problem, causal=2), "causal"),
+            (lambda: client.compute_loss(**problem, q_offset=0.9),
+             "q_offset"),
+            (lambda: client.compute_loss(**problem, run="r", step=2.5),
+             "step"),
+            (lambda: client.compute_loss(**problem, run="r", step="3"),
+             "step"),
+            (lambda: client.compute_loss(**problem, run="r", step=True),
+             "step"),
+            (lambda: client.compute_loss(**problem, want_row_kl="yes"),
+             "want_row_kl"),
+            (lambda: client.compute_loss(**problem, scaling_factor=True),
              "scaling_factor")):
         with pytest.raises(klserve.KlserveError) as info:
             call()
         assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert info.value.details.startswith(field + ": must be a"), (
             info.value.details)
+    # What is one exactly is taken: NumPy and 0-d values, integral floats.
+    exact = client.compute_loss(**problem, causal=True, q_offset=0)
+    for causal, q_offset in ((np.bool_(True), np.int64(0)), (1, 0.0),
+                             (True, np.array(0, dtype=np.int32))):
+        again = client.compute_loss(**problem, causal=causal,
+                                    q_offset=q_offset)
+        assert again.loss == exact.loss
 
 
 def free_port():
@@ -356,6 +380,24 @@ def test_unavailable_is_retried_then_raised():
         # Nothing listens there: the message says so, and no TLS hint.
         assert "nothing listens at this address" in info.value.details
         assert "TLS" not in info.value.details
+
+
+def test_a_server_that_never_answers_names_the_deadline():
+    # A listener that accepts and says nothing, as a stuck server: the error
+    # says which deadline passed and how to give more.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    try:
+        with klserve.Client("127.0.0.1:%d" % listener.getsockname()[1],
+                            deadline=1.0, max_attempts=1) as c:
+            with pytest.raises(klserve.KlserveError) as info:
+                c.health()
+        assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "deadline of 1 s" in info.value.details, info.value.details
+        assert "Client(deadline=...)" in info.value.details
+    finally:
+        listener.close()
 
 
 def test_a_web_server_at_the_target_is_named():
@@ -424,6 +466,10 @@ def test_tags_and_finish_step(client):
     mean = np.mean([r.unscaled_loss for r in results])
     assert step.indexer_loss_unscaled == pytest.approx(mean, rel=1e-6)
     assert step.indexer_loss == pytest.approx(0.01 * mean, rel=1e-6)
+    assert not step.already_finished
+    # Every rank may finish the step: the others learn it was finished.
+    again = client.finish_step(run, 7)
+    assert again.already_finished and again.requests == 0
     with pytest.raises(klserve.KlserveError) as info:
         client.finish_step("pytest-no-such-run", 1)
     assert info.value.code == grpc.StatusCode.NOT_FOUND

@@ -9,6 +9,7 @@
 #include "kernels/cpu/variant/row_convert.h"
 #include "kernels/cpu/variant/row_passes.h"
 #include "kernels/cpu/variant/row_target.h"
+#include "kernels/tensor_checks.h"
 #include "kernels/value_errors.h"
 
 namespace klserve::cpu::KLSERVE_ISA {
@@ -18,7 +19,9 @@ bool IsValid(const RowValidity& v, int64_t s) {
   return s < v.limit && (v.bytes == nullptr || v.bytes[s] != 0);
 }
 
-// Target mass on the k valid slots with the highest scores (ties: lower slot).
+// Target mass on the k valid slots with the highest scores, ties to the
+// lower key, as the top-k selection's: the order of a sparse row's slots
+// changes nothing (ties are common: relu leaves many scores at exactly 0).
 double TopkRecall(const IndexerKlProblem& p, const RowValidity& v,
                   const float* I, const RowTarget& target,
                   RowScratch& scratch) {
@@ -32,14 +35,20 @@ double TopkRecall(const IndexerKlProblem& p, const RowValidity& v,
     if (IsValid(v, s)) ranked[n++] = {score, static_cast<int32_t>(s)};
   }
   const int64_t k = std::min(p.options.recall_k, n);
-  const auto higher = [](const std::pair<float, int32_t>& a,
-                         const std::pair<float, int32_t>& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  const auto key = [&v](int32_t slot) {
+    return v.keys != nullptr ? LoadInt32(v.keys + 4 * int64_t{slot}) : slot;
+  };
+  const auto higher = [&key](const std::pair<float, int32_t>& a,
+                             const std::pair<float, int32_t>& b) {
+    return a.first > b.first ||
+           (a.first == b.first && key(a.second) < key(b.second));
   };
   std::nth_element(ranked, ranked + k, ranked + n, higher);
   double mass = 0;
   for (int64_t i = 0; i < k; ++i) mass += target.w[ranked[i].second];
-  return mass / target.z;
+  // mass and z sum the same weights in other orders: at most 1 but for
+  // rounding (recall_k >= S read 1.0000000005).
+  return std::min(mass / target.z, 1.0);
 }
 
 // The target's weights and the scores, each checked everywhere in the row,

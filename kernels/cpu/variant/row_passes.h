@@ -337,7 +337,21 @@ RowScan ScanRow(const float* w, const float* I, int64_t n, int64_t limit,
 // Its exponents are never above 0, so Exp needs no cap, and with mul = 1
 // (the indexer's softmax, and logits sent scaled) no product either
 // (together, AVX2 on one core: dense_perhead_fp32 1.14x).
-template <bool kMasked, bool kScaled, typename Extra>
+enum class ExpScaling {
+  kNone,        // x - shift, for mul = 1
+  kDifference,  // mul * (x - shift)
+  // mul * x - mul * shift, for mul below kTinyExpScale. Logits spanning more
+  // than float's range (3e38 and -3e38) make x - shift overflow to -inf,
+  // which a scale of at least 2^-121 would have taken below -128, where Exp
+  // gives 0 anyway; a smaller scale brings them back to a few units
+  // (1e-38: +-3), which a softmax tells apart. Its products never overflow,
+  // the maximum's is exactly 0, and rounding is monotonic, so no exponent
+  // is above 0.
+  kDifferenceOfScaled,
+};
+inline constexpr float kTinyExpScale = 0x1p-121f;
+
+template <bool kMasked, ExpScaling kScaling, typename Extra>
 double ExpRowOf(const float* x, int64_t limit, const uint8_t* valid,
                 float shift, float mul, float* e, Extra& caller_extra) {
   constexpr int64_t kBlock = 8;
@@ -347,12 +361,18 @@ double ExpRowOf(const float* x, int64_t limit, const uint8_t* valid,
   Extra extra = caller_extra;
   // mul * (x - shift), not mul * x - mul * shift: exactly 0 at the maximum
   // and never above it, whatever the magnitudes (with logits near -1e30 the
-  // rounding of mul * shift alone would overflow exp). Without kScaled mul
-  // is 1, and the product, which would change no bit, is left out.
+  // rounding of mul * shift alone would overflow exp), but for the tiny
+  // scales of kDifferenceOfScaled. With kNone mul is 1, and the product,
+  // which would change no bit, is left out.
   const VecF vmul = Splat(mul);
   const VecF vshift = Splat(shift);
+  const VecF vmul_shift = Splat(mul * shift);
   const auto exponent = [&](VecF xv) {
-    return kScaled ? vmul * (xv - vshift) : xv - vshift;
+    if constexpr (kScaling == ExpScaling::kNone) return xv - vshift;
+    if constexpr (kScaling == ExpScaling::kDifference) {
+      return vmul * (xv - vshift);
+    }
+    return vmul * xv - vmul_shift;
   };
   const auto exponent_at = [&](int64_t i) {
     const VecF d = exponent(Load(x + i));
@@ -394,9 +414,16 @@ double ExpRowOf(const float* x, int64_t limit, const uint8_t* valid,
 template <bool kMasked, typename Extra>
 double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
               float mul, float* e, Extra& extra) {
-  return mul == 1.0f
-             ? ExpRowOf<kMasked, false>(x, limit, valid, shift, mul, e, extra)
-             : ExpRowOf<kMasked, true>(x, limit, valid, shift, mul, e, extra);
+  if (mul == 1.0f) {
+    return ExpRowOf<kMasked, ExpScaling::kNone>(x, limit, valid, shift, mul, e,
+                                                extra);
+  }
+  if (mul < kTinyExpScale) {
+    return ExpRowOf<kMasked, ExpScaling::kDifferenceOfScaled>(
+        x, limit, valid, shift, mul, e, extra);
+  }
+  return ExpRowOf<kMasked, ExpScaling::kDifference>(x, limit, valid, shift, mul,
+                                                    e, extra);
 }
 
 // ExpRow extras.

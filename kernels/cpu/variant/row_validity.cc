@@ -125,6 +125,7 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
   validity.limit = K;
   validity.bytes = bytes;
   validity.count = count;
+  validity.keys = indices;
   return validity;
 }
 

@@ -1,6 +1,7 @@
 #ifndef KLSERVE_KERNELS_CPU_VARIANT_ROW_VALIDITY_H_
 #define KLSERVE_KERNELS_CPU_VARIANT_ROW_VALIDITY_H_
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -16,6 +17,9 @@ struct RowValidity {
   int64_t limit = 0;
   const uint8_t* bytes = nullptr;
   int64_t count = 0;  // valid slots
+  // The sparse stage's row of topk_indices: slot s is key
+  // LoadInt32(keys + 4 * s). Null in the dense forms, where slot s is key s.
+  const std::byte* keys = nullptr;
 };
 
 // The mask of row r from every mask the problem carries. In the sparse stage

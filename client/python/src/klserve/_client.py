@@ -65,15 +65,31 @@ def _enum_option(field: str, value: Any, names: Mapping[str, Any],
 
 
 def _number(field: str, kind: type, value: Any) -> Any:
-    """`value` as `kind` (int, float or bool), or INVALID_ARGUMENT naming the
-    argument: not a bare ValueError from deep inside the client."""
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise invalid_argument("%s: must be %s, got %r" %
-                               (field, "an integer" if kind is int else
-                                "a number" if kind is float else "a bool",
-                                value)) from None
+    """`value` as `kind` (int, float or bool) when it is one, or
+    INVALID_ARGUMENT naming the argument. Nothing is coerced that would
+    change its meaning: bool("False") is True and int(0.9) is 0, so a
+    string (from a config file, say), a fraction for an integer, or a
+    number other than 0 and 1 for a bool is refused. A 0-d array or tensor
+    (a NumPy scalar, a traced JAX value, a step counter in a tensor) counts
+    as its value; an integral float (3.0) as an integer."""
+    if not isinstance(value, (bool, int, float)) and getattr(
+            value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+    elif not isinstance(value, bool):
+        if kind is int and isinstance(value, int):
+            return value
+        if kind is int and isinstance(value, float) and value.is_integer():
+            return int(value)
+        if kind is float and isinstance(value, (int, float)):
+            return float(value)
+    raise invalid_argument("%s: must be %s, got %r" % (
+        field, "an integer" if kind is int else
+        "a number" if kind is float else "a bool (True or False)", value))
 
 
 @dataclasses.dataclass
@@ -158,10 +174,13 @@ class RegionList:
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-    """A published step (FinishStep)."""
+    """A published step (FinishStep). already_finished: it had been
+    published before (by another rank's finish_step, the run's next step or
+    the idle timeout), and the values are 0."""
     indexer_loss: float
     indexer_loss_unscaled: float
     requests: int
+    already_finished: bool = False
 
 
 class _Attempt:
@@ -361,8 +380,11 @@ class Client:
     The outputs (grad, row_kl, d_index_query, d_index_key,
     d_index_weights, topk_indices) are then NumPy views of the region, with
     no copy: they are valid until the next call of the same shapes, which
-    writes over them (LossResult.shared_memory says so). Keep one past that
-    with .copy(), or make the client with `copy_outputs=True`. A remote
+    writes over them (LossResult.shared_memory says so), whichever thread
+    makes it. Keep one past that with .copy(), or make the client with
+    `copy_outputs=True` (or pass it to one call): threads sharing a client
+    should, since another's call may come between a call's return and its
+    .copy(). The JAX and PyTorch wrappers always copy. A remote
     target, a server without --shared_memory or one that refuses to
     register (UNIMPLEMENTED, PERMISSION_DENIED, RESOURCE_EXHAUSTED,
     NOT_FOUND when it does not see this host's /dev/shm, or /dev/shm full)
@@ -545,14 +567,17 @@ class Client:
             attempt = _Attempt()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise KlserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   "Deadline Exceeded")
+                raise self._past_deadline(
+                    KlserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 "Deadline Exceeded"))
             try:
                 return attempt_fn(remaining, attempt)
             except KlserveError:
                 raise
             except grpc.RpcError as e:
                 error = KlserveError.from_rpc_error(e)
+            if error.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise self._past_deadline(error)
             if (error.code != grpc.StatusCode.UNAVAILABLE and
                     not error.overloaded):
                 raise explain_message_limit(error, self.max_message_bytes)
@@ -568,10 +593,23 @@ class Client:
             time.sleep(wait)
             backoff = min(backoff * 2, self.max_backoff)
 
+    def _past_deadline(self, error: KlserveError) -> KlserveError:
+        """A DEADLINE_EXCEEDED with the deadline it passed and how to give
+        more: a bare "Deadline Exceeded" after two minutes says neither."""
+        return KlserveError(error.code, (
+            "%s (no answer within this client's deadline of %g s, retries "
+            "included: klserve.Client(deadline=...) gives a call more; a "
+            "server that takes this long may be stuck or far too busy)" %
+            (error.details, self.deadline)), error.debug_error_string,
+            error.overloaded)
+
     # -- simple calls ------------------------------------------------------
 
     def health(self, service: str = "") -> bool:
-        """grpc.health.v1.Health/Check: True when SERVING."""
+        """grpc.health.v1.Health/Check: True when SERVING, False when the
+        server answers otherwise (NOT_SERVING while it drains). When no
+        server answers, KlserveError UNAVAILABLE once the retries are spent,
+        saying what was found at the address."""
         request = health_pb2.HealthCheckRequest(service=service)
         response = self._with_retries(
             lambda timeout, _: self._health.Check(
@@ -596,15 +634,17 @@ class Client:
             shared_memory=r.shared_memory)
 
     def finish_step(self, run: str, step: int) -> StepResult:
-        """Publishes the run's step now; KlserveError NOT_FOUND when the
-        server has no open step `step` for `run`."""
+        """Publishes the run's step now. Every rank may call it after the
+        step: all but the first get already_finished=True. KlserveError
+        NOT_FOUND when the server has no samples of `step` for `run`."""
         request = pb2.FinishStepRequest(run=run,
                                         step=_number("step", int, step))
         r = self._with_retries(lambda timeout, _: self._stub.FinishStep(
             request, timeout=timeout, metadata=self._metadata))
         return StepResult(indexer_loss=r.indexer_loss,
                           indexer_loss_unscaled=r.indexer_loss_unscaled,
-                          requests=r.requests)
+                          requests=r.requests,
+                          already_finished=r.already_finished)
 
     # -- shared-memory regions ---------------------------------------------
 
@@ -722,7 +762,8 @@ class Client:
         instead of a target. Returns a LossResult; raises KlserveError.
         Through shared memory (Client(shared_memory=True)), its output
         arrays are views of the client's region, valid until the next call
-        of the same shapes (LossResult.shared_memory).
+        of the same shapes from any thread (LossResult.shared_memory),
+        unless copy_outputs.
         """
         arrays, option_arguments = split_arguments("compute_loss", arguments)
         call = ComputeLossOptions(**option_arguments)
@@ -737,8 +778,10 @@ class Client:
         stream = call.stream
         if not stream and self._shm_on is not False:
             if self._shared_memory_usable():
+                copy = (self.copy_outputs if call.copy_outputs is None else
+                        _number("copy_outputs", bool, call.copy_outputs))
                 result = self._compute_shared(tensors, options, tags,
-                                              call.request_id)
+                                              call.request_id, copy)
                 if result is not None:
                     return result
         if stream is None:
@@ -787,14 +830,16 @@ class Client:
         reduction = _enum_option("reduction", call.reduction, _REDUCTIONS,
                                  "'mean', 'mean_valid' or 'sum'")
         options = pb2.LossOptions(
-            causal=bool(call.causal), num_keys=int(call.num_keys or 0),
-            topk=int(call.topk or 0),
+            causal=_number("causal", bool, call.causal),
+            num_keys=_number("num_keys", int, call.num_keys or 0),
+            topk=_number("topk", int, call.topk or 0),
             flavor=int(flavor), reduction=int(reduction),
             grad_dtype=grad_wire_name(call.grad_dtype),
-            skip_grad=not call.want_grad,
-            want_row_kl=bool(call.want_row_kl),
-            want_diagnostics=bool(call.want_diagnostics),
-            recall_k=int(call.recall_k or 0))
+            skip_grad=not _number("want_grad", bool, call.want_grad),
+            want_row_kl=_number("want_row_kl", bool, call.want_row_kl),
+            want_diagnostics=_number("want_diagnostics", bool,
+                                     call.want_diagnostics),
+            recall_k=_number("recall_k", int, call.recall_k or 0))
         # Optional in the proto: unset means the spec's default.
         for name, kind in (("q_offset", int), ("softmax_scale", float),
                            ("scaling_factor", float), ("grad_scale", float),
@@ -836,7 +881,7 @@ class Client:
                                                    field, writable=False))
         return result
 
-    def _compute_shared(self, tensors, options, tags, request_id):
+    def _compute_shared(self, tensors, options, tags, request_id, copy):
         """The unary call with its tensors in shared memory; None when it
         must go inline instead (shapes too malformed to lay out, which the
         server then names, or shared memory just turned off)."""
@@ -918,7 +963,7 @@ class Client:
                     self._shared_memory_off("RegisterRegion: %s" % refusal)
                     return None
                 response = call()
-            result = self._shared_result(response, layout)
+            result = self._shared_result(response, layout, copy)
             answered = True
             return result
         finally:
@@ -961,7 +1006,8 @@ class Client:
                 raise
         return None  # not reached: the second attempt returns or raises
 
-    def _shared_result(self, response, layout: Layout) -> LossResult:
+    def _shared_result(self, response, layout: Layout,
+                       copy: bool) -> LossResult:
         result = _result(response, None, None, streamed=False)
         result.shared_memory = True
         for field in _OUTPUTS:
@@ -971,17 +1017,18 @@ class Client:
             if not tensor.dtype:
                 continue
             if tensor.HasField("region"):
-                arr = self._region_output(tensor, field, layout)
+                arr = self._region_output(tensor, field, layout, copy)
             else:
                 arr = from_tensor(tensor, field,
                                   writable=field in ("grad", "row_kl"))
             setattr(result, field, arr)
         return result
 
-    def _region_output(self, tensor, field: str, layout: Layout
-                       ) -> np.ndarray:
+    @staticmethod
+    def _region_output(tensor, field: str, layout: Layout,
+                       copy: bool) -> np.ndarray:
         """An output the server wrote into the layout's region: a view of
-        it (a copy with copy_outputs)."""
+        it, or a copy taken before the layout serves another call."""
         if field not in layout.outputs:
             raise _broke_protocol("%s: in a region, which the request did "
                                   "not give it" % field)
@@ -995,7 +1042,7 @@ class Client:
                     field, tensor.dtype, list(tensor.shape), where.region,
                     where.offset, list(shape), offset, layout.name))
         view = layout.region.array(offset, shape, dtype)
-        return view.copy() if self.copy_outputs else view
+        return view.copy() if copy else view
 
     def _compute_streaming(self, tensors, options, tags, request_id):
         slicer = RequestSlicer(tensors)

@@ -61,6 +61,12 @@ class ComputeLossOptions:
     request_id: echoed in the answer.
     stream: None streams when the tensors' bytes exceed the client's
         stream_threshold_bytes; True or False forces it.
+    copy_outputs: through shared memory, True copies this call's outputs
+        out of the client's region before the call returns, False leaves
+        them views of it (valid until the next call of the same shapes,
+        from any thread); None follows Client(copy_outputs=). The JAX and
+        PyTorch wrappers copy: they keep the gradients past other calls,
+        which other threads may make at any moment.
     """
     causal: bool = False
     q_offset: Optional[int] = None
@@ -84,6 +90,7 @@ class ComputeLossOptions:
     microbatch: Optional[int] = None
     request_id: str = ""
     stream: Optional[bool] = None
+    copy_outputs: Optional[bool] = None
 
 
 OPTION_FIELDS = tuple(dataclasses.fields(ComputeLossOptions))
@@ -91,7 +98,8 @@ OPTION_FIELDS = tuple(dataclasses.fields(ComputeLossOptions))
 # What the answer must carry for differentiation; the JAX and PyTorch
 # wrappers set these themselves.
 DECIDED_BY_WRAPPERS: FrozenSet[str] = frozenset(
-    ("want_grad", "want_row_kl", "want_diagnostics", "recall_k"))
+    ("want_grad", "want_row_kl", "want_diagnostics", "recall_k",
+     "copy_outputs"))
 # Options of the projections form alone, which the logits form's wrappers
 # do not take.
 PROJECTIONS_OPTIONS: FrozenSet[str] = frozenset(

@@ -21,10 +21,11 @@ gets a zero cotangent, as in the spec, where no gradient flows into p.
 A plain forward evaluation (no differentiation) asks for the loss alone.
 
 With a Client(shared_memory=True) the tensors travel through its
-shared-memory regions. The gradients it returns there are views of a
-region that its next call of the same shapes overwrites; jax.pure_callback
-copies the callback's results into JAX's own buffers as the callback
-returns, so the residuals JAX keeps are never those views.
+shared-memory regions. The client copies the gradients out of its region
+before the call returns (copy_outputs=True): the region's next call of the
+same shapes, which another thread may make at any moment, writes over it,
+and jax.pure_callback copies the callback's results only after the
+callback has returned.
 
 The projections form (docs/spec.md) is the same kind of function of what
 the job holds, the main attention's q and k and the indexer's own inputs:
@@ -209,6 +210,7 @@ def indexer_kl_loss(indexer_scores: npt.ArrayLike, *,
             client.compute_loss, np.asarray(scores_np),
             **{k: np.asarray(v) for k, v in arrays_np.items()},
             run=run, grad_dtype=grad_name, want_grad=want_grad,
+            copy_outputs=True,
             **_operand_values(operands_np), **options)
         loss = np.asarray(result.loss, dtype=loss_dtype)
         if not want_grad:
@@ -293,6 +295,7 @@ def indexer_kl_loss_from_projections(
             np.asarray(k), *map(np.asarray, indexer_np),
             **{name: np.asarray(v) for name, v in arrays_np.items()},
             run=run, grad_dtype=grad_name, want_grad=want_grad,
+            copy_outputs=True,
             **_operand_values(operands_np), **options)
         loss = np.asarray(result.loss, dtype=loss_dtype)
         if not want_grad:

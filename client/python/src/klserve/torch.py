@@ -92,15 +92,15 @@ def to_numpy(value: Any) -> np.ndarray:
 
 
 def from_numpy(array: np.ndarray, dtype: torch.dtype,
-               device: torch.device, copy: bool = False) -> torch.Tensor:
+               device: torch.device) -> torch.Tensor:
     """A NumPy array (ml_dtypes.bfloat16 included) as a tensor. A read-only
     array (the projections form's gradients, views of the answer's bytes)
     is shared, not copied: the tensor must then not be written to, which
-    holds for the gradients that backward only reads. `copy`: the tensor
-    must not share the array's memory, as for the views of a client's
-    shared-memory region, which its next call of the same shapes writes
-    over (a forward pass's gradient is kept until its backward, and other
-    forward passes may come in between)."""
+    holds for the gradients that backward only reads. The wrappers never
+    get views of a client's shared-memory region here (they call with
+    copy_outputs=True): a forward pass's gradient is kept until its
+    backward, and the region's next call, from this thread or another, may
+    come in between."""
     with warnings.catch_warnings():
         # torch warns that writing to a tensor over read-only memory is
         # undefined; nothing here writes to it.
@@ -111,15 +111,7 @@ def from_numpy(array: np.ndarray, dtype: torch.dtype,
                 torch.bfloat16)
         else:
             tensor = torch.from_numpy(array)
-    converted = tensor.to(device=device, dtype=dtype)
-    if copy and converted.data_ptr() == tensor.data_ptr():
-        converted = converted.clone()
-    return converted
-
-
-def _region_views(result: Any, client: Client) -> bool:
-    """Whether the result's outputs are views of the client's region."""
-    return bool(result.shared_memory) and not client.copy_outputs
+    return tensor.to(device=device, dtype=dtype)
 
 
 class IndexerKlLoss(torch.autograd.Function):
@@ -149,14 +141,14 @@ class IndexerKlLoss(torch.autograd.Function):
         result = client.compute_loss(
             to_numpy(indexer_scores),
             **{k: to_numpy(v) for k, v in arrays.items()},
-            grad_dtype=grad_name, want_grad=want_grad, **options)
+            grad_dtype=grad_name, want_grad=want_grad, copy_outputs=True,
+            **options)
         loss_dtype = (torch.float64 if indexer_scores.dtype == torch.float64
                       else torch.float32)
         if want_grad:
             # In the service's dtype until backward has multiplied it.
             ctx.save_for_backward(from_numpy(
-                result.grad, _TORCH_DTYPES[grad_name], indexer_scores.device,
-                copy=_region_views(result, client)))
+                result.grad, _TORCH_DTYPES[grad_name], indexer_scores.device))
             ctx.scores_dtype = indexer_scores.dtype
         ctx.result = result  # the service's answer: loss, N, for the curious
         return torch.tensor(result.loss, dtype=loss_dtype,
@@ -224,12 +216,13 @@ class IndexerKlLossFromProjections(torch.autograd.Function):
             to_numpy(query), to_numpy(key),
             *(to_numpy(x) for x in indexer),
             **{k: to_numpy(v) for k, v in arrays.items()},
-            grad_dtype=grad_name, want_grad=want_grad, **options)
+            grad_dtype=grad_name, want_grad=want_grad, copy_outputs=True,
+            **options)
         if want_grad:
             # In the service's dtype until backward has multiplied them.
             ctx.save_for_backward(*(
                 from_numpy(getattr(result, field), _TORCH_DTYPES[grad_name],
-                           x.device, copy=_region_views(result, client))
+                           x.device)
                 for field, x in zip(INDEXER_GRADS, indexer)))
             ctx.indexer_dtypes = tuple(x.dtype for x in indexer)
         ctx.result = result  # loss, N, topk_indices, for the curious
