@@ -94,7 +94,7 @@ absl::Status TakeScores(const IndexerKlInputs& in, const ShapeOrigins& origin,
   const TensorView& scores = in.indexer_scores;
   const bool sparse = in.topk_indices.has_value();
   const char* layout = sparse ? "[B, T, K]" : "[B, T, S]";
-  RETURN_IF_ERROR(CheckDType("indexer_scores", scores, kFloatTypes));
+  RETURN_IF_ERROR(CheckDType("indexer_scores", scores, kFloatDTypes));
   RETURN_IF_ERROR(CheckLayout("indexer_scores", scores, layout, 3));
   RETURN_IF_ERROR(CheckBytesIfAny("indexer_scores", scores));
   p.B = scores.shape[0];
@@ -141,11 +141,11 @@ absl::Status TakeTarget(const IndexerKlInputs& in, const ShapeOrigins& origin,
   if (p.per_head()) {
     const TensorView& logits = *in.attention_logits;
     const char* layout = p.sparse() ? "[B, H, T, K]" : "[B, H, T, S]";
-    RETURN_IF_ERROR(CheckDType("attention_logits", logits, kFloatTypes));
+    RETURN_IF_ERROR(CheckDType("attention_logits", logits, kFloatDTypes));
     RETURN_IF_ERROR(CheckLayout("attention_logits", logits, layout, 4));
     p.H = logits.shape[1];
     RETURN_IF_ERROR(
-        CheckTensor("attention_logits", logits, kFloatTypes, layout,
+        CheckTensor("attention_logits", logits, kFloatDTypes, layout,
                     {p.B, p.H, p.T, p.row_length},
                     absl::StrCat("H from its own second dimension, the rest ",
                                  origin.rows)));
@@ -164,7 +164,7 @@ absl::Status TakeTarget(const IndexerKlInputs& in, const ShapeOrigins& origin,
     }
     p.H = 1;
     RETURN_IF_ERROR(CheckTensor("attention_weights", *in.attention_weights,
-                                kFloatTypes,
+                                kFloatDTypes,
                                 p.sparse() ? "[B, T, K]" : "[B, T, S]",
                                 {p.B, p.T, p.row_length}, origin.rows));
     RETURN_IF_ERROR(

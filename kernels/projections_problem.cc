@@ -18,7 +18,7 @@ namespace {
 absl::Status CheckProjection(absl::string_view field, const TensorView& view,
                              absl::string_view layout, size_t rank,
                              bool key_side) {
-  RETURN_IF_ERROR(CheckDType(field, view, kFloatTypes));
+  RETURN_IF_ERROR(CheckDType(field, view, kFloatDTypes));
   RETURN_IF_ERROR(CheckLayout(field, view, layout, rank));
   return key_side ? CheckBytes(field, view) : CheckBytesIfAny(field, view);
 }
@@ -28,7 +28,7 @@ absl::Status CheckShape(absl::string_view field, const TensorView& view,
                         std::initializer_list<int64_t> expected, bool key_side,
                         absl::string_view origin) {
   RETURN_IF_ERROR(
-      CheckTensor(field, view, kFloatTypes, layout, expected, origin));
+      CheckTensor(field, view, kFloatDTypes, layout, expected, origin));
   return key_side ? CheckBytes(field, view) : CheckBytesIfAny(field, view);
 }
 

@@ -25,7 +25,7 @@ absl::Status Invalid(absl::string_view field, absl::string_view rule,
 }
 
 absl::Status CheckDType(absl::string_view field, const TensorView& view,
-                        std::initializer_list<DType> allowed) {
+                        absl::Span<const DType> allowed) {
   for (DType dtype : allowed) {
     if (view.dtype == dtype) return absl::OkStatus();
   }
@@ -88,7 +88,7 @@ absl::Status CheckBytesIfAny(absl::string_view field, const TensorView& view) {
 
 // Checks a tensor whose shape the problem already fixes.
 absl::Status CheckTensor(absl::string_view field, const TensorView& view,
-                         std::initializer_list<DType> allowed,
+                         absl::Span<const DType> allowed,
                          absl::string_view layout,
                          std::initializer_list<int64_t> expected,
                          absl::string_view origin) {

@@ -18,9 +18,6 @@
 
 namespace klserve {
 
-inline constexpr std::initializer_list<DType> kFloatTypes = {
-    DType::kFloat32, DType::kBFloat16, DType::kFloat16};
-
 // A shape for a message: a few dimensions, not a whole hostile shape.
 std::string ShapeString(absl::Span<const int64_t> shape);
 
@@ -28,7 +25,7 @@ absl::Status Invalid(absl::string_view field, absl::string_view rule,
                      absl::string_view got);
 
 absl::Status CheckDType(absl::string_view field, const TensorView& view,
-                        std::initializer_list<DType> allowed);
+                        absl::Span<const DType> allowed);
 
 // Rank, positive dims, and no overflow of the byte size.
 absl::Status CheckLayout(absl::string_view field, const TensorView& view,
@@ -47,7 +44,7 @@ absl::Status CheckBytesIfAny(absl::string_view field, const TensorView& view);
 // given, says in the message where the expected dimensions came from (a
 // wrong tensor elsewhere may have set them).
 absl::Status CheckTensor(absl::string_view field, const TensorView& view,
-                         std::initializer_list<DType> allowed,
+                         absl::Span<const DType> allowed,
                          absl::string_view layout,
                          std::initializer_list<int64_t> expected,
                          absl::string_view origin = {});

@@ -17,7 +17,7 @@ namespace klserve::server {
 // in int64 words: a word takes 2^31 terms before it could overflow, and the
 // carries are propagated long before that. A NaN term, or infinities of both
 // signs, make the sum NaN; infinities of one sign make it that infinity.
-// 560 bytes; not thread-safe.
+// 552 bytes; not thread-safe.
 class ExactSum {
  public:
   void Add(double x);

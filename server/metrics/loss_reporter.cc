@@ -1,5 +1,6 @@
 #include "server/metrics/loss_reporter.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -8,12 +9,23 @@
 #include "server/tensorboard/run_name.h"
 
 namespace klserve::server {
+namespace {
+
+// The event files open at once: one for each run the aggregator tracks.
+TensorBoardPublisherOptions WithOpenFiles(TensorBoardPublisherOptions options,
+                                          int max_runs) {
+  options.max_open_files = std::max(max_runs, 1);
+  return options;
+}
+
+}  // namespace
 
 LossReporter::LossReporter(Metrics* metrics, LossReporterOptions options)
     : metrics_(metrics),
       options_(std::move(options)),
       aggregator_(options_.steps),
-      tensorboard_(metrics, options_.tensorboard),
+      tensorboard_(metrics, WithOpenFiles(options_.tensorboard,
+                                          options_.steps.max_runs)),
       ticker_([this] { Tick(); }) {}
 
 LossReporter::~LossReporter() {
@@ -30,7 +42,7 @@ absl::Status LossReporter::CheckTags(const LossTags& tags) const {
     // A step or a layer without a run would be aggregated nowhere, which
     // the caller cannot see.
     if (tags.step.has_value() || tags.layer.has_value() ||
-        tags.microbatch != 0) {
+        tags.microbatch.has_value()) {
       return absl::InvalidArgumentError(
           "tags.run: required when tags.step, tags.layer or tags.microbatch "
           "is set (the per-step loss is kept per run; without a run the "
@@ -54,11 +66,11 @@ absl::Status LossReporter::CheckTags(const LossTags& tags) const {
         " (--max_layers_per_run bounds the layers of a run: each adds "
         "Prometheus series)"));
   }
-  if (tags.microbatch < 0 ||
-      tags.microbatch >= options_.max_microbatches_per_step) {
+  const int32_t microbatch = tags.microbatch.value_or(0);
+  if (microbatch < 0 || microbatch >= options_.max_microbatches_per_step) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tags.microbatch: must be in [0, ", options_.max_microbatches_per_step,
-        "), got ", tags.microbatch,
+        "), got ", microbatch,
         " (--max_microbatches_per_step bounds the distinct microbatches a "
         "step keeps until it is published)"));
   }
@@ -74,7 +86,7 @@ absl::Status LossReporter::Add(const LossTags& tags,
   sample.run = tags.run;
   sample.step = *tags.step;
   sample.layer = tags.layer;
-  sample.microbatch = tags.microbatch;
+  sample.microbatch = tags.microbatch.value_or(0);
   sample.kl_sum = result.kl_sum;
   sample.rows = result.denominator;
   sample.scaling_factor = scaling_factor;
@@ -130,12 +142,12 @@ void LossReporter::Tick() {
   }
 }
 
-void LossReporter::Shutdown() {
+void LossReporter::Shutdown(absl::Time deadline) {
   {
     absl::MutexLock order(&order_mu_);
     Publish(aggregator_.FinishAll());
   }
-  tensorboard_.Shutdown();
+  tensorboard_.Shutdown(deadline);
 }
 
 }  // namespace klserve::server

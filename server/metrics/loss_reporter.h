@@ -69,10 +69,16 @@ class LossReporter {
   // (naming `run`) for a run name CheckRunName refuses; otherwise as
   // StepAggregator::Finish (ALREADY_EXISTS for a step already finished).
   absl::StatusOr<FinishedStep> FinishStep(absl::string_view run, int64_t step);
+  // StepAggregator::LastPublished.
+  std::optional<PublishedValues> LastPublished(absl::string_view run,
+                                               int64_t step) const {
+    return aggregator_.LastPublished(run, step);
+  }
 
   // Publishes every open step, then writes and closes the event files (on
-  // drain). Idempotent.
-  void Shutdown();
+  // drain), waiting for them until `deadline` (TensorBoardPublisher::
+  // Shutdown). Idempotent.
+  void Shutdown(absl::Time deadline = absl::InfiniteFuture());
 
  private:
   void Publish(const std::vector<FinishedStep>& steps)

@@ -15,7 +15,7 @@ struct LossTags {
   std::string run;  // empty: the request is not aggregated
   std::optional<int64_t> step;
   std::optional<int32_t> layer;
-  int32_t microbatch = 0;  // an absent tag counts as microbatch 0
+  std::optional<int32_t> microbatch;  // absent: counted as microbatch 0
 };
 
 }  // namespace klserve::server

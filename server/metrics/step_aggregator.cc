@@ -181,6 +181,9 @@ FinishedStep StepAggregator::Close(const std::string& run, RunState& state,
   }
 
   state.last_finished_step = open.step;
+  state.last_values = {.loss = out.loss,
+                       .unscaled_loss = out.unscaled_loss,
+                       .samples = out.samples};
   state.open.reset();
   return out;
 }
@@ -252,6 +255,16 @@ absl::StatusOr<FinishedStep> StepAggregator::Finish(absl::string_view run,
       " (", where, ")");
   return finished ? absl::AlreadyExistsError(message)
                   : absl::NotFoundError(message);
+}
+
+std::optional<PublishedValues> StepAggregator::LastPublished(
+    absl::string_view run, int64_t step) const {
+  absl::MutexLock lock(&mu_);
+  auto it = runs_.find(run);
+  if (it == runs_.end() || it->second.last_finished_step != step) {
+    return std::nullopt;
+  }
+  return it->second.last_values;
 }
 
 std::vector<FinishedStep> StepAggregator::FinishIdle(absl::Time now) {

@@ -104,6 +104,13 @@ struct FinishedStep {
   absl::Time last_sample_time;
 };
 
+// A finished step's values as FinishStep answers them.
+struct PublishedValues {
+  double loss = 0.0;
+  double unscaled_loss = 0.0;
+  int64_t samples = 0;
+};
+
 // What one Add did. The caller publishes `finished` first, then removes the
 // series of `evicted_runs` (whose pending steps are among `finished`).
 struct AddResult {
@@ -163,6 +170,12 @@ class StepAggregator {
   // nothing changes then.
   absl::StatusOr<FinishedStep> Finish(absl::string_view run, int64_t step);
 
+  // The values `step` of `run` was published with, when it is the run's last
+  // finished step (what another rank's Finish of it was answered); nullopt
+  // for any other step, or a run not tracked.
+  std::optional<PublishedValues> LastPublished(absl::string_view run,
+                                               int64_t step) const;
+
   // Finishes the open steps whose last sample is older than now minus the
   // idle timeout. Runs stay tracked (their series remain) until evicted.
   std::vector<FinishedStep> FinishIdle(absl::Time now);
@@ -205,6 +218,9 @@ class StepAggregator {
   struct RunState {
     std::optional<OpenStep> open;
     std::optional<int64_t> last_finished_step;
+    // The values of last_finished_step, for the ranks that finish it after
+    // the first.
+    PublishedValues last_values;
     absl::Time last_activity;
   };
 

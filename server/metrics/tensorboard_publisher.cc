@@ -75,7 +75,8 @@ void TensorBoardPublisher::CloseRun(const std::string& run) {
 bool TensorBoardPublisher::Enqueue(Job job) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return false;
-  if (static_cast<int>(queue_.size()) >= options_.max_queued) {
+  if (static_cast<int>(queue_.size()) + (writing_ ? 1 : 0) >=
+      options_.max_queued) {
     // Once per process: a disk that stalls for good would otherwise fill the
     // log.
     if (!queue_full_logged_) {
@@ -93,12 +94,22 @@ bool TensorBoardPublisher::Enqueue(Job job) {
   return true;
 }
 
-void TensorBoardPublisher::Shutdown() {
+bool TensorBoardPublisher::Shutdown(absl::Time deadline) {
+  if (!thread_.joinable()) return true;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    if (!mu_.AwaitWithDeadline(absl::Condition(&stopped_), deadline)) {
+      std::fprintf(stderr,
+                   "klserve: TensorBoard: the event files are still being "
+                   "written at the drain's end (is the disk stalled?); %zu "
+                   "steps waiting are not written\n",
+                   queue_.size());
+      return false;
+    }
   }
-  if (thread_.joinable()) thread_.join();
+  thread_.join();
+  return true;
 }
 
 void TensorBoardPublisher::Run() {
@@ -110,28 +121,34 @@ void TensorBoardPublisher::Run() {
     return !queue_.empty() || stopping_;
   };
   while (true) {
-    std::deque<Job> jobs;
-    bool stopping = false;
+    // One job at a time, counted against max_queued while it is written.
+    std::optional<Job> job;
     {
       absl::MutexLock lock(&mu_);
+      writing_ = false;
       mu_.AwaitWithTimeout(absl::Condition(&has_work), options_.flush_interval);
-      jobs.swap(queue_);
-      stopping = stopping_;
-    }
-    for (const Job& job : jobs) {
-      if (const auto* step = std::get_if<FinishedStep>(&job)) {
-        Write(*step);
-      } else {
-        writers_.erase(std::get<RunEvicted>(job).run);  // closes its file
+      if (queue_.empty() && stopping_) break;
+      if (!queue_.empty()) {
+        job = std::move(queue_.front());
+        queue_.pop_front();
+        writing_ = true;
       }
     }
-    if (stopping) break;
+    if (job.has_value()) {
+      if (const auto* step = std::get_if<FinishedStep>(&*job)) {
+        Write(*step);
+      } else {
+        writers_.erase(std::get<RunEvicted>(*job).run);  // closes its file
+      }
+    }
     if (absl::Now() - last_flush >= options_.flush_interval) {
       FlushAll();
       last_flush = absl::Now();
     }
   }
   CloseAll();
+  absl::MutexLock lock(&mu_);
+  stopped_ = true;
 }
 
 bool TensorBoardPublisher::TakeRun(const std::string& run) {
@@ -188,8 +205,19 @@ void TensorBoardPublisher::Write(const FinishedStep& step) {
     metrics_->CountTensorBoardSkippedStep();
     return;
   }
-  if (it == writers_.end()) it = writers_.emplace(step.run, nullptr).first;
-  std::unique_ptr<TensorBoardWriter>& writer = it->second;
+  if (it == writers_.end()) {
+    // An eviction's close skipped at a full queue must not leave files open
+    // past the runs tracked: the one written least recently goes.
+    if (static_cast<int>(writers_.size()) >= options_.max_open_files) {
+      writers_.erase(
+          absl::c_min_element(writers_, [](const auto& a, const auto& b) {
+            return a.second.last_write < b.second.last_write;
+          }));
+    }
+    it = writers_.emplace(step.run, OpenFile{}).first;
+  }
+  it->second.last_write = ++writes_;
+  std::unique_ptr<TensorBoardWriter>& writer = it->second.writer;
   absl::Status status;
   int64_t framed_before = 0;
   if (writer == nullptr) {
@@ -233,8 +261,8 @@ void TensorBoardPublisher::Write(const FinishedStep& step) {
 }
 
 void TensorBoardPublisher::FlushAll() {
-  for (auto& [run, writer] : writers_) {
-    if (absl::Status status = writer->Flush(); !status.ok()) {
+  for (auto& [run, file] : writers_) {
+    if (absl::Status status = file.writer->Flush(); !status.ok()) {
       metrics_->CountTensorBoardError();
       std::fprintf(stderr, "klserve: TensorBoard flush, run \"%s\": %s\n",
                    run.c_str(), status.ToString().c_str());
@@ -243,8 +271,8 @@ void TensorBoardPublisher::FlushAll() {
 }
 
 void TensorBoardPublisher::CloseAll() {
-  for (auto& [run, writer] : writers_) {
-    if (absl::Status status = writer->Close(); !status.ok()) {
+  for (auto& [run, file] : writers_) {
+    if (absl::Status status = file.writer->Close(); !status.ok()) {
       metrics_->CountTensorBoardError();
       std::fprintf(stderr, "klserve: TensorBoard close, run \"%s\": %s\n",
                    run.c_str(), status.ToString().c_str());

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <variant>
@@ -44,6 +45,10 @@ struct TensorBoardPublisherOptions {
   // files only: past the bound a step is skipped, never waited for. A step
   // waiting holds its layers' values (up to about 7 KB at 128 layers).
   int max_queued = 1024;
+  // Event files open at once: the runs tracked (--max_runs). An evicted
+  // run's file is closed through the queue; should that be full, the file
+  // written least recently is closed when another opens.
+  int max_open_files = 64;
   // How often the event files are flushed while steps come in.
   absl::Duration flush_interval = absl::Seconds(1);
 };
@@ -74,8 +79,11 @@ class TensorBoardPublisher {
   void CloseRun(const std::string& run);
 
   // Writes what is queued, closes the files and stops the thread; what is
-  // published later is skipped. Idempotent.
-  void Shutdown();
+  // published later is skipped. Waits for the thread until `deadline`, and
+  // past it (a disk that stalls) logs what was left unwritten and returns
+  // false, leaving the thread to the process's exit rather than holding a
+  // drain for ever. Idempotent.
+  bool Shutdown(absl::Time deadline = absl::InfiniteFuture());
 
  private:
   struct RunEvicted {
@@ -103,10 +111,17 @@ class TensorBoardPublisher {
   absl::Mutex mu_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // the thread has closed all
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // a job taken from the queue
   bool queue_full_logged_ ABSL_GUARDED_BY(mu_) = false;
 
   // The thread's alone.
-  absl::flat_hash_map<std::string, std::unique_ptr<TensorBoardWriter>> writers_;
+  struct OpenFile {
+    std::unique_ptr<TensorBoardWriter> writer;
+    int64_t last_write = 0;  // writes_ when it was last written
+  };
+  absl::flat_hash_map<std::string, OpenFile> writers_;
+  int64_t writes_ = 0;
   // Every run given a directory so far; at most max_runs names, kept after
   // eviction so that a returning run keeps its directory.
   absl::flat_hash_set<std::string> runs_;

@@ -450,7 +450,10 @@ void KlServer::Drain() {
   constexpr absl::Duration kLastRefusals = absl::Milliseconds(500);
   server_->Shutdown(
       absl::ToChronoTime(std::min(deadline, absl::Now() + kLastRefusals)));
-  reporter_->Shutdown();
+  // The event files get what is left of the drain, at least a moment: a
+  // disk that stalls must not hold the exit for ever.
+  constexpr absl::Duration kEventFilesAtLeast = absl::Seconds(1);
+  reporter_->Shutdown(std::max(deadline, absl::Now() + kEventFilesAtLeast));
 }
 
 void KlServer::Wait() { server_->Wait(); }

@@ -1,6 +1,7 @@
 #include "server/service/loss_service.h"
 
 #include <cstddef>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -371,8 +372,16 @@ grpc::ServerUnaryReactor* LossService::FinishStep(
       finished.set_indexer_loss_unscaled(step->unscaled_loss);
       finished.set_requests(step->samples);
     } else if (absl::IsAlreadyExists(step.status())) {
-      // Another rank's call, or the run's next step, got there first.
+      // Another rank's call, or the run's next step, got there first: its
+      // values when the server still has them, else NaN (never a 0 that
+      // reads as a perfect indexer).
       finished.set_already_finished(true);
+      const std::optional<PublishedValues> values =
+          context_.reporter->LastPublished(parsed.run(), parsed.step());
+      constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+      finished.set_indexer_loss(values ? values->loss : kNaN);
+      finished.set_indexer_loss_unscaled(values ? values->unscaled_loss : kNaN);
+      finished.set_requests(values ? values->samples : 0);
     } else {
       return step.status();
     }

@@ -7,7 +7,7 @@ LossTags LossTagsFrom(const v1::Tags& tags) {
   out.run = tags.run();
   if (tags.has_step()) out.step = tags.step();
   if (tags.has_layer()) out.layer = tags.layer();
-  out.microbatch = tags.microbatch();
+  if (tags.has_microbatch()) out.microbatch = tags.microbatch();
   return out;
 }
 

@@ -208,9 +208,19 @@ void FinishOneStep(Reporting& r, const std::string& run, int64_t step) {
   ASSERT_TRUE(r.client->FinishStep(run, step).ok()) << run;
 }
 
-// `skipped` steps left out of TensorBoard by a bound, none by an error.
-void ExpectSkippedStepsWithoutErrors(const std::string& exposition,
+// `skipped` steps left out of TensorBoard by a bound, none by an error. The
+// event files' thread counts them after the requests that published them
+// have returned: waited for, up to 10 s.
+void ExpectSkippedStepsWithoutErrors(int metrics_port,
                                      const std::string& skipped) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  std::string exposition = ScrapeMetrics(metrics_port);
+  while (!HasSample(exposition, "klserve_tensorboard_skipped_steps_total",
+                    skipped) &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+    exposition = ScrapeMetrics(metrics_port);
+  }
   EXPECT_TRUE(
       HasSample(exposition, "klserve_tensorboard_skipped_steps_total", skipped))
       << exposition;
@@ -250,7 +260,7 @@ TEST(TensorBoardBoundTest, RunsPastTheBoundGetMetricsButNoDirectory) {
       HasSample(exposition, "klserve_indexer_last_step{run=\"d\"}", "1"))
       << exposition;
   // c and d: one skipped step each.
-  ExpectSkippedStepsWithoutErrors(exposition, "2");
+  ExpectSkippedStepsWithoutErrors(r->metrics_port, "2");
 
   ASSERT_NO_FATAL_FAILURE(DrainAndExit(*r->server));
   EXPECT_EQ(Entries(tb_dir), (std::set<std::string>{"a", "b"}));
@@ -288,7 +298,7 @@ TEST(TensorBoardBoundTest, StepsPastTheByteBoundGetMetricsButNoEvent) {
   EXPECT_TRUE(
       HasSample(exposition, "klserve_indexer_last_step{run=\"b\"}", "1"))
       << exposition;
-  ExpectSkippedStepsWithoutErrors(exposition, "3");
+  ExpectSkippedStepsWithoutErrors(r->metrics_port, "3");
 
   ASSERT_NO_FATAL_FAILURE(DrainAndExit(*r->server));
   EXPECT_EQ(Entries(tb_dir), (std::set<std::string>{"a"}));
@@ -316,7 +326,7 @@ TEST(TensorBoardBoundTest, ARunsDirectoriesCountAgainstTheBound) {
   FinishOneStep(*r, "c/d", 1);
   FinishOneStep(*r, absl::StrJoin(std::vector<std::string>(64, "x"), "/"), 1);
   FinishOneStep(*r, "a/b", 2);  // the bound is not spent
-  ExpectSkippedStepsWithoutErrors(ScrapeMetrics(r->metrics_port), "2");
+  ExpectSkippedStepsWithoutErrors(r->metrics_port, "2");
   ASSERT_NO_FATAL_FAILURE(DrainAndExit(*r->server));
   EXPECT_EQ(Entries(tb_dir), (std::set<std::string>{"a"}));
   EXPECT_EQ(ReadRun(fs::path(tb_dir) / "a" / "b").steps,
@@ -361,7 +371,7 @@ TEST(TensorBoardBoundTest, EventFilesFoundAtStartCountAgainstTheBound) {
       {"--tensorboard_dir=" + tb_dir, "--max_tensorboard_bytes=8192"});
   ASSERT_TRUE(r.has_value());
   FinishOneStep(*r, "a", 1);
-  ExpectSkippedStepsWithoutErrors(ScrapeMetrics(r->metrics_port), "1");
+  ExpectSkippedStepsWithoutErrors(r->metrics_port, "1");
   ASSERT_NO_FATAL_FAILURE(DrainAndExit(*r->server));
   EXPECT_EQ(Entries(tb_dir), (std::set<std::string>{"earlier"}));
   EXPECT_EQ(fs::file_size(earlier), 5000u);  // left as it was

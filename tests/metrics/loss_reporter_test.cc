@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "tests/metrics/metrics_without_port.h"
 
 namespace klserve::server {
 namespace {
@@ -25,15 +26,6 @@ int RunsWithSeries(const std::string& exposition) {
     if (absl::StartsWith(line, "klserve_indexer_last_step{")) ++runs;
   }
   return runs;
-}
-
-// Metrics that serve no port: the tests read Scrape().
-std::unique_ptr<Metrics> MetricsWithoutPort() {
-  MetricsOptions options;
-  options.listen_address = "";
-  absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(options);
-  EXPECT_TRUE(metrics.ok()) << metrics.status();
-  return metrics.ok() ? *std::move(metrics) : nullptr;
 }
 
 // Threads that each run fresh runs of two steps push the others' runs out
@@ -61,7 +53,10 @@ TEST(LossReporterTest, RunsEvictedWhileOthersPublishKeepNoSeries) {
         for (int64_t step = 0; step < 2; ++step) {
           for (int32_t layer = 0; layer < 4; ++layer) {
             ASSERT_TRUE(reporter
-                            .Add({.run = run, .step = step, .layer = layer},
+                            .Add({.run = run,
+                                  .step = step,
+                                  .layer = layer,
+                                  .microbatch = 0},
                                  result, 1.0)
                             .ok());
           }
@@ -83,7 +78,7 @@ TEST(LossReporterTest, TagsWithoutARunAreRefusedNamingTheRun) {
   LossTags step, layer, microbatch;
   step.step = 3;
   layer.layer = 2;
-  microbatch.microbatch = 1;
+  microbatch.microbatch = 0;  // set, even to 0
   for (const LossTags& tags : {step, layer, microbatch}) {
     const absl::Status status = reporter.CheckTags(tags);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
@@ -119,8 +114,8 @@ TEST(LossReporterTest, MicrobatchesOutsideTheirRangeAreRefusedNamingTheFlag) {
   // Without a run, a microbatch is an error of its own: no run to count in.
   LossTags untagged;
   untagged.microbatch = -1;
-  EXPECT_TRUE(absl::StartsWith(reporter.CheckTags(untagged).message(),
-                               "tags.run: "));
+  EXPECT_TRUE(
+      absl::StartsWith(reporter.CheckTags(untagged).message(), "tags.run: "));
 }
 
 }  // namespace

@@ -294,6 +294,11 @@ TEST(StepAggregator, FinishStepOfAFinishedStepSaysSo) {
                     "step 6 of run \"r\": already finished: the run has "
                     "passed it, and published its value if it had "
                     "samples (the run's last finished step is 6)");
+  // Its values stay for the other ranks' calls while it is the last.
+  std::optional<PublishedValues> values = agg.LastPublished("r", 6);
+  ASSERT_TRUE(values.has_value());
+  EXPECT_EQ(values->loss, 2.0);
+  EXPECT_EQ(values->samples, 1);
   // Finished by a newer step.
   MustAdd(agg, Sample("r", 7, 0, 0, 2.0, 1));
   MustAdd(agg, Sample("r", 8, 0, 0, 2.0, 1));
@@ -301,6 +306,8 @@ TEST(StepAggregator, FinishStepOfAFinishedStepSaysSo) {
                     "already finished: the run has passed it, and "
                     "published its value if it had samples (the run's "
                     "open step is 8)");
+  EXPECT_FALSE(agg.LastPublished("r", 6).has_value());
+  EXPECT_EQ(agg.LastPublished("r", 7)->loss, 2.0);
   // Nothing changed: step 8 is still open.
   EXPECT_EQ(MustFinish(agg, "r", 8).step, 8);
 }

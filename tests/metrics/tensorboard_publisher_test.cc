@@ -29,6 +29,7 @@
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "server/metrics/loss_reporter.h"
+#include "tests/metrics/metrics_without_port.h"
 #include "tests/tensorboard/event_file_reader.h"
 
 namespace klserve::server {
@@ -75,6 +76,57 @@ bool WaitsInFutex(pid_t tid) {
   return absl::SimpleAtoi(fields[0], &number) && number == SYS_futex;
 }
 
+// Waits until the writing thread sleeps waiting for work (seen asleep 20
+// times over 100 ms running), so that it holds no lock.
+void WaitUntilTheWritingThreadIsIdle(pid_t writer) {
+  int asleep = 0;
+  for (int i = 0; i < 5000 && asleep < 20; ++i) {
+    asleep = WaitsInFutex(writer) ? asleep + 1 : 0;
+    usleep(5000);
+  }
+  ASSERT_EQ(asleep, 20) << "the writing thread never waited for work";
+}
+
+// Stalls the writing thread where it waits for work, until `released`.
+void StallTheWritingThread() {
+  std::optional<pid_t> writer;
+  for (int i = 0; i < 1000 && !(writer = ThreadNamed("klserve-tboard")); ++i) {
+    usleep(1000);
+  }
+  ASSERT_TRUE(writer.has_value()) << "no thread named klserve-tboard";
+  ASSERT_NO_FATAL_FAILURE(WaitUntilTheWritingThreadIsIdle(*writer));
+  stalled.store(false);
+  released.store(false);
+  struct sigaction action = {};
+  action.sa_handler = StallUntilReleased;
+  ASSERT_EQ(sigaction(SIGUSR1, &action, nullptr), 0);
+  ASSERT_EQ(syscall(SYS_tgkill, getpid(), *writer, SIGUSR1), 0);
+  while (!stalled.load()) usleep(1000);
+}
+
+// The files under `dir` this process holds open.
+int OpenFilesUnder(const std::string& dir) {
+  int open = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::filesystem::path target =
+        std::filesystem::read_symlink(entry.path(), error);
+    if (!error && absl::StartsWith(target.string(), dir + "/")) ++open;
+  }
+  return open;
+}
+
+// An empty directory of its own under the test's temporary directory.
+std::string FreshDirectory(absl::string_view name) {
+  const std::string dir = (std::filesystem::path(::testing::TempDir()) /
+                           absl::StrCat(name, "_", getpid()))
+                              .string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
 // The value of the unlabelled sample `name` in an exposition.
 double SampleValue(const std::string& exposition, absl::string_view name) {
   for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
@@ -88,17 +140,10 @@ double SampleValue(const std::string& exposition, absl::string_view name) {
 }
 
 TEST(TensorBoardPublisherTest, RequestsGoOnWhileTheWritingThreadIsStalled) {
-  const std::string dir = (std::filesystem::path(::testing::TempDir()) /
-                           absl::StrCat("stalled_tensorboard_", getpid()))
-                              .string();
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const std::string dir = FreshDirectory("stalled_tensorboard");
 
-  MetricsOptions metrics_options;
-  metrics_options.listen_address = "";
-  absl::StatusOr<std::unique_ptr<Metrics>> metrics =
-      Metrics::Create(metrics_options);
-  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  std::unique_ptr<Metrics> metrics = MetricsWithoutPort();
+  ASSERT_NE(metrics, nullptr);
 
   constexpr int kQueued = 8;
   constexpr int kSteps = 100;
@@ -107,26 +152,9 @@ TEST(TensorBoardPublisherTest, RequestsGoOnWhileTheWritingThreadIsStalled) {
   options.tensorboard.max_queued = kQueued;
   // No flush while stalled, so the thread sleeps until the steps come.
   options.tensorboard.flush_interval = absl::Hours(1);
-  auto reporter = std::make_unique<LossReporter>(metrics->get(), options);
+  auto reporter = std::make_unique<LossReporter>(metrics.get(), options);
 
-  // The writing thread, idle: stall it there.
-  std::optional<pid_t> writer;
-  for (int i = 0; i < 1000 && !(writer = ThreadNamed("klserve-tboard")); ++i) {
-    usleep(1000);
-  }
-  ASSERT_TRUE(writer.has_value()) << "no thread named klserve-tboard";
-  // Seen asleep 20 times over 100 ms running: past its start, waiting.
-  int asleep = 0;
-  for (int i = 0; i < 5000 && asleep < 20; ++i) {
-    asleep = WaitsInFutex(*writer) ? asleep + 1 : 0;
-    usleep(5000);
-  }
-  ASSERT_EQ(asleep, 20) << "the writing thread never waited for work";
-  struct sigaction action = {};
-  action.sa_handler = StallUntilReleased;
-  ASSERT_EQ(sigaction(SIGUSR1, &action, nullptr), 0);
-  ASSERT_EQ(syscall(SYS_tgkill, getpid(), *writer, SIGUSR1), 0);
-  while (!stalled.load()) usleep(1000);
+  ASSERT_NO_FATAL_FAILURE(StallTheWritingThread());
 
   // Each step of the run publishes the one before it: kSteps - 1 steps.
   IndexerKlResult result;
@@ -134,15 +162,17 @@ TEST(TensorBoardPublisherTest, RequestsGoOnWhileTheWritingThreadIsStalled) {
   const auto start = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < kSteps; ++step) {
     result.kl_sum = static_cast<double>(step);
-    ASSERT_TRUE(
-        reporter
-            ->Add({.run = "stalled", .step = step, .layer = std::nullopt},
-                  result, 1.0)
-            .ok());
+    ASSERT_TRUE(reporter
+                    ->Add({.run = "stalled",
+                           .step = step,
+                           .layer = std::nullopt,
+                           .microbatch = std::nullopt},
+                          result, 1.0)
+                    .ok());
   }
   const auto took = std::chrono::steady_clock::now() - start;
   EXPECT_LT(took, std::chrono::seconds(10));
-  const std::string exposition = (*metrics)->Scrape();
+  const std::string exposition = metrics->Scrape();
   EXPECT_TRUE(absl::StrContains(
       exposition, "klserve_indexer_last_step{run=\"stalled\"} 98"))
       << exposition;
@@ -170,6 +200,53 @@ TEST(TensorBoardPublisherTest, RequestsGoOnWhileTheWritingThreadIsStalled) {
     steps.push_back(event.step.value_or(-1));
   }
   EXPECT_EQ(steps, std::vector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7}));
+  std::filesystem::remove_all(dir);
+}
+
+// Evictions skipped at a full queue used to leave their runs' files open:
+// with the disk stalled now and then, open files grew by the queue's worth
+// each time, past --max_runs and up to --max_tensorboard_runs (a helper ran
+// a server out of descriptors). The files written least recently now close
+// as others open, so no more than --max_runs stay open.
+TEST(TensorBoardPublisherTest, EvictionsSkippedAtAFullQueueLeaveFilesBounded) {
+  const std::string dir = FreshDirectory("evicted_tensorboard");
+  std::unique_ptr<Metrics> metrics = MetricsWithoutPort();
+  ASSERT_NE(metrics, nullptr);
+  LossReporterOptions options;
+  options.steps.max_runs = 2;
+  options.tensorboard.dir = dir;
+  options.tensorboard.max_queued = 4;
+  options.tensorboard.flush_interval = absl::Hours(1);
+  LossReporter reporter(metrics.get(), options);
+  IndexerKlResult result;
+  result.kl_sum = 1;
+  result.denominator = 1;
+  // Each run's second step publishes its first; each new run evicts one.
+  const auto run_steps = [&](const std::string& run) {
+    for (int64_t step = 0; step < 2; ++step) {
+      ASSERT_TRUE(reporter
+                      .Add({.run = run,
+                            .step = step,
+                            .layer = std::nullopt,
+                            .microbatch = std::nullopt},
+                           result, 1.0)
+                      .ok());
+    }
+  };
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    ASSERT_NO_FATAL_FAILURE(StallTheWritingThread());
+    for (int i = 0; i < 8; ++i) {
+      ASSERT_NO_FATAL_FAILURE(run_steps(absl::StrCat("c", cycle, "r", i)));
+    }
+    released.store(true);
+    std::optional<pid_t> writer = ThreadNamed("klserve-tboard");
+    ASSERT_TRUE(writer.has_value());
+    ASSERT_NO_FATAL_FAILURE(WaitUntilTheWritingThreadIsIdle(*writer));
+    EXPECT_LE(OpenFilesUnder(dir), options.steps.max_runs)
+        << "after cycle " << cycle;
+  }
+  reporter.Shutdown();
+  EXPECT_EQ(OpenFilesUnder(dir), 0);
   std::filesystem::remove_all(dir);
 }
 

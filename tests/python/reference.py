@@ -141,7 +141,11 @@ def indexer_kl_reference(indexer_scores, *, attention_logits=None,
         total = 0.0
         for b, t in zip(*np.nonzero(counted)):
             slots = np.nonzero(valid[b, t])[0]
-            order = slots[np.argsort(-scores[b, t, slots], kind="stable")]
+            # Highest score first, ties to the lower key (the slot's key in
+            # the sparse stage).
+            slot_keys = (slots if topk_indices is None else
+                         np.asarray(topk_indices)[b, t, slots])
+            order = slots[np.lexsort((slot_keys, -scores[b, t, slots]))]
             total += p[b, t, order[:recall_k]].sum()
         recall = total / counted.sum() if counted.any() else 0.0
 

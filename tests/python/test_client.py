@@ -306,7 +306,16 @@ def test_client_side_errors(client):
             (lambda: client.compute_loss(**problem, want_row_kl="yes"),
              "want_row_kl"),
             (lambda: client.compute_loss(**problem, scaling_factor=True),
-             "scaling_factor")):
+             "scaling_factor"),
+            (lambda: client.compute_loss(**problem, run="r",
+                                         step=np.ma.masked), "step"),
+            (lambda: client.compute_loss(**problem, run="r", layer=2**31),
+             "layer"),
+            (lambda: client.compute_loss(**problem, run="r", step=1e300),
+             "step"),
+            (lambda: client.compute_loss(**problem, softmax_scale=10**400),
+             "softmax_scale"),
+            (lambda: client.finish_step("r", 2**63), "step")):
         with pytest.raises(klserve.KlserveError) as info:
             call()
         assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
@@ -469,7 +478,14 @@ def test_tags_and_finish_step(client):
     assert not step.already_finished
     # Every rank may finish the step: the others learn it was finished.
     again = client.finish_step(run, 7)
-    assert again.already_finished and again.requests == 0
+    assert again.already_finished
+    assert again.requests == 2 and again.indexer_loss == step.indexer_loss
+    # A step the run went past without samples: no values to give.
+    client.compute_loss(**dense_problem(20), run=run, step=9)
+    client.compute_loss(**dense_problem(20), run=run, step=10)
+    skipped = client.finish_step(run, 8)
+    assert skipped.already_finished and skipped.requests == 0
+    assert np.isnan(skipped.indexer_loss)
     with pytest.raises(klserve.KlserveError) as info:
         client.finish_step("pytest-no-such-run", 1)
     assert info.value.code == grpc.StatusCode.NOT_FOUND

@@ -277,9 +277,14 @@ std::string ComputeRow(const RefProblem& pr, int64_t b, int64_t t,
     for (int64_t j = 0; j < L; ++j) {
       if (out.valid[j]) order.push_back(j);
     }
-    // Highest score first, ties to the lower index.
-    std::stable_sort(order.begin(), order.end(), [&](int64_t i, int64_t j) {
-      return scores[i] > scores[j];
+    // Highest score first, ties to the lower key (the slot's key in the
+    // sparse stage, as the spec's top-k selection breaks them).
+    const auto key = [&](int64_t j) {
+      return pr.sparse() ? pr.topk[r * pr.K + j] : j;
+    };
+    std::sort(order.begin(), order.end(), [&](int64_t i, int64_t j) {
+      return scores[i] > scores[j] ||
+             (scores[i] == scores[j] && key(i) < key(j));
     });
     const int64_t k = std::min<int64_t>(pr.recall_k, num_valid);
     for (int64_t i = 0; i < k; ++i) out.recall += out.p[order[i]];

@@ -78,8 +78,8 @@ struct RefResult {
   // Whether some counted row has equal scores on both sides of the recall_k
   // boundary, so that the recall depends on the tie-breaking rule.
   bool recall_tie = false;
-  // Whether such a tie is in a sparse row, where "lower index" may mean the
-  // slot or the key.
+  // Whether such a tie is in a sparse row, where the device breaks it by
+  // slot rather than by key (docs/cuda.md).
   bool recall_tie_sparse = false;
 
   // Per-slot distributions [B,T,L] (0 at invalid slots and in rows that are

@@ -29,7 +29,7 @@ TEST(LossTagsFromTest, UnsetFieldsStayUnset) {
   EXPECT_EQ(out.run, "r");
   EXPECT_FALSE(out.step.has_value());
   EXPECT_FALSE(out.layer.has_value());
-  EXPECT_EQ(out.microbatch, 0);
+  EXPECT_FALSE(out.microbatch.has_value());
   // Zero is a value, not an absence.
   tags.set_step(0);
   tags.set_layer(0);

@@ -368,11 +368,13 @@ double ExpRowOf(const float* x, int64_t limit, const uint8_t* valid,
   const VecF vshift = Splat(shift);
   const VecF vmul_shift = Splat(mul * shift);
   const auto exponent = [&](VecF xv) {
-    if constexpr (kScaling == ExpScaling::kNone) return xv - vshift;
-    if constexpr (kScaling == ExpScaling::kDifference) {
+    if constexpr (kScaling == ExpScaling::kNone) {
+      return xv - vshift;
+    } else if constexpr (kScaling == ExpScaling::kDifference) {
       return vmul * (xv - vshift);
+    } else {
+      return vmul * xv - vmul_shift;
     }
-    return vmul * xv - vmul_shift;
   };
   const auto exponent_at = [&](int64_t i) {
     const VecF d = exponent(Load(x + i));

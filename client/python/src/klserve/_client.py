@@ -5,6 +5,7 @@ klserve::Client (client/client.h)."""
 import dataclasses
 import inspect
 import logging
+import numbers
 import os
 import random
 import stat
@@ -64,32 +65,66 @@ def _enum_option(field: str, value: Any, names: Mapping[str, Any],
     return names[value.lower()]
 
 
-def _number(field: str, kind: type, value: Any) -> Any:
+_KIND_NAMES = {int: "an integer", float: "a number",
+               bool: "a bool (True or False)"}
+
+# What gRPC says when the client's own deadline passes.
+_LOCAL_DEADLINE = "Deadline Exceeded"
+
+
+def _number(field: str, kind: type, value: Any, bits: int = 64) -> Any:
     """`value` as `kind` (int, float or bool) when it is one, or
     INVALID_ARGUMENT naming the argument. Nothing is coerced that would
     change its meaning: bool("False") is True and int(0.9) is 0, so a
-    string (from a config file, say), a fraction for an integer, or a
-    number other than 0 and 1 for a bool is refused. A 0-d array or tensor
-    (a NumPy scalar, a traced JAX value, a step counter in a tensor) counts
-    as its value; an integral float (3.0) as an integer."""
-    if not isinstance(value, (bool, int, float)) and getattr(
-            value, "ndim", None) == 0 and hasattr(value, "item"):
-        value = value.item()
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-    elif not isinstance(value, bool):
-        if kind is int and isinstance(value, int):
-            return value
-        if kind is int and isinstance(value, float) and value.is_integer():
-            return int(value)
-        if kind is float and isinstance(value, (int, float)):
-            return float(value)
-    raise invalid_argument("%s: must be %s, got %r" % (
-        field, "an integer" if kind is int else
-        "a number" if kind is float else "a bool (True or False)", value))
+    string (from a config file, say), a fraction for an integer, a masked
+    value, or a number other than 0 and 1 for a bool is refused. A
+    one-element array or tensor (a NumPy scalar, a step counter kept in a
+    tensor, on any device) counts as its value; any real number (NumPy's,
+    Fraction) as a number, and an integral one (3.0) as an integer, which
+    must fit a signed integer of `bits` bits (the proto field's)."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise invalid_argument("%s: must be %s, got a masked value" % (
+            field, _KIND_NAMES[kind]))
+    if not isinstance(value, (bool, int, float, str)) and hasattr(
+            value, "item"):
+        try:
+            value = value.item()
+        except Exception:  # pylint: disable=broad-except
+            pass  # not one element (or a JAX tracer): refused below
+    try:
+        if kind is bool:
+            if isinstance(value, (bool, np.bool_)):
+                return bool(value)
+            if isinstance(value, numbers.Integral) and value in (0, 1):
+                return bool(value)
+        elif not isinstance(value, (bool, np.bool_)):
+            integer = None
+            if isinstance(value, numbers.Integral):
+                integer = int(value)
+            elif isinstance(value, numbers.Real):
+                number = float(value)
+                if kind is float:
+                    return number
+                if number.is_integer():
+                    integer = int(number)
+            if integer is not None and kind is float:
+                return float(integer)
+            if integer is not None and -2**(bits - 1) <= integer < 2**(bits -
+                                                                     1):
+                return integer
+            if integer is not None:
+                raise invalid_argument(
+                    "%s: must be an integer of %d bits, got %.60r" %
+                    (field, bits, value))
+    except (OverflowError, ValueError):
+        pass
+    raise invalid_argument("%s: must be %s, got %.60r" % (
+        field, _KIND_NAMES[kind], value))
+
+
+def _unset_is(value: Any, default: Any) -> Any:
+    """An option passed as None: its default, as if it had not been."""
+    return default if value is None else value
 
 
 @dataclasses.dataclass
@@ -176,7 +211,8 @@ class RegionList:
 class StepResult:
     """A published step (FinishStep). already_finished: it had been
     published before (by another rank's finish_step, the run's next step or
-    the idle timeout), and the values are 0."""
+    the idle timeout); the values are then the published ones when it is
+    the run's last finished step, else NaN (and requests 0)."""
     indexer_loss: float
     indexer_loss_unscaled: float
     requests: int
@@ -569,14 +605,15 @@ class Client:
             if remaining <= 0:
                 raise self._past_deadline(
                     KlserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                 "Deadline Exceeded"))
+                                 _LOCAL_DEADLINE))
             try:
                 return attempt_fn(remaining, attempt)
             except KlserveError:
                 raise
             except grpc.RpcError as e:
                 error = KlserveError.from_rpc_error(e)
-            if error.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            if (error.code == grpc.StatusCode.DEADLINE_EXCEEDED and
+                    error.details == _LOCAL_DEADLINE):
                 raise self._past_deadline(error)
             if (error.code != grpc.StatusCode.UNAVAILABLE and
                     not error.overloaded):
@@ -594,8 +631,10 @@ class Client:
             backoff = min(backoff * 2, self.max_backoff)
 
     def _past_deadline(self, error: KlserveError) -> KlserveError:
-        """A DEADLINE_EXCEEDED with the deadline it passed and how to give
-        more: a bare "Deadline Exceeded" after two minutes says neither."""
+        """This client's own deadline passing, with the deadline and how to
+        give more: a bare "Deadline Exceeded" after two minutes says
+        neither. (The server's DEADLINE_EXCEEDED, for its
+        --max_compute_duration or --stream_idle_timeout, names its flag.)"""
         return KlserveError(error.code, (
             "%s (no answer within this client's deadline of %g s, retries "
             "included: klserve.Client(deadline=...) gives a call more; a "
@@ -608,8 +647,9 @@ class Client:
     def health(self, service: str = "") -> bool:
         """grpc.health.v1.Health/Check: True when SERVING, False when the
         server answers otherwise (NOT_SERVING while it drains). When no
-        server answers, KlserveError UNAVAILABLE once the retries are spent,
-        saying what was found at the address."""
+        server answers, KlserveError: UNAVAILABLE once the retries are
+        spent, saying what was found at the address, or DEADLINE_EXCEEDED
+        when something accepts the connection and never answers."""
         request = health_pb2.HealthCheckRequest(service=service)
         response = self._with_retries(
             lambda timeout, _: self._health.Check(
@@ -773,13 +813,13 @@ class Client:
         tensors = {t.name: t.convert(t.name, arrays[t.name])
                    for t in TENSORS if t.name in arrays}
         options = self._options(call)
+        copy = (self.copy_outputs if call.copy_outputs is None else
+                _number("copy_outputs", bool, call.copy_outputs))
         tags = self._tags(call)
         total_bytes = sum(arr.nbytes for _, arr in tensors.values())
         stream = call.stream
         if not stream and self._shm_on is not False:
             if self._shared_memory_usable():
-                copy = (self.copy_outputs if call.copy_outputs is None else
-                        _number("copy_outputs", bool, call.copy_outputs))
                 result = self._compute_shared(tensors, options, tags,
                                               call.request_id, copy)
                 if result is not None:
@@ -830,15 +870,17 @@ class Client:
         reduction = _enum_option("reduction", call.reduction, _REDUCTIONS,
                                  "'mean', 'mean_valid' or 'sum'")
         options = pb2.LossOptions(
-            causal=_number("causal", bool, call.causal),
+            causal=_number("causal", bool, _unset_is(call.causal, False)),
             num_keys=_number("num_keys", int, call.num_keys or 0),
             topk=_number("topk", int, call.topk or 0),
             flavor=int(flavor), reduction=int(reduction),
             grad_dtype=grad_wire_name(call.grad_dtype),
-            skip_grad=not _number("want_grad", bool, call.want_grad),
-            want_row_kl=_number("want_row_kl", bool, call.want_row_kl),
+            skip_grad=not _number("want_grad", bool,
+                                  _unset_is(call.want_grad, True)),
+            want_row_kl=_number("want_row_kl", bool,
+                                _unset_is(call.want_row_kl, False)),
             want_diagnostics=_number("want_diagnostics", bool,
-                                     call.want_diagnostics),
+                                     _unset_is(call.want_diagnostics, False)),
             recall_k=_number("recall_k", int, call.recall_k or 0))
         # Optional in the proto: unset means the spec's default.
         for name, kind in (("q_offset", int), ("softmax_scale", float),
@@ -852,12 +894,13 @@ class Client:
     @staticmethod
     def _tags(call: ComputeLossOptions) -> Optional[Any]:
         """The proto's Tags of a call; None when it has none."""
-        numbers = {name: _number(name, int, getattr(call, name))
-                   for name in ("step", "layer", "microbatch")
-                   if getattr(call, name) is not None}
-        if call.run is None and not numbers:
+        values = {name: _number(name, int, getattr(call, name), bits)
+                  for name, bits in (("step", 64), ("layer", 32),
+                                     ("microbatch", 32))
+                  if getattr(call, name) is not None}
+        if call.run is None and not values:
             return None
-        return pb2.Tags(run=call.run or "", **numbers)
+        return pb2.Tags(run=call.run or "", **values)
 
     def _compute_unary(self, tensors, options, tags, request_id):
         request = pb2.ComputeLossRequest(request_id=request_id,

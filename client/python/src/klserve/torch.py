@@ -92,15 +92,15 @@ def to_numpy(value: Any) -> np.ndarray:
 
 
 def from_numpy(array: np.ndarray, dtype: torch.dtype,
-               device: torch.device) -> torch.Tensor:
+               device: torch.device, copy: bool = False) -> torch.Tensor:
     """A NumPy array (ml_dtypes.bfloat16 included) as a tensor. A read-only
     array (the projections form's gradients, views of the answer's bytes)
     is shared, not copied: the tensor must then not be written to, which
-    holds for the gradients that backward only reads. The wrappers never
-    get views of a client's shared-memory region here (they call with
-    copy_outputs=True): a forward pass's gradient is kept until its
-    backward, and the region's next call, from this thread or another, may
-    come in between."""
+    holds for the gradients that backward only reads. `copy`: the tensor
+    must not share the array's memory, as for views of a client's
+    shared-memory region, which its next call of the same shapes writes
+    over. (The wrappers call with copy_outputs=True instead, so that the
+    copy is taken before another thread's call can come.)"""
     with warnings.catch_warnings():
         # torch warns that writing to a tensor over read-only memory is
         # undefined; nothing here writes to it.
@@ -111,7 +111,10 @@ def from_numpy(array: np.ndarray, dtype: torch.dtype,
                 torch.bfloat16)
         else:
             tensor = torch.from_numpy(array)
-    return tensor.to(device=device, dtype=dtype)
+    converted = tensor.to(device=device, dtype=dtype)
+    if copy and converted.data_ptr() == tensor.data_ptr():
+        converted = converted.clone()
+    return converted
 
 
 class IndexerKlLoss(torch.autograd.Function):
