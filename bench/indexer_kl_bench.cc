@@ -11,9 +11,10 @@
 // otherwise. The machines are shared and noisy: compare ratios from one run,
 // not absolute times across runs. Method and results: docs/PERFORMANCE.md.
 //
-// Flags: --klserve_threads=N (default 0: every core), --isa=auto|avx512|avx2|
-// baseline (the CPU kernels' variant, kernels/cpu/isa.h), then Google
-// Benchmark's own (--benchmark_filter, --benchmark_min_time=0.2, ...).
+// Flags: --klserve_threads=N (default 0: every core), --klserve_queries=N
+// (default 0: each case's own), --isa=auto|avx512|avx2|baseline (the CPU
+// kernels' variant, kernels/cpu/isa.h), then Google Benchmark's own
+// (--benchmark_filter, --benchmark_min_time=0.2, ...).
 
 #include <unistd.h>
 
@@ -393,9 +394,15 @@ void BM_IndexerKl(benchmark::State& state, const Case& c) {
   state.counters["best_ms"] = best * 1e3;
 }
 
+// --klserve_queries=N: every case with N query rows in place of its own,
+// few enough to keep a case in cache, where it shows its work per element
+// without the memory's share (docs/PERFORMANCE.md).
+int g_queries = 0;
+
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   const auto add = [&](Case c) {
+    if (g_queries > 0) c.T = g_queries;
     if (!IsSparse(c.form)) c.K = c.S;
     cases.push_back(c);
   };
@@ -498,21 +505,21 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   std::map<std::string, Row> rows_;
 };
 
-// Removes --klserve_threads=N from argv and returns N (0 when absent).
-int TakeThreadsFlag(int& argc, char** argv) {
-  constexpr std::string_view kFlag = "--klserve_threads=";
-  int threads = 0;
+// Removes --klserve_<name>=N from argv and returns N (0 when absent).
+int TakeIntFlag(int& argc, char** argv, std::string_view name) {
+  const std::string flag = "--klserve_" + std::string(name) + "=";
+  int value = 0;
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
-    if (arg.starts_with(kFlag)) {
-      threads = std::atoi(argv[i] + kFlag.size());
+    if (arg.starts_with(flag)) {
+      value = std::atoi(argv[i] + flag.size());
     } else {
       argv[kept++] = argv[i];
     }
   }
   argc = kept;
-  return threads;
+  return value;
 }
 
 bool HasArg(int argc, char** argv, std::string_view prefix) {
@@ -523,7 +530,8 @@ bool HasArg(int argc, char** argv, std::string_view prefix) {
 }
 
 int Main(int argc, char** argv) {
-  const int threads = TakeThreadsFlag(argc, argv);
+  const int threads = TakeIntFlag(argc, argv, "threads");
+  g_queries = TakeIntFlag(argc, argv, "queries");
   const absl::StatusOr<cpu::Isa> isa = cpu::TakeIsaFlag(argc, argv);
   if (!isa.ok()) {
     std::fprintf(stderr, "klserve_bench: %s\n",

@@ -428,5 +428,41 @@ TEST_P(ExtremeValues, HugeEqualLogitsWithAnOddSoftmaxScale) {
   }
 }
 
+TEST_P(ExtremeValues, LaterHeadsOfLogitsNearFloatMax) {
+  // With a mask, the heads after the first are checked by a running sum of
+  // each lane's logits, which a row of logits near FLT_MAX overflows to +inf
+  // as a NaN or +inf would: such a head is checked again exactly, and is
+  // legal. Rows of 80 slots (five whole vectors), the logits of heads 1 and
+  // 2 between 2.7e38 and 3e38, with and without a mask.
+  uint64_t seed = 95;
+  for (InputForm form : {InputForm::kDensePerHead, InputForm::kSparsePerHead}) {
+    for (bool masked : {false, true}) {
+      for (float scale : {1.0f, 1e-38f}) {
+        CaseSpec spec = Spec(form, Flavor::kExact, DType::kFloat32);
+        spec.S = 90;
+        if (IsSparse(form)) spec.K = 80;
+        spec.attention_mask = masked;
+        spec.options.softmax_scale = scale;
+        SCOPED_TRACE(absl::StrCat(InputFormName(form), masked ? " masked" : "",
+                                  " scale ", scale));
+        Case c = MakeRandomCase(spec, seed++);
+        std::mt19937_64 rng(seed);
+        std::uniform_real_distribution<double> unit(0.9, 1.0);
+        for (int64_t b = 0; b < c.B; ++b) {
+          for (int64_t h = 1; h < c.H; ++h) {
+            for (int64_t t = 0; t < c.T; ++t) {
+              for (int64_t j = 0; j < c.slots(); ++j) {
+                double& a = c.attention_logits->at({b, h, t, j});
+                if (std::isfinite(a)) a = static_cast<float>(3e38 * unit(rng));
+              }
+            }
+          }
+        }
+        CheckAgainstReference(c);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace klserve::testdata

@@ -6,6 +6,7 @@
 // test is known to build the case it means.
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -13,6 +14,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -769,6 +771,66 @@ TEST_P(Validate, RejectsPositiveInfinityInLogitsAndScores) {
         bad = base;
         SetTarget(bad, i, kInf, /*only_head=*/0);
         ExpectValueError(bad, "attention_logits");
+      }
+    }
+  }
+}
+
+// The heads after the first are checked inside the previous head's
+// exponentials by their max alone, which leaves a NaN or +inf to their own
+// exponentials' sum, and with a mask by a running sum of each lane's logits
+// too (ScanNextHead). Rows of 70 slots (four whole vectors and a part), a
+// bad logit in each later head, in a whole vector and in the part, at
+// valid and masked slots; NaNs of both signs and with a payload, and +inf,
+// with a -inf in the same lane of the next vector.
+TEST_P(Validate, RejectsNanAndPositiveInfinityInEveryLaterHead) {
+  const float payload_nan = std::bit_cast<float>(0x7fc12345u);
+  for (InputForm form : {InputForm::kDensePerHead, InputForm::kSparsePerHead}) {
+    for (bool masked : {false, true}) {
+      CaseSpec spec;
+      spec.B = 1;
+      spec.T = 2;
+      spec.S = IsSparse(form) ? 80 : 70;
+      spec.form = form;
+      spec.H = 4;
+      if (IsSparse(form)) spec.K = 70;
+      spec.attention_mask = masked;
+      spec.empty_slot_fraction = 0;
+      spec.garbage_at_invalid = false;
+      const Case base = MakeRandomCase(spec, 21);
+      const int64_t L = base.slots();
+      ASSERT_EQ(L, 70);
+      // Row 1's first slot of each validity in the whole vectors and in
+      // the part.
+      const klref::RefResult ref = klref::ComputeReference(ToReference(base));
+      ASSERT_EQ(ref.error, "");
+      std::vector<int64_t> slots;
+      for (bool valid : {true, false}) {
+        for (auto [begin, end] :
+             {std::pair<int64_t, int64_t>{0, 64}, {64, L}}) {
+          for (int64_t j = begin; j < end; ++j) {
+            if ((ref.valid[L + j] != 0) == valid) {
+              slots.push_back(j);
+              break;
+            }
+          }
+        }
+      }
+      ASSERT_EQ(slots.size(), masked ? 4u : 2u);
+      for (int64_t h = 1; h < base.H; ++h) {
+        for (int64_t j : slots) {
+          for (double value : {kNaN, -kNaN, double{payload_nan}, kInf}) {
+            SCOPED_TRACE(absl::StrCat(InputFormName(form),
+                                      masked ? " masked" : "", " head ", h,
+                                      " slot ", j, " value ", value));
+            Case bad = base;
+            bad.attention_logits->at({0, h, 1, j}) = value;
+            if (j + 16 < L) {
+              bad.attention_logits->at({0, h, 1, j + 16}) = -kInf;
+            }
+            ExpectValueError(bad, "attention_logits");
+          }
+        }
       }
     }
   }

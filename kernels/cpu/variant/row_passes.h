@@ -82,9 +82,10 @@ struct ScanResult {
 
 // Running check of logits or scores: NaN or +inf anywhere, max over valid
 // slots. Each takes one register, whatever the variant (which lane saw what
-// matters to neither): the per-head loop carries one beside its
-// exponentials, and with two registers each the AVX2 variant ran that loop
-// 1.31x slower (the loop alone, its rows in L1, one core).
+// matters to neither): with two registers each, the AVX2 variant ran the
+// per-head loop, which carried one beside its exponentials, 1.31x slower
+// (the loop alone, its rows in L1, one core). That loop now carries less
+// (ScanNextHead).
 struct LogitsCheck {
   RegI bad{};  // lanes that saw a NaN or +inf
   RegF max = Splat(-kInf).part[0];
@@ -364,31 +365,38 @@ double ExpRowOf(const float* x, int64_t limit, const uint8_t* valid,
   // rounding of mul * shift alone would overflow exp), but for the tiny
   // scales of kDifferenceOfScaled. With kNone mul is 1, and the product,
   // which would change no bit, is left out.
-  const VecF vmul = Splat(mul);
-  const VecF vshift = Splat(shift);
-  const VecF vmul_shift = Splat(mul * shift);
-  const auto exponent = [&](VecF xv) {
+  const float mul_shift = mul * shift;
+  // On a vector or one register of it (RegF).
+  const auto exponent = [&](auto xv) {
     if constexpr (kScaling == ExpScaling::kNone) {
-      return xv - vshift;
+      return xv - shift;
     } else if constexpr (kScaling == ExpScaling::kDifference) {
-      return vmul * (xv - vshift);
+      return mul * (xv - shift);
     } else {
-      return vmul * xv - vmul_shift;
+      return mul * xv - mul_shift;
     }
-  };
-  const auto exponent_at = [&](int64_t i) {
-    const VecF d = exponent(Load(x + i));
-    return kMasked ? Select(LoadValid(valid + i), d, Splat(-kInf)) : d;
   };
   VecD sum{};
   int64_t i = 0;
-  // One whole vector at i, its exponentials added to `block`.
+  // One whole vector at i, its exponentials added to `block`, register by
+  // register: each one's exp is stored and summed before the next one's
+  // starts, so that the AVX2 variant holds one register's temporaries at a
+  // time rather than two, and its 16 registers keep more of the exp's
+  // constants (docs/PERFORMANCE.md, "The per-head loop's registers").
   const auto whole = [&](int64_t i, VecF& block) {
-    const VecF d = exponent_at(i);
-    const VecF ev = Exp(d);
-    Store(e + i, ev);
+    VecF d, ev;
+    ForEachPart([&](size_t p) {
+      const int64_t at = i + p * VecF::kPartLanes;
+      d.part[p] = exponent(LoadRegister(x + at));
+      if constexpr (kMasked) {
+        d.part[p] = Select(LoadValid(valid + i).part[p], d.part[p],
+                           Splat(-kInf).part[0]);
+      }
+      ev.part[p] = Exp(d.part[p]);
+      StoreRegister(e + at, ev.part[p]);
+      block.part[p] += ev.part[p];
+    });
     extra(i, kLanes, d, ev);
-    block += ev;
   };
   // Whole blocks as a loop of fixed length, with no test per vector for the
   // block's end.
@@ -482,7 +490,18 @@ struct ShiftedScoreSum {
 // next head streams in from memory under the arithmetic, and the head after
 // it is prefetched (`ahead`; head rows lie T * K elements apart, and the
 // hardware prefetcher stops at page boundaries). Whole vectors only;
-// `scanned` is where it stopped.
+// `scanned` is where it stopped, and Result checks the rest exactly.
+//
+// The whole vectors take the max alone, one instruction per register, and
+// leave their NaN and +inf (which the exact check finds with two more) to
+// the next head's own exponentials, where any of them makes the sum NaN:
+// a NaN logit gives a NaN exponent, a +inf one either a NaN (x - max with
+// max = +inf) or an exponent of +inf, whose exp is NaN. The caller checks
+// that sum (HeadSumIsBad). Masked slots' NaNs do not reach the
+// exponentials, so with a mask each lane also sums the logits it sees:
+// NaN or +inf from a NaN or +inf on, whatever follows; a sum of large
+// finite logits can overflow to +inf too, so such a head is checked again
+// exactly.
 template <bool kMasked>
 struct ScanNextHead {
   static constexpr int64_t kL1Distance = 16 * kLanes;
@@ -493,7 +512,8 @@ struct ScanNextHead {
   const float* x;
   const float* ahead;
   const uint8_t* valid;
-  LogitsCheck check;
+  RegF max = Splat(-kInf).part[0];
+  RegF sum{};  // with kMasked only
   int64_t scanned = 0;
 
   void operator()(int64_t i, int64_t count, VecF, VecF) {
@@ -503,25 +523,50 @@ struct ScanNextHead {
     // head after next.
     __builtin_prefetch(x + i + kL1Distance, 0, 3);
     __builtin_prefetch(ahead + i, 0, 2);
+    const VecF v = Load(x + i);
     if constexpr (kMasked) {
-      check.Add(Load(x + i), LoadValid(valid + i));
+      for (int p = 0; p < kParts; ++p) sum += v.part[p];
+      max = MaxRegister(
+          max, MaxOfParts(Select(LoadValid(valid + i), v, Splat(-kInf))));
     } else {
-      check.Add(Load(x + i));
+      max = MaxRegister(max, MaxOfParts(v));
     }
     scanned = i + count;
   }
+
+  // The check of x[0, n), lanes below `limit` counting for the max; a NaN
+  // or +inf in the whole vectors may instead show in HeadSumIsBad. A max
+  // of -inf or +inf, or NaN, is taken again exactly: a NaN there may have
+  // hidden others, and the reports of a row of -inf and of a bad value
+  // must tell the two apart.
+  ScanResult Result(int64_t n, int64_t limit) const {
+    LogitsCheck check;
+    check.max = max;
+    ScanLogitsRange<kMasked>(x, scanned, n, limit, valid, check);
+    const ScanResult result = check.Result();
+    const bool sum_flagged = kMasked && Any(~(sum < Splat(kInf).part[0]));
+    if (sum_flagged || !(result.max > -kInf && result.max < kInf)) {
+      return ScanLogits<kMasked>(x, n, limit, valid);
+    }
+    return result;
+  }
 };
+
+// Whether a head's sum of exponentials says its logits hold a NaN or +inf
+// (ScanNextHead).
+inline bool HeadSumIsBad(double sum) { return std::isnan(sum); }
 
 // w += a * e_prev: the previous head's softmax folded into this head's loop
 // rather than a pass of its own.
 struct AccumulatePreviousHead {
   float* w;
   const float* e_prev;
-  VecF a;
+  float a;
 
   void operator()(int64_t i, int64_t count, VecF, VecF) {
     StoreAt(w, i, count,
-            Fma(a, LoadAt(e_prev, i, count, 0.0f), LoadAt(w, i, count, 0.0f)));
+            Fma(Splat(a), LoadAt(e_prev, i, count, 0.0f),
+                LoadAt(w, i, count, 0.0f)));
   }
 };
 
@@ -546,7 +591,7 @@ struct BothExtras {
 
 // w += a * e, for s < limit.
 inline void AccumulateHead(float* w, const float* e, float a, int64_t limit) {
-  AccumulatePreviousHead accumulate{w, e, Splat(a)};
+  AccumulatePreviousHead accumulate{w, e, a};
   for (int64_t i = 0; i < limit; i += kLanes) {
     accumulate(i, LanesAt(i, limit), VecF{}, VecF{});
   }

@@ -29,12 +29,13 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
   float a_prev = 0;
   const float* x = head_row(0, buffer);
   ScanResult scan = ScanLogits<kMasked>(x, p.row_length, v.limit, v.bytes);
+  const auto not_finite = [&](int64_t h, const float* x) {
+    const int64_t j = BadValueToReport(x, p.row_length, /*weights=*/false);
+    return RowErrorStatus(RowError::kLogitsNotFinite,
+                          {.b = b, .t = t, .h = h, .j = j, .value = x[j]});
+  };
   for (int64_t h = 0; h < p.H; ++h) {
-    if (scan.any_bad) {
-      const int64_t j = BadValueToReport(x, p.row_length, /*weights=*/false);
-      return RowErrorStatus(RowError::kLogitsNotFinite,
-                            {.b = b, .t = t, .h = h, .j = j, .value = x[j]});
-    }
+    if (scan.any_bad) return not_finite(h, x);
     if (v.count > 0 && scan.max == -kInf) {
       return RowErrorStatus(RowError::kLogitsAllMinusInf,
                             {.b = b, .t = t, .h = h});
@@ -59,15 +60,13 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
             ScanNextHead<kMasked>(checked, ahead, v.bytes), fold};
         const double sum =
             ExpRow<kMasked>(x, v.limit, v.bytes, scan.max, scale, e, extras);
-        ScanNextHead<kMasked>& scanned = extras.a;
-        ScanLogitsRange<kMasked>(checked, scanned.scanned, p.row_length,
-                                 v.limit, v.bytes, scanned.check);
-        scan = scanned.check.Result();
+        scan = extras.a.Result(p.row_length, v.limit);
         return sum;
       };
-      const double sum = h == 0 ? exp_row(ZeroRow{scratch.w()})
-                                : exp_row(AccumulatePreviousHead{
-                                      scratch.w(), e_prev, Splat(a_prev)});
+      const double sum =
+          h == 0 ? exp_row(ZeroRow{scratch.w()})
+                 : exp_row(AccumulatePreviousHead{scratch.w(), e_prev, a_prev});
+      if (HeadSumIsBad(sum)) return not_finite(h, x);
       a_prev = static_cast<float>(1.0 / sum);
       std::swap(e, e_prev);
       // Head h - 1, folded in this loop, ended a block of heads.

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/cpu/variant/isa_namespace.h"
@@ -55,15 +56,19 @@ inline VecF Splat(float v) {
 
 typedef float RegFu __attribute__((vector_size(kRegisterBytes), aligned(4)));
 
+inline RegF LoadRegister(const float* p) {
+  return *reinterpret_cast<const RegFu*>(p);
+}
+inline void StoreRegister(float* p, RegF v) {
+  *reinterpret_cast<RegFu*>(p) = v;
+}
 inline VecF Load(const float* p) {
-  return EachPart([&](size_t i) -> RegF {
-    return *reinterpret_cast<const RegFu*>(p + i * VecF::kPartLanes);
-  });
+  return EachPart(
+      [&](size_t i) { return LoadRegister(p + i * VecF::kPartLanes); });
 }
 inline void Store(float* p, VecF v) {
-  ForEachPart([&](size_t i) {
-    *reinterpret_cast<RegFu*>(p + i * VecF::kPartLanes) = v.part[i];
-  });
+  ForEachPart(
+      [&](size_t i) { StoreRegister(p + i * VecF::kPartLanes, v.part[i]); });
 }
 
 // A store that bypasses the cache, for output the row will not read again
@@ -274,17 +279,22 @@ inline RegF FmaRegister(RegF a, RegF b, RegF c) {
 // a * b + c, rounded once. The project builds with -ffp-contract=off, so this
 // is the only place a multiply and an add fuse, and every copy of an
 // expression rounds alike, whatever the variant.
-inline VecF Fma(VecF a, VecF b, VecF c) {
-  return EachPart([&](size_t p) -> RegF {
+inline RegF Fma(RegF a, RegF b, RegF c) {
 #if defined(__AVX512F__)
-    return _mm512_fmadd_ps(a.part[p], b.part[p], c.part[p]);
+  return _mm512_fmadd_ps(a, b, c);
 #elif defined(__FMA__)
-    return _mm256_fmadd_ps(a.part[p], b.part[p], c.part[p]);
+  return _mm256_fmadd_ps(a, b, c);
 #else
-    return FmaRegister(a.part[p], b.part[p], c.part[p]);
+  return FmaRegister(a, b, c);
 #endif
-  });
 }
+inline VecF Fma(VecF a, VecF b, VecF c) {
+  return EachPart(
+      [&](size_t p) -> RegF { return Fma(a.part[p], b.part[p], c.part[p]); });
+}
+
+// Select (wide.h) on one register.
+inline RegF Select(RegI mask, RegF a, RegF b) { return mask ? a : b; }
 
 inline bool Any(VecI mask) {
   int32_t acc = 0;
@@ -345,30 +355,45 @@ inline constexpr float kExpDomainTop = 88.0f;
 
 // exp(x) for x <= kExpDomainTop: a softmax's x - max <= 0 needs no cap,
 // which cost an instruction per register; a caller with larger x caps it.
-// Inputs
-// below ln(FLT_MIN) give 0 (no denormals), -inf gives 0.
+// Inputs below ln(FLT_MIN) give 0 (no denormals), -inf gives 0, NaN NaN.
 // x = n ln2 + r with |r| <= ln2/2; exp(r) = 1 + r + r^2 Q(r), Q of degree
 // 4 fitted for the least maximum relative error in float64 (3.1e-9; the
 // degree-7 Taylor polynomial it replaced, 5e-9 with one step more); 2^n
 // through the exponent bits. Evaluated in float: 1.28 ulp at worst over a
 // sweep of [-87.3, 0] (the Taylor form: 1.30).
-inline VecF Exp(VecF x) {
-  const VecF shifter = Splat(12582912.0f);  // 1.5 * 2^23 rounds to integer
-  const VecF t = Fma(x, Splat(1.44269504088896341f), shifter);
-  const VecF n = t - shifter;
-  const VecI ni = std::bit_cast<VecI>(t) - 0x4b400000;
-  VecF r = Fma(n, Splat(-0.693359375f), x);
-  r = Fma(n, Splat(2.12194440e-4f), r);
-  VecF p = Splat(0.0013814496342092752f);
-  p = Fma(p, r, Splat(0.008368694223463535f));
-  p = Fma(p, r, Splat(0.04166838899254799f));
-  p = Fma(p, r, Splat(0.1666652113199234f));
-  p = Fma(p, r, Splat(0.4999999403953552f));
-  p = Fma(p, r, Splat(1.0f));
-  p = Fma(p, r, Splat(1.0f));
-  const VecI bits = (ni + 127) << 23;
-  const VecF scale = std::bit_cast<VecF>(bits);
-  return Select(x < Splat(-87.33654f), Splat(0.0f), p * scale);
+// F is VecF, or one register of it (RegF), for a loop that computes a vector
+// part by part to hold fewer values at once; the same operations either way.
+template <typename F>
+inline F Exp(F x) {
+  using I = decltype(x < x);
+  const auto c = [](float v) {
+    if constexpr (std::is_same_v<F, VecF>) {
+      return Splat(v);
+    } else {
+      return Splat(v).part[0];
+    }
+  };
+  // Adding 1.5 * 2^23 rounds x log2(e) to an integer n in t's low mantissa
+  // bits, and 127 more makes them n + 127, 2^n's exponent field, with no
+  // integer add of its own. (A tie, x log2(e) exactly halfway, now rounds to
+  // an odd n where it went to an even one: |r| <= ln2/2 either way.)
+  const F shifter = c(12583039.0f);  // 1.5 * 2^23 + 127
+  const F t = Fma(x, c(1.44269504088896341f), shifter);
+  const F n = t - shifter;
+  F r = Fma(n, c(-0.693359375f), x);
+  r = Fma(n, c(2.12194440e-4f), r);
+  F p = c(0.0013814496342092752f);
+  p = Fma(p, r, c(0.008368694223463535f));
+  p = Fma(p, r, c(0.04166838899254799f));
+  p = Fma(p, r, c(0.1666652113199234f));
+  p = Fma(p, r, c(0.4999999403953552f));
+  p = Fma(p, r, c(1.0f));
+  p = Fma(p, r, c(1.0f));
+  // 2^n: t's low bits shifted into the exponent field, its others off the
+  // top. A multiply, not an add to p's exponent field, which would turn a
+  // NaN into a number.
+  const F scaled = p * std::bit_cast<F>(std::bit_cast<I>(t) << 23);
+  return Select(x < c(-87.33654f), c(0.0f), scaled);
 }
 
 // log(x) split as exponent * ln2 + mantissa_log, with mantissa_log in
