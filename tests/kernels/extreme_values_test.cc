@@ -432,8 +432,9 @@ TEST_P(ExtremeValues, LaterHeadsOfLogitsNearFloatMax) {
   // With a mask, the heads after the first are checked by a running sum of
   // each lane's logits, which a row of logits near FLT_MAX overflows to +inf
   // as a NaN or +inf would: such a head is checked again exactly, and is
-  // legal. Rows of 80 slots (five whole vectors), the logits of heads 1 and
-  // 2 between 2.7e38 and 3e38, with and without a mask.
+  // legal. Rows of 90 (dense) or 80 (sparse) slots, five whole vectors and
+  // a part or none, the logits of heads 1 and 2 between 2.7e38 and 3e38,
+  // with and without a mask.
   uint64_t seed = 95;
   for (InputForm form : {InputForm::kDensePerHead, InputForm::kSparsePerHead}) {
     for (bool masked : {false, true}) {

@@ -782,7 +782,8 @@ TEST_P(Validate, RejectsPositiveInfinityInLogitsAndScores) {
 // too (ScanNextHead). Rows of 70 slots (four whole vectors and a part), a
 // bad logit in each later head, in a whole vector and in the part, at
 // valid and masked slots; NaNs of both signs and with a payload, and +inf,
-// with a -inf in the same lane of the next vector.
+// with a -inf in the same lane of the next vector and a NaN in the next
+// head: the error names the first bad head, its slot and its value.
 TEST_P(Validate, RejectsNanAndPositiveInfinityInEveryLaterHead) {
   const float payload_nan = std::bit_cast<float>(0x7fc12345u);
   for (InputForm form : {InputForm::kDensePerHead, InputForm::kSparsePerHead}) {
@@ -828,7 +829,14 @@ TEST_P(Validate, RejectsNanAndPositiveInfinityInEveryLaterHead) {
             if (j + 16 < L) {
               bad.attention_logits->at({0, h, 1, j + 16}) = -kInf;
             }
+            if (h + 1 < base.H)
+              bad.attention_logits->at({0, h + 1, 1, 0}) = kNaN;
             ExpectValueError(bad, "attention_logits");
+            EXPECT_EQ(RunStatus(bad).message(),
+                      absl::StrCat("attention_logits: logits must not be NaN "
+                                   "or +inf, got ",
+                                   std::isnan(value) ? "NaN" : "+inf",
+                                   " at [0, ", h, ", 1, ", j, "]"));
           }
         }
       }

@@ -101,11 +101,6 @@ struct LogitsCheck {
     bad |= OrOfParts(NotBelow(v, Splat(kInf)) & in);
     max = MaxRegister(max, MaxOfParts(Select(in, v, Splat(-kInf))));
   }
-  // Every lane valid.
-  void Add(VecF v) {
-    bad |= OrOfParts(NotBelow(v, Splat(kInf)));
-    max = MaxRegister(max, MaxOfParts(v));
-  }
   ScanResult Result() const { return {Any(bad), ReduceMax(max), 0}; }
 };
 
@@ -385,12 +380,14 @@ double ExpRowOf(const float* x, int64_t limit, const uint8_t* valid,
   // constants (docs/PERFORMANCE.md, "The per-head loop's registers").
   const auto whole = [&](int64_t i, VecF& block) {
     VecF d, ev;
+    // Loaded before the stores to e, which the compiler must assume the
+    // bytes may alias.
+    const VecI in = kMasked ? LoadValid(valid + i) : VecI{};
     ForEachPart([&](size_t p) {
       const int64_t at = i + p * VecF::kPartLanes;
       d.part[p] = exponent(LoadRegister(x + at));
       if constexpr (kMasked) {
-        d.part[p] = Select(LoadValid(valid + i).part[p], d.part[p],
-                           Splat(-kInf).part[0]);
+        d.part[p] = Select(in.part[p], d.part[p], Splat(-kInf).part[0]);
       }
       ev.part[p] = Exp(d.part[p]);
       StoreRegister(e + at, ev.part[p]);
@@ -495,8 +492,8 @@ struct ShiftedScoreSum {
 // The whole vectors take the max alone, one instruction per register, and
 // leave their NaN and +inf (which the exact check finds with two more) to
 // the next head's own exponentials, where any of them makes the sum NaN:
-// a NaN logit gives a NaN exponent, a +inf one either a NaN (x - max with
-// max = +inf) or an exponent of +inf, whose exp is NaN. The caller checks
+// a NaN logit gives a NaN exponent, a +inf one an exponent of +inf, whose
+// exp is NaN (a max of +inf is checked exactly first). The caller checks
 // that sum (HeadSumIsBad). Masked slots' NaNs do not reach the
 // exponentials, so with a mask each lane also sums the logits it sees:
 // NaN or +inf from a NaN or +inf on, whatever follows; a sum of large

@@ -375,8 +375,10 @@ inline F Exp(F x) {
   };
   // Adding 1.5 * 2^23 rounds x log2(e) to an integer n in t's low mantissa
   // bits, and 127 more makes them n + 127, 2^n's exponent field, with no
-  // integer add of its own. (A tie, x log2(e) exactly halfway, now rounds to
-  // an odd n where it went to an even one: |r| <= ln2/2 either way.)
+  // integer add of its own. Only a tie could round otherwise than 1.5 * 2^23
+  // alone did, and there is none in Exp's domain: log2(e)'s float has an
+  // odd significand, so x log2(e) lies halfway between integers only for
+  // |x| of 2^22 or more.
   const F shifter = c(12583039.0f);  // 1.5 * 2^23 + 127
   const F t = Fma(x, c(1.44269504088896341f), shifter);
   const F n = t - shifter;
