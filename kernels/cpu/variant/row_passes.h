@@ -88,7 +88,7 @@ struct ScanResult {
 // (ScanNextHead).
 struct LogitsCheck {
   RegI bad{};  // lanes that saw a NaN or +inf
-  RegF max = Splat(-kInf).part[0];
+  RegF max = SplatRegister(-kInf);
 
   void Add(VecF v, VecI in) {
     bad |= OrOfParts(NotBelow(v, Splat(kInf)));
@@ -257,7 +257,7 @@ RowScan ScanRow(const float* w, const float* I, int64_t n, int64_t limit,
   // weight, mass on -inf) each take one register, whatever the variant:
   // which lane saw what does not matter, and the AVX2 variant's 16
   // registers must also hold the four double sums.
-  RegF max = Splat(-kInf).part[0];
+  RegF max = SplatRegister(-kInf);
   RegI rare{};
   Terms terms;
   // In a local: a reference's fields would be stored back on every vector.
@@ -387,7 +387,7 @@ double ExpRowOf(const float* x, int64_t limit, const uint8_t* valid,
       const int64_t at = i + p * VecF::kPartLanes;
       d.part[p] = exponent(LoadRegister(x + at));
       if constexpr (kMasked) {
-        d.part[p] = Select(in.part[p], d.part[p], Splat(-kInf).part[0]);
+        d.part[p] = Select(in.part[p], d.part[p], SplatRegister(-kInf));
       }
       ev.part[p] = Exp(d.part[p]);
       StoreRegister(e + at, ev.part[p]);
@@ -509,7 +509,7 @@ struct ScanNextHead {
   const float* x;
   const float* ahead;
   const uint8_t* valid;
-  RegF max = Splat(-kInf).part[0];
+  RegF max = SplatRegister(-kInf);
   RegF sum{};  // with kMasked only
   int64_t scanned = 0;
 
@@ -541,7 +541,7 @@ struct ScanNextHead {
     check.max = max;
     ScanLogitsRange<kMasked>(x, scanned, n, limit, valid, check);
     const ScanResult result = check.Result();
-    const bool sum_flagged = kMasked && Any(~(sum < Splat(kInf).part[0]));
+    const bool sum_flagged = kMasked && Any(~(sum < SplatRegister(kInf)));
     if (sum_flagged || !(result.max > -kInf && result.max < kInf)) {
       return ScanLogits<kMasked>(x, n, limit, valid);
     }

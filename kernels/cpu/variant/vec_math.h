@@ -48,10 +48,11 @@ template <typename R, typename Lane, size_t... L>
 inline R Broadcast(Lane v, std::index_sequence<L...>) {
   return R{(static_cast<void>(L), v)...};
 }
+inline RegF SplatRegister(float v) {
+  return Broadcast<RegF>(v, std::make_index_sequence<VecF::kPartLanes>{});
+}
 inline VecF Splat(float v) {
-  return EachPart([&](size_t) {
-    return Broadcast<RegF>(v, std::make_index_sequence<VecF::kPartLanes>{});
-  });
+  return EachPart([&](size_t) { return SplatRegister(v); });
 }
 
 typedef float RegFu __attribute__((vector_size(kRegisterBytes), aligned(4)));
@@ -370,7 +371,7 @@ inline F Exp(F x) {
     if constexpr (std::is_same_v<F, VecF>) {
       return Splat(v);
     } else {
-      return Splat(v).part[0];
+      return SplatRegister(v);
     }
   };
   // Adding 1.5 * 2^23 rounds x log2(e) to an integer n in t's low mantissa
