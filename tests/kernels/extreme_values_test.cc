@@ -210,6 +210,36 @@ TEST(HugeScores, KeepTheTermsOfKeysWithTinyTargetMass) {
   }
 }
 
+// Per-head logits 88 to 95 below their head's maximum give p of 6e-39 to
+// 5e-42, subnormal floats, which the kernels' exp flushed to 0: against
+// scores 2e38 below the top key's, each such key's term p (log p - log q)
+// of 1e-3 to 1.2 nats was lost (a helper's finding: a loss of 0 where the
+// reference gives 4.44). Every row here has one key of logit 0 and score
+// 1e38 in every head, and the others far below both.
+TEST(SubnormalTargetMass, KeepsTheTermsOfLogitsFarBelowTheirHeadsMax) {
+  std::mt19937_64 rng(9);
+  uint64_t seed = 85;
+  for (InputForm form : {InputForm::kDensePerHead, InputForm::kSparsePerHead}) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE(Name({form, Flavor::kExact, dtype}));
+      Case c = MakeRandomCase(Spec(form, Flavor::kExact, dtype), seed++);
+      std::vector<int64_t> seen_in_row(c.num_rows(), 0);
+      ForEachValidSlot(c, [&](int64_t b, int64_t t, int64_t j, int64_t i) {
+        const bool top = seen_in_row[b * c.T + t]++ == 0;
+        c.indexer_scores.values[i] = top ? 1e38 : -1e38;
+        for (int64_t h = 0; h < c.H; ++h) {
+          const double u = static_cast<double>(rng() % 1000) / 1000;
+          c.attention_logits->at({b, h, t, j}) = top ? 0.0 : -88.0 - 7.0 * u;
+        }
+      });
+      // p of 5e-42 has 12 significant bits in float32.
+      const klref::RefResult ref =
+          CheckAgainstReference(c, {.loss_rel = 1e-4, .grad_rel = 1e-4});
+      EXPECT_GT(ref.unscaled_loss, 1);
+    }
+  }
+}
+
 // One float32 sum of every head's softmax stagnated (at 2^17 heads the loss
 // was off by a relative 8.5e-5); the CPU backend sums the heads in blocks
 // (kHeadsPerFloatSum). Around the block size a head dropped or counted twice

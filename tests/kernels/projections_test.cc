@@ -531,6 +531,43 @@ TEST(ProjectionsTest, LseFarBelowALogitIsRefused) {
   }
 }
 
+// A key whose logit lies 88 to 93 below its head's maximum has p of e^-88
+// to e^-93, subnormal floats, which the kernels' exp flushed to 0; against
+// an indexer score 1e38 below the other key's, its KL term of about 4e-3 to
+// 0.6 nats was lost. (Past 93 the gradients, which scale with p, keep too
+// few bits for this test's tolerance: 15 at e^-93.) Row t = 1 sees keys 0 and 1
+// (causal, T = S): logits 0 and -x, scores 0 and -1e38; dense and sparse, with
+// and without an lse.
+TEST(ProjectionsTest, SubnormalTargetMassKeepsItsTerm) {
+  RefProjections p = RandomProblem(15, 1, 2, 2, 1, 1, 1, 1, 1);
+  p.options.causal = true;
+  p.options.softmax_scale = 1.0;
+  p.query = {1.0, 1.0};
+  p.index_query = {1.0, 1.0};
+  p.index_key = {0.0, 1e19};
+  p.index_weights = {-1e19, -1e19};
+  for (bool sparse : {false, true}) {
+    if (sparse) {  // the client's indices: both keys where they are valid
+      p.K = 2;
+      p.topk_indices = {0, -1, 0, 1};
+    }
+    for (double x : {88.0, 90.0, 93.0}) {
+      p.key = {0.0, -x};
+      for (bool lse : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << (sparse ? "sparse" : "dense") << ", logit " << -x
+                     << (lse ? ", lse" : ""));
+        Extras extras;
+        if (lse) extras.lse = ExactLse(p);
+        ExpectMatchesReference(p, extras);
+        const klref::RefProjectionsResult want =
+            klref::ComputeProjectionsReference(p);
+        EXPECT_GT(want.kl.unscaled_loss, 1e-3);
+      }
+    }
+  }
+}
+
 TEST(ProjectionsTest, SparseWithClientIndicesMatchesTheReference) {
   RefProjections p = RandomProblem(12, 2, 5, 8, 4, 2, 4, 2, 4);
   p.K = 3;

@@ -201,9 +201,10 @@ class DenseTile : private TileBase {
     float* e = big_.e.Get(kKeyTile);
     // P_h = exp(a - shift) * scale, per (i, h) at [i * H + h]: the given
     // lse and 1, or (as the logits form does) the row's max and 1 / sum.
+    // The exps carry 2^kSoftmaxHeadroom, and scale takes it back out.
     float* shift = big_.shift.Get(n_ * H);
     float* scale = big_.scale.Get(n_ * H);
-    std::fill(scale, scale + n_ * H, 1.0f);
+    std::fill(scale, scale + n_ * H, std::ldexp(1.0f, -kSoftmaxHeadroom));
     // With the given lse, each head's mass, checked against 1.
     std::vector<double> mass;
     if (p_.has_lse) {
@@ -248,8 +249,10 @@ class DenseTile : private TileBase {
               m = scan.max;
             }
             NoExtra none;
-            l += bytes ? ExpRow<true>(a, limit, bytes, m, 1.0f, e, none)
-                       : ExpRow<false>(a, limit, nullptr, m, 1.0f, e, none);
+            l += bytes ? ExpRow<true, kSoftmaxHeadroom>(a, limit, bytes, m,
+                                                        1.0f, e, none)
+                       : ExpRow<false, kSoftmaxHeadroom>(a, limit, nullptr, m,
+                                                         1.0f, e, none);
           }
         }
       }
@@ -302,10 +305,13 @@ class DenseTile : private TileBase {
           // w += P_h, folded into the loop of its exponentials.
           AddScaled add{w_ + i * L_ + s0, Splat(scale[i * H + h])};
           const double head_mass =
-              bytes
-                  ? ExpRow<true>(a, limit, bytes, head_shift, 1.0f, e, add)
-                  : ExpRow<false>(a, limit, nullptr, head_shift, 1.0f, e, add);
-          if (p_.has_lse) mass[i * H + h] += head_mass;
+              bytes ? ExpRow<true, kSoftmaxHeadroom>(a, limit, bytes,
+                                                     head_shift, 1.0f, e, add)
+                    : ExpRow<false, kSoftmaxHeadroom>(a, limit, nullptr,
+                                                      head_shift, 1.0f, e, add);
+          if (p_.has_lse) {
+            mass[i * H + h] += std::ldexp(head_mass, -kSoftmaxHeadroom);
+          }
         }
       }
       if (blocked_heads) {

@@ -80,11 +80,11 @@ inline void GemmTN(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
 }
 
 // Whether a head's largest valid logit lies so far above its shift (the
-// given lse) that Exp is out of its domain. Its mass is then past
-// e^kExpDomainTop, and the tile reports the head's mass as +inf, which fails
-// the mass check as any mass past 1 + kLseMassTolerance does.
+// given lse) that the softmax's Exp (kSoftmaxHeadroom) is out of its domain.
+// Its mass is then past e^72, and the tile reports the head's mass as +inf,
+// which fails the mass check as any mass past 1 + kLseMassTolerance does.
 inline bool MassBeyondExpDomain(float max_logit, float shift) {
-  return max_logit - shift > kExpDomainTop;
+  return max_logit - shift > ExpDomainTop(kSoftmaxHeadroom);
 }
 
 inline bool IsValidSlot(const RowValidity& v, int64_t s) {

@@ -323,8 +323,9 @@ RowScan ScanRow(const float* w, const float* I, int64_t n, int64_t limit,
   return scan;
 }
 
-// e[s] = exp(mul * (x[s] - shift)) on valid slots and 0 on invalid ones, for
-// s < limit, with mul > 0 and x[s] <= shift on valid slots; returns sum(e).
+// e[s] = 2^kHeadroom exp(mul * (x[s] - shift)) (Exp) on valid slots and 0 on
+// invalid ones, for s < limit, with mul > 0 and x[s] <= shift on valid
+// slots; returns sum(e).
 // `extra(i, count, d, e)` runs on each vector (d the exponent, e its exp,
 // count < kLanes only for the last), so that callers can fold more work
 // into the pass. The hottest loop of the per-head path: whole vectors skip
@@ -347,7 +348,7 @@ enum class ExpScaling {
 };
 inline constexpr float kTinyExpScale = 0x1p-121f;
 
-template <bool kMasked, ExpScaling kScaling, typename Extra>
+template <bool kMasked, int kHeadroom, ExpScaling kScaling, typename Extra>
 double ExpRowOf(const float* x, int64_t limit, const uint8_t* valid,
                 float shift, float mul, float* e, Extra& caller_extra) {
   constexpr int64_t kBlock = 8;
@@ -389,7 +390,7 @@ double ExpRowOf(const float* x, int64_t limit, const uint8_t* valid,
       if constexpr (kMasked) {
         d.part[p] = Select(in.part[p], d.part[p], SplatRegister(-kInf));
       }
-      ev.part[p] = Exp(d.part[p]);
+      ev.part[p] = Exp<kHeadroom>(d.part[p]);
       StoreRegister(e + at, ev.part[p]);
       block.part[p] += ev.part[p];
     });
@@ -408,7 +409,7 @@ double ExpRowOf(const float* x, int64_t limit, const uint8_t* valid,
     const int64_t count = limit - i;
     const VecF d = Select(ValidLanes<kMasked>(valid, i, limit),
                           exponent(LoadPart(x + i, count, 0.0f)), Splat(-kInf));
-    const VecF ev = Exp(d);
+    const VecF ev = Exp<kHeadroom>(d);
     StorePart(e + i, ev, count);
     extra(i, count, d, ev);
     block += ev;
@@ -418,20 +419,30 @@ double ExpRowOf(const float* x, int64_t limit, const uint8_t* valid,
   return ReduceSum(sum);
 }
 
-template <bool kMasked, typename Extra>
+template <bool kMasked, int kHeadroom = 0, typename Extra>
 double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
               float mul, float* e, Extra& extra) {
   if (mul == 1.0f) {
-    return ExpRowOf<kMasked, ExpScaling::kNone>(x, limit, valid, shift, mul, e,
-                                                extra);
-  }
-  if (mul < kTinyExpScale) {
-    return ExpRowOf<kMasked, ExpScaling::kDifferenceOfScaled>(
+    return ExpRowOf<kMasked, kHeadroom, ExpScaling::kNone>(
         x, limit, valid, shift, mul, e, extra);
   }
-  return ExpRowOf<kMasked, ExpScaling::kDifference>(x, limit, valid, shift, mul,
-                                                    e, extra);
+  if (mul < kTinyExpScale) {
+    return ExpRowOf<kMasked, kHeadroom, ExpScaling::kDifferenceOfScaled>(
+        x, limit, valid, shift, mul, e, extra);
+  }
+  return ExpRowOf<kMasked, kHeadroom, ExpScaling::kDifference>(
+      x, limit, valid, shift, mul, e, extra);
 }
+
+// The main attention's softmax numerators, which build the target p, are
+// taken as 2^kSoftmaxHeadroom exp(...) (ExpRow<kMasked, kSoftmaxHeadroom>)
+// and their sums carry the factor too, so that 1 / sum takes it back out:
+// P = e / sum is the same float wherever exp(...) is a normal float, and
+// where it is below FLT_MIN (a logit about 87 to 103 below its head's
+// maximum, with a scale of 1) P keeps the subnormal value that float
+// arithmetic gives, rather than 0. Such a P counts where it meets a score
+// of -inf (the EXACT KL's error) or a score far below the others.
+inline constexpr int kSoftmaxHeadroom = 23;
 
 // ExpRow extras.
 struct NoExtra {

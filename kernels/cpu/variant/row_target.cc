@@ -23,7 +23,8 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
   float* buffer = scratch.target();
   float* next_buffer = scratch.next_target();
   // Head h's exponentials go to e; head h - 1's, with their 1 / sum in
-  // a_prev, wait in e_prev to be folded into w during head h's loop.
+  // a_prev, wait in e_prev to be folded into w during head h's loop. The
+  // exponentials carry 2^kSoftmaxHeadroom, and 1 / sum its inverse.
   float* e = scratch.e();
   float* e_prev = scratch.previous_e();
   float a_prev = 0;
@@ -58,8 +59,8 @@ absl::StatusOr<RowTarget> PerHead(const IndexerKlProblem& p,
       const auto exp_row = [&](auto fold) {
         BothExtras<ScanNextHead<kMasked>, decltype(fold)> extras{
             ScanNextHead<kMasked>(checked, ahead, v.bytes), fold};
-        const double sum =
-            ExpRow<kMasked>(x, v.limit, v.bytes, scan.max, scale, e, extras);
+        const double sum = ExpRow<kMasked, kSoftmaxHeadroom>(
+            x, v.limit, v.bytes, scan.max, scale, e, extras);
         scan = extras.a.Result(p.row_length, v.limit);
         return sum;
       };

@@ -195,10 +195,13 @@ class SparseTile : private TileBase {
         // The kernels' exp, in place: libm's expf is chosen by CPU at run
         // time (an FMA version where there is FMA), so it could give other
         // bits on another replica.
+        // The exps carry 2^kSoftmaxHeadroom; inv takes it back out.
         double mass = std::numeric_limits<double>::infinity();
         if (!MassBeyondExpDomain(m, shift)) {
           NoExtra none;
-          mass = ExpRow<false>(a, nv, nullptr, shift, 1.0f, a, none);
+          mass = std::ldexp(ExpRow<false, kSoftmaxHeadroom>(
+                                a, nv, nullptr, shift, 1.0f, a, none),
+                            -kSoftmaxHeadroom);
         }
         if (p_.has_lse && !(std::abs(mass - 1.0) <= kLseMassTolerance)) {
           failed_row = r;
@@ -208,7 +211,8 @@ class SparseTile : private TileBase {
               kLseMassTolerance,
               " (the lse must be taken over the row's valid slots)"));
         }
-        const float inv = p_.has_lse ? 1.0f : static_cast<float>(1.0 / mass);
+        const float inv = static_cast<float>(
+            std::ldexp(p_.has_lse ? 1.0 : 1.0 / mass, -kSoftmaxHeadroom));
         if (h % kHeadsPerFloatSum == 0 && h > 0) {  // a block of heads ended
           FoldHeadBlock(head_w.data(), head_sums.data(), nv,
                         /*first=*/h == kHeadsPerFloatSum);

@@ -357,6 +357,10 @@ inline constexpr float kExpDomainTop = 88.0f;
 // exp(x) for x <= kExpDomainTop: a softmax's x - max <= 0 needs no cap,
 // which cost an instruction per register; a caller with larger x caps it.
 // Inputs below ln(FLT_MIN) give 0 (no denormals), -inf gives 0, NaN NaN.
+// With kHeadroom > 0 it gives 2^kHeadroom exp(x), for x up to
+// ExpDomainTop(kHeadroom) and 0 below ln(2^-(126 + kHeadroom)): the same
+// bits times 2^kHeadroom wherever exp(x) alone is not 0, and normal floats
+// where exp(x) would be a subnormal (SoftmaxHeadroom).
 // x = n ln2 + r with |r| <= ln2/2; exp(r) = 1 + r + r^2 Q(r), Q of degree
 // 4 fitted for the least maximum relative error in float64 (3.1e-9; the
 // degree-7 Taylor polynomial it replaced, 5e-9 with one step more); 2^n
@@ -364,8 +368,11 @@ inline constexpr float kExpDomainTop = 88.0f;
 // sweep of [-87.3, 0] (the Taylor form: 1.30).
 // F is VecF, or one register of it (RegF), for a loop that computes a vector
 // part by part to hold fewer values at once; the same operations either way.
-template <typename F>
+template <int kHeadroom = 0, typename F>
 inline F Exp(F x) {
+  static_assert(kHeadroom >= 0 && kHeadroom <= 23,
+                "2^-(126 + kHeadroom) must be a float, and n + 127 + "
+                "kHeadroom below 2^23 t's low bits");
   using I = decltype(x < x);
   const auto c = [](float v) {
     if constexpr (std::is_same_v<F, VecF>) {
@@ -376,11 +383,13 @@ inline F Exp(F x) {
   };
   // Adding 1.5 * 2^23 rounds x log2(e) to an integer n in t's low mantissa
   // bits, and 127 more makes them n + 127, 2^n's exponent field, with no
-  // integer add of its own. Only a tie could round otherwise than 1.5 * 2^23
+  // integer add of its own (kHeadroom more make them 2^(n + kHeadroom)'s;
+  // an integer added to a float of [2^23, 2^24) is exact, so n is the same
+  // with any headroom). Only a tie could round otherwise than 1.5 * 2^23
   // alone did, and there is none in Exp's domain: log2(e)'s float has an
   // odd significand, so x log2(e) lies halfway between integers only for
   // |x| of 2^22 or more.
-  const F shifter = c(12583039.0f);  // 1.5 * 2^23 + 127
+  const F shifter = c(12583039.0f + kHeadroom);  // 1.5 * 2^23 + 127
   const F t = Fma(x, c(1.44269504088896341f), shifter);
   const F n = t - shifter;
   F r = Fma(n, c(-0.693359375f), x);
@@ -396,7 +405,17 @@ inline F Exp(F x) {
   // top. A multiply, not an add to p's exponent field, which would turn a
   // NaN into a number.
   const F scaled = p * std::bit_cast<F>(std::bit_cast<I>(t) << 23);
-  return Select(x < c(-87.33654f), c(0.0f), scaled);
+  // Below it n + 127 + kHeadroom would leave the exponent field. For no
+  // headroom the bound is ln(FLT_MIN), as a float above it, so that no
+  // result is subnormal.
+  constexpr float kBottom =
+      kHeadroom == 0 ? -87.33654f : -(126 + kHeadroom) * 0.693147182f;
+  return Select(x < c(kBottom), c(0.0f), scaled);
+}
+
+// The top of Exp<kHeadroom>'s domain: 2^kHeadroom e^top below FLT_MAX.
+constexpr float ExpDomainTop(int headroom) {
+  return kExpDomainTop - headroom * 0.693147182f;
 }
 
 // log(x) split as exponent * ln2 + mantissa_log, with mantissa_log in
