@@ -79,6 +79,12 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MappedRegion::Map(
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": /dev/shm/", key, ": not a regular file"));
   }
+  if (st.st_size <= offset) {  // no byte of the region would be in the file
+    close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat("offset: ", offset, " is at or past the end of /dev/shm/",
+                     key, " (", st.st_size, " bytes)"));
+  }
   if (st.st_size < end) {
     close(fd);
     return absl::InvalidArgumentError(absl::StrCat(

@@ -69,6 +69,11 @@ TEST(RegionRegistry, RefusesWhatIsNotAWholeRegularObject) {
               absl::StatusCode::kNotFound, "key:");
   ExpectError(registry.Register("r", object.key(), 4000, 97).status(),
               absl::StatusCode::kInvalidArgument, "byte_size:");
+  // An offset at or past the end: no size would do.
+  ExpectError(registry.Register("r", object.key(), 4096, 1).status(),
+              absl::StatusCode::kInvalidArgument, "offset:");
+  ExpectError(registry.Register("r", object.key(), 5000, 1).status(),
+              absl::StatusCode::kInvalidArgument, "offset:");
   ExpectError(registry.Register("r", object.key(), INT64_MAX, 2).status(),
               absl::StatusCode::kInvalidArgument, "byte_size:");
   ExpectError(registry.Register("r", object.key(), -1, 2).status(),
