@@ -252,12 +252,20 @@ void TensorBoardPublisher::Write(const FinishedStep& step) {
     if (step.topk_recall) scalar("indexer_topk_recall", *step.topk_recall);
     bytes_ += writer->framed_bytes() - framed_before;
   }
-  if (!status.ok()) {
-    metrics_->CountTensorBoardError();
-    std::fprintf(stderr, "klserve: TensorBoard, run \"%s\": %s\n",
-                 step.run.c_str(), status.ToString().c_str());
-    writers_.erase(step.run);  // reopen a fresh file next time
+  if (status.ok()) {
+    failing_runs_.erase(step.run);
+    return;
   }
+  metrics_->CountTensorBoardError();
+  if (failing_runs_.insert(step.run).second) {
+    std::fprintf(stderr,
+                 "klserve: TensorBoard, run \"%s\": %s (further failures of "
+                 "this run are counted in "
+                 "klserve_tensorboard_write_errors_total, and logged again "
+                 "after a step of it is written)\n",
+                 step.run.c_str(), status.ToString().c_str());
+  }
+  writers_.erase(step.run);  // reopen a fresh file next time
 }
 
 void TensorBoardPublisher::FlushAll() {

@@ -126,6 +126,10 @@ class TensorBoardPublisher {
   // eviction so that a returning run keeps its directory.
   absl::flat_hash_set<std::string> runs_;
   bool runs_limit_logged_ = false;
+  // Runs whose last write failed: each failure is counted, but logged only
+  // when its run starts failing, so that a run failing every step (its name
+  // lands on a file) does not add a log line per request. Within runs_.
+  absl::flat_hash_set<std::string> failing_runs_;
   // What the event files have taken of max_bytes.
   int64_t bytes_ = 0;
   bool bytes_limit_logged_ = false;

@@ -250,5 +250,49 @@ TEST(TensorBoardPublisherTest, EvictionsSkippedAtAFullQueueLeaveFilesBounded) {
   std::filesystem::remove_all(dir);
 }
 
+// A run whose directory cannot be made (its name lands on a file) fails on
+// every step: each failure is counted, but only the first is logged until
+// the run writes again (a helper grew the log by a line per request).
+TEST(TensorBoardPublisherTest, ARunFailingEveryStepIsLoggedOnceUntilItWrites) {
+  const std::string dir = FreshDirectory("failing_tensorboard");
+  std::ofstream(std::filesystem::path(dir) / "taken") << "a file";
+  std::unique_ptr<Metrics> metrics = MetricsWithoutPort();
+  ASSERT_NE(metrics, nullptr);
+  LossReporterOptions options;
+  options.tensorboard.dir = dir;
+  IndexerKlResult result;
+  result.kl_sum = 1;
+  result.denominator = 1;
+  const auto add = [&](LossReporter& reporter, const std::string& run,
+                       int64_t step) {
+    ASSERT_TRUE(reporter
+                    .Add({.run = run,
+                          .step = step,
+                          .layer = std::nullopt,
+                          .microbatch = std::nullopt},
+                         result, 1.0)
+                    .ok());
+  };
+  ::testing::internal::CaptureStderr();
+  auto reporter = std::make_unique<LossReporter>(metrics.get(), options);
+  // Steps 0 to 5 fail (the step after each publishes it, and the last is
+  // published at shutdown); a good run in between fails nothing.
+  for (int64_t step = 0; step < 6; ++step) {
+    ASSERT_NO_FATAL_FAILURE(add(*reporter, "taken/run", step));
+    ASSERT_NO_FATAL_FAILURE(add(*reporter, "good", step));
+  }
+  reporter->Shutdown();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  int lines = 0;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (absl::StrContains(line, "run \"taken/run\"")) ++lines;
+  }
+  EXPECT_EQ(lines, 1) << log;
+  EXPECT_EQ(
+      SampleValue(metrics->Scrape(), "klserve_tensorboard_write_errors_total"),
+      6);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace klserve::server
