@@ -391,8 +391,9 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
           std::unique_ptr<SocketFile> file,
           SocketFile::Publish(address.socket_path, options.unix_socket_mode));
       s->socket_files_.push_back(std::move(file));
-    } else if (s->port_ == 0) {
-      s->port_ = bound[i];
+    } else {
+      if (s->port_ == 0) s->port_ = bound[i];
+      s->tcp_ports_.push_back(bound[i]);
     }
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);

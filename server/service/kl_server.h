@@ -38,6 +38,8 @@ class KlServer {
 
   // The first TCP address's port; 0 when serving on sockets only.
   int port() const { return port_; }
+  // Every TCP port it listens on (not its Unix sockets).
+  const std::vector<int>& tcp_ports() const { return tcp_ports_; }
   // The /metrics port, 0 when not serving metrics.
   int metrics_port() const { return metrics_->port(); }
   const Backend& backend() const { return backends_->primary(); }
@@ -78,6 +80,7 @@ class KlServer {
   std::vector<std::unique_ptr<SocketFile>> socket_files_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  std::vector<int> tcp_ports_;
 };
 
 }  // namespace klserve::server

@@ -3,10 +3,14 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -24,6 +28,7 @@
 #include "flags/duration.h"
 #include "kernels/cpu/blas.h"
 #include "server/service/kl_server.h"
+#include "server/service/listener_watchdog.h"
 #include "server/service/server_options.h"
 #include "server/service/version.h"
 
@@ -175,6 +180,34 @@ ABSL_FLAG(std::string, auth_token_file, Defaults().auth_token_file,
           "file holding a bearer token every RPC must send as "
           "'authorization: Bearer <token>' (health is exempt)");
 
+namespace {
+
+// The soft open-file limit raised to the hard one: every connection and
+// every shared-memory region holds a descriptor, and the soft limit is
+// often 1024 where the hard one allows far more. Once gRPC runs out, its
+// TCP listeners stop for good (ListenerWatchdog).
+void RaiseOpenFileLimit() {
+  rlimit limit = {};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 ||
+      limit.rlim_cur >= limit.rlim_max) {
+    return;
+  }
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    std::fprintf(stderr, "klserve: open-file limit raised from %llu to %llu\n",
+                 static_cast<unsigned long long>(before),
+                 static_cast<unsigned long long>(limit.rlim_max));
+  }
+}
+
+// How often the TCP listeners are looked at, and how many looks in a row
+// with connections waiting and none taken make one stuck.
+constexpr absl::Duration kListenerLookPeriod = absl::Seconds(1);
+constexpr int kListenerPatience = 10;
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves the indexer KL loss over gRPC.\n  klserve [--listen=HOST:PORT] "
@@ -208,6 +241,7 @@ int main(int argc, char** argv) {
   // Before any thread starts: loading the BLAS sets environment variables
   // (kernels/cpu/blas.h). Its status is the CPU backend's to report.
   klserve::cpu::LoadBlas().IgnoreError();
+  RaiseOpenFileLimit();
 
   // SIGTERM and SIGINT go to one thread that drains; every other thread,
   // including gRPC's and the backend's (started below), inherits the mask.
@@ -284,16 +318,31 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "klserve: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  std::thread drainer([&signals, s = server->get()] {
+  // A stuck listener serves no new connection ever again: the server
+  // drains as on SIGTERM, and exits 1 for its supervisor (systemd, a
+  // container runtime's restart policy) to start it again.
+  std::atomic<bool> listener_stuck{false};
+  klserve::server::ListenerWatchdog listeners(
+      (*server)->tcp_ports(), kListenerLookPeriod, kListenerPatience,
+      [&listener_stuck](std::string what) {
+        std::fprintf(stderr,
+                     "klserve: %s; draining, then exiting with status 1\n",
+                     what.c_str());
+        listener_stuck = true;
+        kill(getpid(), SIGTERM);
+      });
+  std::thread drainer([&signals, &listeners, s = server->get()] {
     int signal = 0;
     sigwait(&signals, &signal);
     std::fprintf(stderr, "klserve: signal %d, draining\n", signal);
+    listeners.Stop();  // before the listeners close
     s->Drain();
   });
   (*server)->Wait();
   drainer.join();
   (*server)->RemoveSocketFiles();
   std::fprintf(stderr, "klserve: stopped\n");
+  const int status = listener_stuck ? 1 : 0;
 #if !KLSERVE_ADDRESS_SANITIZER
   // All the server owed is done: answers sent, steps published, event files
   // closed, socket files removed. Destroying it would run gRPC's global
@@ -303,8 +352,8 @@ int main(int argc, char** argv) {
   // pod's grace period counts it). The ASan build goes the long way, so
   // that LeakSanitizer still checks the server's memory at exit.
   std::fflush(nullptr);
-  std::_Exit(0);
+  std::_Exit(status);
 #else
-  return 0;
+  return status;
 #endif
 }
