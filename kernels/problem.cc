@@ -34,7 +34,8 @@ absl::Status CheckOptions(const IndexerKlOptions& options) {
         "scaling_factor",
         absl::StrCat("must be finite with |c| <= ", kMaxScalingFactor,
                      " (the gradient must be finite in FP16)"),
-        absl::StrCat(options.scaling_factor));
+        // All 17 digits: 65504.001 must not print as 65504.
+        absl::StrFormat("%.17g", options.scaling_factor));
   }
   if (!std::isfinite(options.grad_scale)) {
     return Invalid("grad_scale", "must be finite",

@@ -484,6 +484,11 @@ TEST_P(Validate, RejectsBadScalingFactor) {
       ExpectCreateRejects(c, {"scaling_factor"});
     }
   }
+  // The value as sent, not rounded back onto the bound (it read "got 65504").
+  Case c = FullBase(InputForm::kDenseAggregated);
+  c.options.scaling_factor = 65504.001;
+  const absl::Status status = CreateStatus(EncodedCase(c));
+  EXPECT_TRUE(absl::StrContains(status.message(), "got 65504.00")) << status;
 }
 
 // |c * grad_scale| bounds every gradient entry; past the grad dtype's
