@@ -52,6 +52,15 @@ void ForEachValidSlot(const Case& c, Fn fn) {
   }
 }
 
+// ForEachValidSlot, with whether the slot is its row's first valid one.
+template <typename Fn>
+void ForEachValidSlotFirstOrNot(const Case& c, Fn fn) {
+  std::vector<int64_t> seen_in_row(c.num_rows(), 0);
+  ForEachValidSlot(c, [&](int64_t b, int64_t t, int64_t j, int64_t i) {
+    fn(b, t, j, i, seen_in_row[b * c.T + t]++ == 0);
+  });
+}
+
 struct Combo {
   InputForm form;
   Flavor flavor;
@@ -154,20 +163,19 @@ TEST_P(ExtremeValues, AllTargetMassOnOneKey) {
       SCOPED_TRACE(Name(combo) + (exactly_one_hot ? " one-hot" : " near"));
       Case c =
           MakeRandomCase(Spec(combo.form, combo.flavor, combo.dtype), seed++);
-      std::vector<int64_t> seen_in_row(c.num_rows(), 0);
-      ForEachValidSlot(c, [&](int64_t b, int64_t t, int64_t j, int64_t i) {
-        const bool hot = seen_in_row[b * c.T + t]++ == 0;
-        if (c.attention_logits) {
-          for (int64_t h = 0; h < c.H; ++h) {
-            c.attention_logits->at({b, h, t, j}) =
-                hot ? (exactly_one_hot ? 0.0 : 60.0)
-                    : (exactly_one_hot ? -kInf : 0.0);
-          }
-        } else {
-          c.attention_weights->values[i] =
-              hot ? 1.0 : (exactly_one_hot ? 0.0 : 1e-30);
-        }
-      });
+      ForEachValidSlotFirstOrNot(
+          c, [&](int64_t b, int64_t t, int64_t j, int64_t i, bool hot) {
+            if (c.attention_logits) {
+              for (int64_t h = 0; h < c.H; ++h) {
+                c.attention_logits->at({b, h, t, j}) =
+                    hot ? (exactly_one_hot ? 0.0 : 60.0)
+                        : (exactly_one_hot ? -kInf : 0.0);
+              }
+            } else {
+              c.attention_weights->values[i] =
+                  hot ? 1.0 : (exactly_one_hot ? 0.0 : 1e-30);
+            }
+          });
       const klref::RefResult ref = CheckAgainstReference(c);
       // KL = -log q of the hot key.
       ASSERT_EQ(ref.error, "");
@@ -189,19 +197,18 @@ TEST(HugeScores, KeepTheTermsOfKeysWithTinyTargetMass) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       SCOPED_TRACE(Name({form, Flavor::kExact, dtype}));
       Case c = MakeRandomCase(Spec(form, Flavor::kExact, dtype), seed++);
-      std::vector<int64_t> seen_in_row(c.num_rows(), 0);
-      ForEachValidSlot(c, [&](int64_t b, int64_t t, int64_t j, int64_t i) {
-        const bool top = seen_in_row[b * c.T + t]++ == 0;
-        const double u = static_cast<double>(rng() % 1000) / 1000;
-        c.indexer_scores.values[i] = top ? 1e20 : u;
-        if (c.attention_logits) {
-          for (int64_t h = 0; h < c.H; ++h) {
-            c.attention_logits->at({b, h, t, j}) = top ? 0.0 : -40.0 - u;
-          }
-        } else {
-          c.attention_weights->values[i] = top ? 1.0 : 4e-18 * (1 + u);
-        }
-      });
+      ForEachValidSlotFirstOrNot(
+          c, [&](int64_t b, int64_t t, int64_t j, int64_t i, bool top) {
+            const double u = static_cast<double>(rng() % 1000) / 1000;
+            c.indexer_scores.values[i] = top ? 1e20 : u;
+            if (c.attention_logits) {
+              for (int64_t h = 0; h < c.H; ++h) {
+                c.attention_logits->at({b, h, t, j}) = top ? 0.0 : -40.0 - u;
+              }
+            } else {
+              c.attention_weights->values[i] = top ? 1.0 : 4e-18 * (1 + u);
+            }
+          });
       const klref::RefResult ref =
           CheckAgainstReference(c, {.loss_rel = 1e-6, .grad_rel = 1e-6});
       // Each low key adds about 4e-18 * 1e20 nats.
@@ -223,9 +230,8 @@ TEST(SubnormalTargetMass, KeepsTheTermsOfLogitsFarBelowTheirHeadsMax) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       SCOPED_TRACE(Name({form, Flavor::kExact, dtype}));
       Case c = MakeRandomCase(Spec(form, Flavor::kExact, dtype), seed++);
-      std::vector<int64_t> seen_in_row(c.num_rows(), 0);
-      ForEachValidSlot(c, [&](int64_t b, int64_t t, int64_t j, int64_t i) {
-        const bool top = seen_in_row[b * c.T + t]++ == 0;
+      ForEachValidSlotFirstOrNot(c, [&](int64_t b, int64_t t, int64_t j,
+                                        int64_t i, bool top) {
         c.indexer_scores.values[i] = top ? 1e38 : -1e38;
         for (int64_t h = 0; h < c.H; ++h) {
           const double u = static_cast<double>(rng() % 1000) / 1000;

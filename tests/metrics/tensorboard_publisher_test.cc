@@ -139,6 +139,16 @@ double SampleValue(const std::string& exposition, absl::string_view name) {
   return -1;
 }
 
+// Adds a sample of `result` to `run`'s step `step`, untagged by layer.
+absl::Status AddSample(LossReporter& reporter, const std::string& run,
+                       int64_t step, const IndexerKlResult& result) {
+  return reporter.Add({.run = run,
+                       .step = step,
+                       .layer = std::nullopt,
+                       .microbatch = std::nullopt},
+                      result, 1.0);
+}
+
 TEST(TensorBoardPublisherTest, RequestsGoOnWhileTheWritingThreadIsStalled) {
   const std::string dir = FreshDirectory("stalled_tensorboard");
 
@@ -162,13 +172,7 @@ TEST(TensorBoardPublisherTest, RequestsGoOnWhileTheWritingThreadIsStalled) {
   const auto start = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < kSteps; ++step) {
     result.kl_sum = static_cast<double>(step);
-    ASSERT_TRUE(reporter
-                    ->Add({.run = "stalled",
-                           .step = step,
-                           .layer = std::nullopt,
-                           .microbatch = std::nullopt},
-                          result, 1.0)
-                    .ok());
+    ASSERT_TRUE(AddSample(*reporter, "stalled", step, result).ok());
   }
   const auto took = std::chrono::steady_clock::now() - start;
   EXPECT_LT(took, std::chrono::seconds(10));
@@ -224,13 +228,7 @@ TEST(TensorBoardPublisherTest, EvictionsSkippedAtAFullQueueLeaveFilesBounded) {
   // Each run's second step publishes its first; each new run evicts one.
   const auto run_steps = [&](const std::string& run) {
     for (int64_t step = 0; step < 2; ++step) {
-      ASSERT_TRUE(reporter
-                      .Add({.run = run,
-                            .step = step,
-                            .layer = std::nullopt,
-                            .microbatch = std::nullopt},
-                           result, 1.0)
-                      .ok());
+      ASSERT_TRUE(AddSample(reporter, run, step, result).ok());
     }
   };
   for (int cycle = 0; cycle < 3; ++cycle) {
@@ -263,23 +261,13 @@ TEST(TensorBoardPublisherTest, ARunFailingEveryStepIsLoggedOnceUntilItWrites) {
   IndexerKlResult result;
   result.kl_sum = 1;
   result.denominator = 1;
-  const auto add = [&](LossReporter& reporter, const std::string& run,
-                       int64_t step) {
-    ASSERT_TRUE(reporter
-                    .Add({.run = run,
-                          .step = step,
-                          .layer = std::nullopt,
-                          .microbatch = std::nullopt},
-                         result, 1.0)
-                    .ok());
-  };
   ::testing::internal::CaptureStderr();
   auto reporter = std::make_unique<LossReporter>(metrics.get(), options);
   // Steps 0 to 5 fail (the step after each publishes it, and the last is
   // published at shutdown); a good run in between fails nothing.
   for (int64_t step = 0; step < 6; ++step) {
-    ASSERT_NO_FATAL_FAILURE(add(*reporter, "taken/run", step));
-    ASSERT_NO_FATAL_FAILURE(add(*reporter, "good", step));
+    ASSERT_TRUE(AddSample(*reporter, "taken/run", step, result).ok());
+    ASSERT_TRUE(AddSample(*reporter, "good", step, result).ok());
   }
   reporter->Shutdown();
   const std::string log = ::testing::internal::GetCapturedStderr();
