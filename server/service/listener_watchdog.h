@@ -1,6 +1,8 @@
 #ifndef KLSERVE_SERVER_SERVICE_LISTENER_WATCHDOG_H_
 #define KLSERVE_SERVER_SERVICE_LISTENER_WATCHDOG_H_
 
+#include <dirent.h>
+
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,8 +23,12 @@ namespace klserve::server {
 // ListenerWatchdog looks at this process's listening TCP sockets on `ports`
 // once a `period`. A listener whose accept queue has held connections at
 // `patience` looks in a row, with no new connection to its port among this
-// process's descriptors in between, is stuck: `on_stuck` is called once,
-// with a sentence saying what was seen, and the watchdog stops looking.
+// process's descriptors in between, is probed: a connection of the
+// watchdog's own, held open, must be taken within 3 s (a flood that gRPC
+// takes and drops between looks passes that). One that is not taken, or
+// cannot be made for want of a descriptor, makes the listener stuck:
+// `on_stuck` is called once, with a sentence saying what was seen, and the
+// watchdog stops looking. It needs no new descriptor to look.
 class ListenerWatchdog {
  public:
   ListenerWatchdog(const std::vector<int>& ports, absl::Duration period,
@@ -55,6 +61,7 @@ class ListenerWatchdog {
   const absl::Duration period_;
   const int patience_;
   absl::AnyInvocable<void(std::string)> on_stuck_;
+  DIR* fds_;                         // /proc/self/fd, open from the start
   std::vector<Listener> listeners_;  // the thread's alone once it runs
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

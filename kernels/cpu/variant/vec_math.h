@@ -359,8 +359,9 @@ inline constexpr float kExpDomainTop = 88.0f;
 // Inputs below ln(FLT_MIN) give 0 (no denormals), -inf gives 0, NaN NaN.
 // With kHeadroom > 0 it gives 2^kHeadroom exp(x), for x up to
 // ExpDomainTop(kHeadroom) and 0 below ln(2^-(126 + kHeadroom)): the same
-// bits times 2^kHeadroom wherever exp(x) alone is not 0, and normal floats
-// where exp(x) would be a subnormal (SoftmaxHeadroom).
+// bits times 2^kHeadroom wherever exp(x) alone is not 0, and where exp(x)
+// would be a subnormal, 2^kHeadroom exp(x) with all its bits but within a
+// rounding of the bound (kSoftmaxHeadroom).
 // x = n ln2 + r with |r| <= ln2/2; exp(r) = 1 + r + r^2 Q(r), Q of degree
 // 4 fitted for the least maximum relative error in float64 (3.1e-9; the
 // degree-7 Taylor polynomial it replaced, 5e-9 with one step more); 2^n
