@@ -392,7 +392,6 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
           SocketFile::Publish(address.socket_path, options.unix_socket_mode));
       s->socket_files_.push_back(std::move(file));
     } else {
-      if (s->port_ == 0) s->port_ = bound[i];
       s->tcp_ports_.push_back(bound[i]);
     }
   }

@@ -37,7 +37,7 @@ class KlServer {
   ~KlServer();
 
   // The first TCP address's port; 0 when serving on sockets only.
-  int port() const { return port_; }
+  int port() const { return tcp_ports_.empty() ? 0 : tcp_ports_.front(); }
   // Every TCP port it listens on (not its Unix sockets).
   const std::vector<int>& tcp_ports() const { return tcp_ports_; }
   // The /metrics port, 0 when not serving metrics.
@@ -79,7 +79,6 @@ class KlServer {
   // Removed after the server has stopped (destroyed after server_).
   std::vector<std::unique_ptr<SocketFile>> socket_files_;
   std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
   std::vector<int> tcp_ports_;
 };
 

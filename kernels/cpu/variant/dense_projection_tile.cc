@@ -204,7 +204,8 @@ class DenseTile : private TileBase {
     // The exps carry 2^kSoftmaxHeadroom, and scale takes it back out.
     float* shift = big_.shift.Get(n_ * H);
     float* scale = big_.scale.Get(n_ * H);
-    std::fill(scale, scale + n_ * H, std::ldexp(1.0f, -kSoftmaxHeadroom));
+    std::fill(scale, scale + n_ * H,
+              static_cast<float>(WithoutSoftmaxHeadroom(1.0)));
     // With the given lse, each head's mass, checked against 1.
     std::vector<double> mass;
     if (p_.has_lse) {
@@ -310,7 +311,7 @@ class DenseTile : private TileBase {
                     : ExpRow<false, kSoftmaxHeadroom>(a, limit, nullptr,
                                                       head_shift, 1.0f, e, add);
           if (p_.has_lse) {
-            mass[i * H + h] += std::ldexp(head_mass, -kSoftmaxHeadroom);
+            mass[i * H + h] += WithoutSoftmaxHeadroom(head_mass);
           }
         }
       }

@@ -444,6 +444,12 @@ double ExpRow(const float* x, int64_t limit, const uint8_t* valid, float shift,
 // of -inf (the EXACT KL's error) or a score far below the others.
 inline constexpr int kSoftmaxHeadroom = 23;
 
+// v (a sum of such numerators, or a factor meant for them) without the
+// factor: exact, a power of two.
+inline double WithoutSoftmaxHeadroom(double v) {
+  return std::ldexp(v, -kSoftmaxHeadroom);
+}
+
 // ExpRow extras.
 struct NoExtra {
   void operator()(int64_t, int64_t, VecF, VecF) {}

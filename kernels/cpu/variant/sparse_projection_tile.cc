@@ -199,9 +199,8 @@ class SparseTile : private TileBase {
         double mass = std::numeric_limits<double>::infinity();
         if (!MassBeyondExpDomain(m, shift)) {
           NoExtra none;
-          mass = std::ldexp(ExpRow<false, kSoftmaxHeadroom>(
-                                a, nv, nullptr, shift, 1.0f, a, none),
-                            -kSoftmaxHeadroom);
+          mass = WithoutSoftmaxHeadroom(ExpRow<false, kSoftmaxHeadroom>(
+              a, nv, nullptr, shift, 1.0f, a, none));
         }
         if (p_.has_lse && !(std::abs(mass - 1.0) <= kLseMassTolerance)) {
           failed_row = r;
@@ -212,7 +211,7 @@ class SparseTile : private TileBase {
               " (the lse must be taken over the row's valid slots)"));
         }
         const float inv = static_cast<float>(
-            std::ldexp(p_.has_lse ? 1.0 : 1.0 / mass, -kSoftmaxHeadroom));
+            WithoutSoftmaxHeadroom(p_.has_lse ? 1.0 : 1.0 / mass));
         if (h % kHeadsPerFloatSum == 0 && h > 0) {  // a block of heads ended
           FoldHeadBlock(head_w.data(), head_sums.data(), nv,
                         /*first=*/h == kHeadsPerFloatSum);
