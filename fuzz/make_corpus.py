@@ -178,12 +178,18 @@ SEEDS = {
         blob(WEIGHTS, tensor("FP32", [1, 1, 2], fp32([1, 1]))) +
         blob(SCORES, tensor("FP32", [1, 1, 2], fp32([0, 1])))),
     "invalid_no_target": blob(SCORES, tensor("FP32", [1, 1, 2], fp32([0, 1]))),
-    # Invalid: top-k index out of range.
-    "invalid_topk_range": (
+    # A top-k index outside [0, S) names no key: an empty slot.
+    "sparse_topk_out_of_range": (
         blob(OPTIONS, vint(3, 2)) +
         blob(WEIGHTS, tensor("FP32", [1, 1, 2], fp32([1, 1]))) +
         blob(SCORES, tensor("FP32", [1, 1, 2], fp32([0, 1]))) +
         blob(TOPK, tensor("INT32", [1, 1, 2], int32([0, 7])))),
+    # Invalid: a key named twice in a row.
+    "invalid_topk_repeat": (
+        blob(OPTIONS, vint(3, 2)) +
+        blob(WEIGHTS, tensor("FP32", [1, 1, 2], fp32([1, 1]))) +
+        blob(SCORES, tensor("FP32", [1, 1, 2], fp32([0, 1]))) +
+        blob(TOPK, tensor("INT32", [1, 1, 2], int32([1, 1])))),
 }
 
 

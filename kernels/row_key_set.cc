@@ -12,6 +12,7 @@ RowKeySet::RowKeySet() {
 }
 
 void RowKeySet::StartRow(int64_t slots, int64_t S) {
+  S_ = S;
   const int64_t wanted = TableSlots(slots);
   if (wanted > slots_) {
     slots_ = wanted;

@@ -24,20 +24,26 @@ class RowKeySet {
  public:
   RowKeySet();
 
-  // Empties the set for a row of at most `slots` keys, each in [0, S).
+  // Empties the set for a row of at most `slots` keys over S < 2^31 keys.
   void StartRow(int64_t slots, int64_t S);
-  // The first j in [0, K) whose key_at(j) (a key in [0, S), or -1 for none)
-  // an earlier j of the row named, or -1; every key before it joins the set.
-  // One loop over the row, with the table's fields in locals: a store into
-  // the table could otherwise alias them and reload them per key.
+  // The first j in [0, K) whose key_at(j) an earlier j of the row named, or
+  // -1; every key before it joins the set. An int32 outside [0, S) names no
+  // key (an empty slot), so it never repeats. One loop over the row, with
+  // the table's fields in locals: a store into the table could otherwise
+  // alias them and reload them per key.
   template <typename KeyAt>
   int64_t FirstRepeat(int64_t K, KeyAt key_at) {
+    // As unsigned, a negative key lies above every S < 2^31: one compare.
+    const uint32_t S = static_cast<uint32_t>(S_);
+    const auto names_no_key = [S](int32_t key) {
+      return static_cast<uint32_t>(key) >= S;
+    };
     if (marks_) {
       uint8_t* const marks = reinterpret_cast<uint8_t*>(table_.get());
       const uint8_t stamp = static_cast<uint8_t>(stamp_);
       for (int64_t j = 0; j < K; ++j) {
         const int32_t key = key_at(j);
-        if (key == -1) continue;
+        if (names_no_key(key)) continue;
         if (marks[key] == stamp) return j;
         marks[key] = stamp;
       }
@@ -50,7 +56,7 @@ class RowKeySet {
     const uint64_t stamp = stamp_;
     for (int64_t j = 0; j < K; ++j) {
       const int32_t key = key_at(j);
-      if (key == -1) continue;
+      if (names_no_key(key)) continue;
       const uint64_t tagged = (stamp << 32) | static_cast<uint32_t>(key);
       for (uint64_t i = (static_cast<uint64_t>(key) * multiplier) >> shift;;
            i = (i + 1) & mask) {
@@ -86,6 +92,7 @@ class RowKeySet {
 
   std::unique_ptr<uint64_t[]> table_;
   int64_t slots_ = 0;  // a power of two, or 0 while unallocated
+  int64_t S_ = 0;      // the current row's number of keys
   // Whether the current row uses the table as marks. The two uses read the
   // same bytes differently, so switching clears the table.
   bool marks_ = false;

@@ -13,11 +13,11 @@
 namespace klserve {
 
 // Checks row (b, t) of topk_indices: K INT32 values at `indices_row` (any
-// alignment), each -1 (an empty slot) or in [0, S), and no key named twice.
-// The first out-of-range index is reported before any repeated key:
-//   "topk_indices: an index must be -1 or in [0, S=<S>), got <X> at [b, t, j]"
+// alignment), no key in [0, S) named twice:
 //   "topk_indices: a key may appear once per row, got key <K> again at
 //    [b, t, j]" (INVALID_ARGUMENT).
+// Any other value, -1 or not, names no key: its slot is empty (the
+// contract's slot rule), and may appear any number of times.
 // `keys` is the caller's, reused from row to row: its memory is O(K), so
 // that a request cannot make the check allocate by naming a large S.
 absl::Status CheckTopkRow(const std::byte* indices_row, int64_t K, int64_t S,

@@ -126,9 +126,9 @@ absl::Status CudaBackend::ComputeRows(const IndexerKlProblem& p,
   }
   if (rows.size() <= 0) return absl::OkStatus();
 
-  // The index rules, on the host and in row order before any launch: within
-  // a row they come before the value rules (as on the CPU), and the device
-  // then only meets indices in range. Rows from the first bad one on are not
+  // The index rule (no key twice), on the host and in row order before any
+  // launch: within a row it comes before the value rules (as on the CPU).
+  // Rows from the first bad one on are not
   // computed: that row's error is reported unless a lower row has another.
   RowRange device_rows = rows;
   absl::Status index_error;

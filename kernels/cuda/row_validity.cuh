@@ -2,9 +2,9 @@
 #define KLSERVE_KERNELS_CUDA_ROW_VALIDITY_CUH_
 
 // Which slots of a row are valid, from every mask the problem carries: the
-// device twin of the CPU backend's BuildRowValidity. The sparse stage's index
-// rules (range, repeats) were checked on the host before the launch; an index
-// outside [0, S) still only makes its slot invalid here.
+// device twin of the CPU backend's BuildRowValidity. The sparse stage's
+// repeated keys were refused on the host before the launch; an index outside
+// [0, S) names no key and makes its slot invalid here.
 
 #include <cstdint>
 

@@ -313,20 +313,6 @@ std::vector<BadCase> BadCases() {
        },
        "indexer_scores"},
       // Top-k indices.
-      {"TopkIndexEqualToNumKeys",
-       [] {
-         R r = Sparse();
-         SetTopk(r, 5, 10);
-         return r;
-       },
-       "topk_indices"},
-      {"TopkIndexBelowMinusOne",
-       [] {
-         R r = Sparse();
-         SetTopk(r, 2, -2);
-         return r;
-       },
-       "topk_indices"},
       {"TopkDuplicateKey",
        [] {
          R r = Sparse();
@@ -691,6 +677,37 @@ TEST_F(ServerTest, MaxTextComputesNegInfScoreWhereTargetIsPositive) {
   EXPECT_TRUE(SameResponse(*expected, *unary));
   absl::StatusOr<v1::ComputeLossResponse> streamed =
       client().ComputeLossStreaming(r, 3);
+  ASSERT_TRUE(streamed.ok()) << Describe(streamed.status());
+  EXPECT_TRUE(SameResponse(*expected, *streamed));
+}
+
+// An index outside [0, num_keys), -1 or not, leaves its slot empty: the
+// answer is the one with -1 there, unary and streamed.
+TEST_F(ServerTest, TopkIndexOutsideTheKeysIsAnEmptySlot) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  v1::ComputeLossRequest with_minus_one = Sparse();
+  with_minus_one.mutable_options()->set_want_row_kl(true);
+  v1::ComputeLossRequest outside = with_minus_one;
+  // Rows 0, 5, 9, -1 / 2, 3, 4, -1 / 7, 1, 8, -1 become 0, 5, x, x /
+  // 2, x, x, x / 7, 1, 8, x, with x -1 or another index outside [0, 10).
+  for (const auto [index, value] :
+       {std::pair{2, 10}, std::pair{5, -5}, std::pair{6, 10}}) {
+    SetTopk(with_minus_one, index, -1);
+    SetTopk(outside, index, value);
+  }
+  SetTopk(outside, 3, std::numeric_limits<int32_t>::min());
+  SetTopk(outside, 7, -2);
+  SetTopk(outside, 11, std::numeric_limits<int32_t>::max());
+  absl::StatusOr<v1::ComputeLossResponse> expected =
+      client().ComputeLossUnary(with_minus_one);
+  ASSERT_TRUE(expected.ok()) << Describe(expected.status());
+  EXPECT_GT(expected->result().loss(), 0);
+  absl::StatusOr<v1::ComputeLossResponse> unary =
+      client().ComputeLossUnary(outside);
+  ASSERT_TRUE(unary.ok()) << Describe(unary.status());
+  EXPECT_TRUE(SameResponse(*expected, *unary));
+  absl::StatusOr<v1::ComputeLossResponse> streamed =
+      client().ComputeLossStreaming(outside, 1);
   ASSERT_TRUE(streamed.ok()) << Describe(streamed.status());
   EXPECT_TRUE(SameResponse(*expected, *streamed));
 }

@@ -147,17 +147,18 @@ Case AsSparse(const Case& dense, const std::vector<int64_t>& keys) {
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t j = 0; j < K; ++j) {
         const int64_t s = keys[j];
+        const bool empty = s < 0 || s >= S;  // names no key
         c.topk_indices->at({b, t, j}) = s;
         c.indexer_scores.at({b, t, j}) =
-            s < 0 ? -kInf : dense.indexer_scores.at({b, t, s});
+            empty ? -kInf : dense.indexer_scores.at({b, t, s});
         if (dense.attention_logits) {
           for (int64_t h = 0; h < dense.H; ++h) {
             c.attention_logits->at({b, h, t, j}) =
-                s < 0 ? 0.0 : dense.attention_logits->at({b, h, t, s});
+                empty ? 0.0 : dense.attention_logits->at({b, h, t, s});
           }
         } else {
           c.attention_weights->at({b, t, j}) =
-              s < 0 ? 7.0 : dense.attention_weights->at({b, t, s});
+              empty ? 7.0 : dense.attention_weights->at({b, t, s});
         }
       }
     }
@@ -196,9 +197,15 @@ TEST_P(Invariants, SparseWithEveryKeyEqualsDense) {
       std::iota(keys.begin(), keys.end(), 0);
       const LibOutput a = RunLibrary(dense);
       ExpectSameOutputs(a, RunLibrary(AsSparse(dense, keys)));
-      // Extra empty slots change nothing but the layout.
+      // Extra empty slots change nothing but the layout, whichever index
+      // outside [0, S) marks them, repeated or not.
       keys.push_back(-1);
       keys.insert(keys.begin() + 3, -1);
+      keys.insert(keys.begin() + 1, dense.S);
+      keys.insert(keys.begin() + 5, std::numeric_limits<int32_t>::min());
+      keys.push_back(dense.S);
+      keys.push_back(std::numeric_limits<int32_t>::max());
+      keys.push_back(-2);
       const LibOutput b = RunLibrary(AsSparse(dense, keys));
       ASSERT_TRUE(b.status.ok()) << b.status;
       EXPECT_NEAR(a.result.loss, b.result.loss,

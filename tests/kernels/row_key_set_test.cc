@@ -5,6 +5,7 @@
 #include "kernels/row_key_set.h"
 
 #include <cstdint>
+#include <iterator>
 #include <random>
 #include <set>
 #include <vector>
@@ -14,25 +15,29 @@
 namespace klserve {
 namespace {
 
-// The first slot whose key an earlier slot named, or -1.
-int64_t FirstRepeatByHand(const std::vector<int32_t>& row) {
+// The first slot whose key an earlier slot named, or -1. An index outside
+// [0, S) names no key.
+int64_t FirstRepeatByHand(const std::vector<int32_t>& row, int64_t S) {
   std::set<int32_t> seen;
   for (size_t j = 0; j < row.size(); ++j) {
-    if (row[j] == -1) continue;
+    if (row[j] < 0 || row[j] >= S) continue;
     if (!seen.insert(row[j]).second) return static_cast<int64_t>(j);
   }
   return -1;
 }
 
-// A row of k keys in [0, S), distinct, with empty slots (-1) mixed in, and
-// with probability 1/2 one slot repeating an earlier key.
+// A row of k keys in [0, S), distinct, with empty slots mixed in (-1, or
+// now and then another index outside [0, S): S, -2, the int32 extremes,
+// repeated), and with probability 1/2 one slot repeating an earlier key.
 std::vector<int32_t> RandomRow(int64_t k, int64_t S, std::mt19937_64& rng) {
   std::uniform_int_distribution<int64_t> key(0, S - 1);
+  const int32_t empties[] = {-1, -1,        -1,       static_cast<int32_t>(S),
+                             -2, INT32_MAX, INT32_MIN};
   std::set<int32_t> used;
   std::vector<int32_t> row;
   while (static_cast<int64_t>(row.size()) < k) {
     if (rng() % 5 == 0) {
-      row.push_back(-1);
+      row.push_back(empties[rng() % std::size(empties)]);
       continue;
     }
     const int32_t x = static_cast<int32_t>(key(rng));
@@ -44,7 +49,7 @@ std::vector<int32_t> RandomRow(int64_t k, int64_t S, std::mt19937_64& rng) {
   }
   if (rng() % 2 == 0 && k >= 2) {
     const size_t from = rng() % (k - 1), to = from + 1 + rng() % (k - 1 - from);
-    if (row[from] != -1) row[to] = row[from];
+    if (row[from] >= 0 && row[from] < S) row[to] = row[from];
   }
   return row;
 }
@@ -65,7 +70,7 @@ TEST(RowKeySet, AgreesWithASetAcrossUsesAndStampWraps) {
     keys.StartRow(k, S);
     const int64_t got =
         keys.FirstRepeat(k, [&](int64_t j) { return keys_of_row[j]; });
-    const int64_t want = FirstRepeatByHand(keys_of_row);
+    const int64_t want = FirstRepeatByHand(keys_of_row, S);
     ASSERT_EQ(got, want) << "row " << row << ", k " << k << ", S " << S;
     repeats += want >= 0;
   }

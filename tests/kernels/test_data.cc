@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <sstream>
@@ -398,14 +399,23 @@ Case MakeRandomCase(const CaseSpec& spec, uint64_t seed) {
   if (c.sparse()) {
     c.topk_indices = HostTensor(DType::kInt32, {B, T, c.K});
     std::vector<int64_t> keys(S);
+    // An empty slot is -1 mostly, and any other index outside [0, S) at
+    // times: both name no key. Chosen by position, not drawn, so that the
+    // cases' other values do not depend on it.
+    const double kInt32Min = std::numeric_limits<int32_t>::min();
+    const double kInt32Max = std::numeric_limits<int32_t>::max();
+    const double empties[] = {-1, -1,        static_cast<double>(S),
+                              -1, -2,        kInt32Max,
+                              -1, kInt32Min, S + 5.0};
     for (int64_t r = 0; r < B * T; ++r) {
       std::iota(keys.begin(), keys.end(), 0);
       std::shuffle(keys.begin(), keys.end(), rng);
       int64_t next = 0;
       for (int64_t j = 0; j < c.K; ++j) {
         const bool empty = next >= S || Uniform(rng) < spec.empty_slot_fraction;
-        c.topk_indices->values[r * c.K + j] =
-            empty ? -1 : static_cast<double>(keys[next++]);
+        const int64_t at = r * c.K + j;
+        c.topk_indices->values[at] = empty ? empties[at % std::size(empties)]
+                                           : static_cast<double>(keys[next++]);
       }
     }
   }

@@ -612,17 +612,24 @@ TEST_P(Validate, RejectsOutputBuffersTooSmall) {
 // ---------------------------------------------------------------------------
 // Value rules, caught while computing.
 
-TEST_P(Validate, RejectsTopkIndexOutOfRange) {
+// The contract's slot rule: an index outside [0, S), -1 or any other, names
+// no key and leaves its slot empty, in a masked row too; several may share a
+// row without being a repeated key.
+TEST_P(Validate, TopkIndexOutsideTheKeysIsAnEmptySlot) {
   for (InputForm form :
        {InputForm::kSparsePerHead, InputForm::kSparseAggregated}) {
     for (double index :
          {6.0, 7.0, 1000.0, -2.0, -7.0, 2147483647.0, -2147483648.0}) {
+      SCOPED_TRACE(index);
       Case c = DataBase(form);
       c.topk_indices->at({1, 2, 3}) = index;
-      SCOPED_TRACE(index);
-      ExpectValueError(c, "topk_indices");
+      c.topk_indices->at({1, 2, 4}) = index;
+      c.topk_indices->at({0, 3, 0}) = index;
+      ExpectMatchesReference(c, RunLibrary(c),
+                             klref::ComputeReference(ToReference(c)));
       c.row_valid->at({1, 2}) = 0;  // whatever row_valid says
-      ExpectValueError(c, "topk_indices");
+      ExpectMatchesReference(c, RunLibrary(c),
+                             klref::ComputeReference(ToReference(c)));
     }
   }
 }
@@ -694,15 +701,14 @@ TEST_P(Validate, TopkRowsOverTheLargestNumKeys) {
         absl::InvalidArgumentError(
             "topk_indices: a key may appear once per row, got key "
             "2147483646 again at [0, 0, 2]"));
-    // The first out-of-range index wins over an earlier repeated key.
-    EXPECT_EQ(RunStatus(OverMaxKeys(small, {7, 7, -2, kMaxKeys})),
+    // Indices outside [0, S) name no key, repeated or not; a key named
+    // twice after them is still found.
+    EXPECT_EQ(RunStatus(OverMaxKeys(small, {kMaxKeys, -2, kMaxKeys, 7})),
+              absl::OkStatus());
+    EXPECT_EQ(RunStatus(OverMaxKeys(small, {-2, 7, kMaxKeys, 7})),
               absl::InvalidArgumentError(
-                  "topk_indices: an index must be -1 or in [0, S=2147483647), "
-                  "got -2 at [0, 0, 2]"));
-    EXPECT_EQ(RunStatus(OverMaxKeys(small, {7, kMaxKeys, 7, -1})),
-              absl::InvalidArgumentError(
-                  "topk_indices: an index must be -1 or in [0, S=2147483647), "
-                  "got 2147483647 at [0, 0, 1]"));
+                  "topk_indices: a key may appear once per row, got key 7 "
+                  "again at [0, 0, 3]"));
   }
 }
 
@@ -1109,8 +1115,9 @@ TEST_P(Validate, NamesTheFirstBadPosition) {
     ExpectNamesPosition(RunStatus(c), {1, 2, 4});
     if (sparse) {
       c = DataBase(MakeInputForm(sparse, false));
-      c.topk_indices->at({1, 3, 2}) = 17;
-      ExpectNamesPosition(RunStatus(c), {1, 3, 2});
+      for (int64_t j = 0; j < 5; ++j) c.topk_indices->at({1, 3, j}) = j;
+      c.topk_indices->at({1, 3, 3}) = 1;
+      ExpectNamesPosition(RunStatus(c), {1, 3, 3});
     }
   }
 }

@@ -231,7 +231,8 @@ def projections_reference(query, key, index_query, index_key, index_weights,
         g = result["grad"]
     else:
         idx = np.asarray(topk_indices).astype(np.int64)
-        safe = np.where(idx >= 0, idx, 0)
+        names_key = (idx >= 0) & (idx < keys)  # else an empty slot
+        safe = np.where(names_key, idx, 0)
         result = indexer_kl_reference(
             np.take_along_axis(scores, safe, axis=2),
             attention_logits=np.take_along_axis(a, safe[:, None], axis=3),
@@ -239,7 +240,7 @@ def projections_reference(query, key, index_query, index_key, index_weights,
         # The compact gradient back on its keys (0 at invalid slots; a key
         # named twice is an error, so no two slots land on one key).
         g = np.zeros_like(scores)
-        b_i, t_i, j_i = np.nonzero(idx >= 0)
+        b_i, t_i, j_i = np.nonzero(names_key)
         g[b_i, t_i, idx[b_i, t_i, j_i]] = result["grad"][b_i, t_i, j_i]
     r = np.maximum(u, 0.0) if use_relu else u
     dr = (u > 0).astype(np.float64) if use_relu else np.ones_like(u)

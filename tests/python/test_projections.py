@@ -236,6 +236,7 @@ def test_sparse_with_client_indices(client):
                                   for _ in range(8)]) for _ in range(2)])
     indices = indices.astype(np.int32)
     indices[0, 3, 2:] = -1
+    indices[1, 6, 1:] = (10, -7, 10)  # outside [0, S) too: empty slots
     options = dict(causal=True, topk_indices=indices, num_keys=10,
                    softmax_scale=0.25)
     result = client.compute_loss_from_projections(**p, **options)

@@ -143,8 +143,8 @@ std::string ComputeRow(const RefProblem& pr, int64_t b, int64_t t,
     int64_t key = j;
     if (pr.sparse()) {
       key = pr.topk[r * pr.K + j];
-      if (key == -1) continue;
-      if (key < 0 || key >= pr.S) return "topk_indices";
+      // -1, or any index outside [0, S), names no key: an empty slot.
+      if (key < 0 || key >= pr.S) continue;
       if (seen[key]) return "topk_indices";
       seen[key] = 1;
     }

@@ -29,7 +29,7 @@ struct RefProblem {
   std::vector<double> logits;   // [B,H,T,L] when H > 0
   std::vector<double> weights;  // [B,T,L] when H == 0
   std::vector<double> scores;   // [B,T,L]
-  std::vector<int64_t> topk;    // [B,T,K] when K > 0; -1 marks an empty slot
+  std::vector<int64_t> topk;    // [B,T,K] when K > 0; outside [0,S): empty
 
   bool causal = false;
   std::optional<int64_t> q_offset;  // defaults to S - T

@@ -99,8 +99,9 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
     return validity;
   }
 
-  // The index rules (range, duplicates) first, shared with the other
-  // backends; then the causal cut, and the other rules gathered by key.
+  // The index rule (no key twice) first, shared with the other backends;
+  // then the causal cut, which also empties the slots of indices outside
+  // [0, S) (start >= 0, end <= S), and the other rules gathered by key.
   const std::byte* indices = data.indices.Row(r, p.T);
   const absl::Status indices_ok =
       CheckTopkRow(indices, p.row_length, p.S, r / p.T, t, scratch.row_keys());
