@@ -324,7 +324,8 @@ bool UsesStream(const v1::ComputeLossRequest& request, StreamMode mode,
     case StreamMode::kAuto:
       break;
   }
-  return RequestTensorBytes(request) > client_options.stream_threshold_bytes;
+  return StreamCarries(request) &&
+         RequestTensorBytes(request) > client_options.stream_threshold_bytes;
 }
 
 absl::StatusOr<std::vector<EchoMessageSize>> EchoPlanFor(

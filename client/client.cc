@@ -353,8 +353,8 @@ absl::StatusOr<v1::FinishStepResponse> Client::FinishStep(
 absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLoss(
     const v1::ComputeLossRequest& request) {
   // A request naming a region carries few bytes inline, and the stream
-  // cannot carry it at all.
-  if (UsesRegions(request) ||
+  // cannot carry it at all, nor some of the projections form's.
+  if (UsesRegions(request) || !StreamCarries(request) ||
       RequestTensorBytes(request) <= options_.stream_threshold_bytes) {
     return ComputeLossUnary(request);
   }

@@ -117,8 +117,9 @@ class Client {
                                                     int64_t step);
 
   // Computes one problem, as one unary message when its tensor bytes are at
-  // most options().stream_threshold_bytes or when it names a shared-memory
-  // region (a tensor's `region` or any of `outputs`), through
+  // most options().stream_threshold_bytes, when it names a shared-memory
+  // region (a tensor's `region` or any of `outputs`) or when the stream
+  // cannot carry it (StreamCarries), through
   // ComputeLossStream otherwise. Either way the response is what the unary call
   // returns, in either form (the projections form, `query` set: d_index_query,
   // d_index_key, d_index_weights and, with options.topk, the service's

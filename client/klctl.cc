@@ -64,7 +64,8 @@ ABSL_FLAG(int, max_attempts, klserve::ClientOptions().max_attempts,
           "limit of calls in flight (bench: while connecting; it sends a "
           "refused request again itself)");
 ABSL_FLAG(std::string, stream, "auto",
-          "loss, bench: auto (stream above --stream_threshold), always, never");
+          "loss, bench: auto (stream above --stream_threshold, if the "
+          "stream can carry the request), always, never");
 ABSL_FLAG(klserve::flags::ByteCount, stream_threshold,
           klserve::flags::ByteCount{int64_t{64} << 20},
           "Requests with more tensor bytes than this are streamed (auto)");

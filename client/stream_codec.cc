@@ -48,6 +48,13 @@ absl::Status ProtocolError(absl::string_view what) {
 
 }  // namespace
 
+bool StreamCarries(const v1::ComputeLossRequest& request) {
+  return !(request.has_query() &&
+           request.options().reduction() == v1::REDUCTION_MEAN_VALID &&
+           !request.has_row_valid() &&
+           (request.has_topk_indices() || request.has_attention_mask()));
+}
+
 absl::StatusOr<RequestSlicer> RequestSlicer::Create(
     const v1::ComputeLossRequest& request) {
   RequestSlicer slicer(request);

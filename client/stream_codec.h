@@ -19,6 +19,14 @@
 
 namespace klserve {
 
+// Whether ComputeLossStream takes `request` at all. The projections form's
+// stream has no counting pass, so REDUCTION_MEAN_VALID without row_valid,
+// with the client's topk_indices or an attention_mask (whose N needs every
+// row before the first gradient), must go as one message: the server
+// refuses it on a stream (docs/spec.md). Callers that choose the call by
+// size send such a request unary whatever its size.
+bool StreamCarries(const v1::ComputeLossRequest& request);
+
 // Cuts the per-row tensors of one request into row blocks, in either form.
 // Rows are r = b * T + t over the indexer scores' [B, T, S or K] (the
 // projections form: the query's [B, T, H, D]); a block may cross batch

@@ -376,6 +376,38 @@ v1::ComputeLossRequest ProjectionsRequest() {
   return request;
 }
 
+// The one kind the stream cannot carry: the projections form under
+// MEAN_VALID without row_valid, with topk_indices or an attention_mask.
+TEST(StreamCarries, AllButProjectionsMeanValidThatNeedsEveryRow) {
+  for (bool projections : {false, true}) {
+    for (v1::Reduction reduction :
+         {v1::REDUCTION_MEAN, v1::REDUCTION_SUM, v1::REDUCTION_MEAN_VALID}) {
+      for (int per_row : {0, 1, 2}) {  // none, topk_indices, attention_mask
+        for (bool row_valid : {false, true}) {
+          v1::ComputeLossRequest request =
+              projections ? ProjectionsRequest() : FullRequest();
+          request.mutable_options()->set_reduction(reduction);
+          if (!row_valid) request.clear_row_valid();
+          request.clear_topk_indices();
+          request.clear_attention_mask();
+          if (per_row == 1) {
+            *request.mutable_topk_indices() =
+                Iota<int32_t>("INT32", {kB, kT, 2});
+          } else if (per_row == 2) {
+            *request.mutable_attention_mask() =
+                Iota<uint8_t>("BOOL", {kB, kT, kSk});
+          }
+          EXPECT_EQ(StreamCarries(request),
+                    !(projections && reduction == v1::REDUCTION_MEAN_VALID &&
+                      per_row != 0 && !row_valid))
+              << projections << " " << reduction << " " << per_row << " "
+              << row_valid;
+        }
+      }
+    }
+  }
+}
+
 TEST(RequestSlicer, ProjectionsHeaderCarriesTheKeySideWhole) {
   const v1::ComputeLossRequest request = ProjectionsRequest();
   absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);

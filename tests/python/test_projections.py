@@ -470,6 +470,25 @@ def test_the_stream_refuses_mean_valid_that_needs_every_row(server):
             stream=True), "reduction")
 
 
+def test_past_the_threshold_what_the_stream_cannot_carry_goes_unary(
+        small_server):
+    """The size rule sends mean_valid with an attention_mask and no row_valid
+    as one message past stream_threshold_bytes (a stream would be refused),
+    with the reference's answer; with row_valid it streams."""
+    p = projections(48, batch=1, rows=64, keys=32, heads=2, kv_heads=1,
+                    dim=8)
+    mask = np.random.default_rng(48).random((1, 64, 32)) < 0.5
+    mask[0, 3] = False  # a row with no valid key: N counts it out
+    options = dict(causal=True, attention_mask=mask, reduction="mean_valid")
+    with small_server.client(stream_threshold_bytes=1024) as c:
+        result = c.compute_loss_from_projections(**p, **options)
+        assert not result.streamed
+        assert_matches(result, projections_reference(**p, **options))
+        streamed = c.compute_loss_from_projections(
+            **p, **options, row_valid=np.ones((1, 64), bool))
+        assert streamed.streamed
+
+
 def bad_key_heads(p):
     return dict(p, key=p["key"][:, :, :3])  # H = 4 not divisible by 3
 

@@ -32,7 +32,8 @@ from klserve._signature import (PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
                                 ComputeLossOptions, loss_signature,
                                 projections_parameters, split_arguments)
 from klserve._stream import (ProjectionsAssembler, RequestSlicer,
-                             ResponseAssembler, needs_counting_pass)
+                             ResponseAssembler, needs_counting_pass,
+                             stream_carries)
 from klserve._tensor_table import (INDEXER_GRADS, PROJECTIONS, QUERY, SCORES,
                                    TENSORS, Form)
 from klserve._tensors import (WIRE_DTYPES, from_tensor, grad_wire_name,
@@ -68,7 +69,10 @@ def _enum_option(field: str, value: Any, names: Mapping[str, Any],
 _KIND_NAMES = {int: "an integer", float: "a number",
                bool: "a bool (True or False)"}
 
-# What gRPC says when the client's own deadline passes.
+# What gRPC says when the client's own deadline passes: this alone, or
+# within another message ("Stream removed (Deadline Exceeded)") when the
+# transport ends the call first. The server's own DEADLINE_EXCEEDED names
+# its flag instead.
 _LOCAL_DEADLINE = "Deadline Exceeded"
 
 
@@ -392,7 +396,9 @@ class Client:
     after that); every other error raises KlserveError at once with the
     server's code and message. compute_loss sends a request whose tensors exceed
     `stream_threshold_bytes` through ComputeLossStream in blocks of about
-    `block_bytes` of rows, the rest as one message. Thread-safe: calls share
+    `block_bytes` of rows, the rest as one message, and so one the stream
+    cannot carry (the projections form under reduction="mean_valid" without
+    row_valid, with topk_indices or an attention_mask). Thread-safe: calls share
     one channel.
 
     TLS (docs/security.md): `tls_ca_file` (PEM roots) turns it on;
@@ -613,7 +619,8 @@ class Client:
             except grpc.RpcError as e:
                 error = KlserveError.from_rpc_error(e)
             if (error.code == grpc.StatusCode.DEADLINE_EXCEEDED and
-                    error.details == _LOCAL_DEADLINE):
+                    (_LOCAL_DEADLINE in error.details or
+                     time.monotonic() >= deadline)):
                 raise self._past_deadline(error)
             if (error.code != grpc.StatusCode.UNAVAILABLE and
                     not error.overloaded):
@@ -825,7 +832,8 @@ class Client:
                 if result is not None:
                     return result
         if stream is None:
-            stream = total_bytes > self.stream_threshold_bytes
+            stream = (total_bytes > self.stream_threshold_bytes and
+                      stream_carries(pb2, options, tensors))
         if stream:
             return self._compute_streaming(tensors, options, tags,
                                            call.request_id)

@@ -45,6 +45,17 @@ def needs_counting_pass(pb2: Any, options: Any, tensors: Tensors) -> bool:
             "row_valid" not in tensors and QUERY not in tensors)
 
 
+def stream_carries(pb2: Any, options: Any, tensors: Tensors) -> bool:
+    """Whether ComputeLossStream takes the problem at all (as the C++
+    client's StreamCarries): the projections form's stream has no counting
+    pass, so REDUCTION_MEAN_VALID without row_valid, with the client's
+    topk_indices or an attention_mask, must go as one message."""
+    return not (QUERY in tensors and
+                options.reduction == pb2.REDUCTION_MEAN_VALID and
+                "row_valid" not in tensors and
+                ("topk_indices" in tensors or "attention_mask" in tensors))
+
+
 def _shape(shape):
     return "[" + ",".join(str(d) for d in shape) + "]"
 
