@@ -8,6 +8,8 @@ import gc
 import logging
 import mmap
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -344,6 +346,36 @@ def test_a_client_dropped_without_close_unregisters_its_regions(shm_server):
         del client, layout, mine
         gc.collect()
         assert not names & set(region_names(other))
+
+
+def test_a_job_stopped_by_sigterm_unlinks_and_unregisters_its_regions(
+        shm_server):
+    """A job whose SIGTERM is at its default: the client's region and the
+    job's own are unlinked and unregistered, and the job still dies of
+    SIGTERM. With a handler of the job's own, that handler is kept."""
+    child = """
+import os, signal, sys, numpy as np, klserve
+mine = klserve.SharedMemoryRegion(4096)
+client = klserve.Client(sys.argv[1], shared_memory=True)
+mine.register(client, name="sigterm-" + mine.key)
+w = np.ones((1, 64, 64), np.float32)
+assert client.compute_loss(w, attention_weights=w).shared_memory
+print(mine.key, client._layouts.regions()[0].key, flush=True)
+if sys.argv[2] == "own":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+    for handler, code in (("default", -15), ("own", 7)):
+        proc = subprocess.run([sys.executable, "-c", child, shm_server.target,
+                               handler], capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert proc.returncode == code, proc.stderr
+        mine, layout = proc.stdout.split()
+        assert not os.path.exists(os.path.join(SHM, mine))
+        assert not os.path.exists(os.path.join(SHM, layout))
+        with shm_server.client() as other:
+            names = set(region_names(other))
+        assert not {"sigterm-" + mine, layout} & names
 
 
 def test_callers_own_region_goes_by_reference(shm_server, shm_client):

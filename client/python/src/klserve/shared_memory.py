@@ -25,6 +25,8 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 import numpy.typing as npt
 
+from klserve._on_sigterm import run_on_sigterm
+
 # Where Linux keeps POSIX shared-memory objects: shm_open("/name") is the
 # file /dev/shm/name, which is what the server opens for a key.
 SHM_DIR = "/dev/shm"
@@ -117,6 +119,7 @@ class SharedMemoryRegion:
         # Garbage collection and interpreter exit unlink the file; the
         # registration then ends with its lease.
         self._finalizer = weakref.finalize(self, _unlink, self.path)
+        run_on_sigterm(self._finalizer)
 
     # -- views -------------------------------------------------------------
 
