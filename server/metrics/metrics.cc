@@ -5,7 +5,9 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "civetweb.h"
 #include "prometheus/text_serializer.h"
 #include "server/metrics/label_sanitizer.h"
 
@@ -156,6 +158,19 @@ Metrics::Metrics(const MetricsOptions& options)
       .Set(1);
 }
 
+absl::Status Metrics::CheckListenAddress(absl::string_view address) {
+  constexpr unsigned kCivetwebIpv6 = 8;  // mg_check_feature's bit for it
+  if (absl::StartsWith(address, "[") && mg_check_feature(kCivetwebIpv6) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_listen: this build's HTTP server (civetweb) has no IPv6, "
+        "got \"",
+        address,
+        "\"; give an IPv4 HOST:PORT (0.0.0.0:9464 for every interface), or "
+        "--metrics_listen= to serve none"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(
     const MetricsOptions& options) {
   std::unique_ptr<Metrics> metrics(new Metrics(options));
@@ -190,7 +205,12 @@ std::string Metrics::Scrape() const {
 
 void Metrics::RegisterMethod(absl::string_view method) {
   const std::string m(method);
-  requests_.Add({{"method", m}, {"code", "OK"}});
+  for (int code = 0;
+       code <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++code) {
+    requests_.Add({{"method", m},
+                   {"code", absl::StatusCodeToString(
+                                static_cast<absl::StatusCode>(code))}});
+  }
   request_duration_.Add({{"method", m}}, RequestDurationBuckets());
   received_bytes_.Add({{"method", m}});
   sent_bytes_.Add({{"method", m}});
@@ -234,6 +254,10 @@ void Metrics::InFlight(int delta) {
 
 void Metrics::RefusedAtLimit(absl::string_view limit) {
   refused_at_limit_.Add({{"limit", std::string(limit)}}).Increment();
+}
+
+void Metrics::RegisterLimit(absl::string_view limit) {
+  refused_at_limit_.Add({{"limit", std::string(limit)}});
 }
 
 void Metrics::CancelledUntakenAnswer() {

@@ -97,6 +97,12 @@ struct MetricsOptions {
 // Thread-safe: every method may be called from any thread.
 class Metrics {
  public:
+  // INVALID_ARGUMENT naming --metrics_listen when this build's HTTP server
+  // cannot take the HOST:PORT `address` at all: an IPv6 host ("[::1]:9464")
+  // where civetweb was built without IPv6, as Debian's is (it failed at
+  // the bind with "null context when constructing CivetServer").
+  static absl::Status CheckListenAddress(absl::string_view address);
+
   // Starts the HTTP endpoint when options.listen_address is not empty.
   // UNAVAILABLE when it cannot listen there (address in use, malformed).
   static absl::StatusOr<std::unique_ptr<Metrics>> Create(
@@ -112,8 +118,11 @@ class Metrics {
   // The text exposition of every series, as a scrape returns it.
   std::string Scrape() const;
 
-  // Creates a method's series at zero (code "OK"), so that rate() sees the
-  // first request of a method. Optional; RecordRequest creates them too.
+  // Creates a method's series at zero, one per gRPC code, so that rate()
+  // and increase() see a method's first calls and its first failures (a
+  // series born at its first increment holds them in its first sample,
+  // where they count as no increase). Optional; RecordRequest creates them
+  // too.
   void RegisterMethod(absl::string_view method);
 
   // One finished RPC: `code` is the gRPC code's name ("OK",
@@ -130,6 +139,8 @@ class Metrics {
   // klserve_requests_total; this tells it from a size limit's, which the
   // clients do not retry.
   void RefusedAtLimit(absl::string_view limit);
+  // Creates a limit's series at zero, as RegisterMethod does.
+  void RegisterLimit(absl::string_view limit);
 
   // A unary answer cancelled because its client left it untaken for
   // --stream_idle_timeout.

@@ -4,7 +4,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
@@ -252,30 +254,34 @@ void TensorBoardPublisher::Write(const FinishedStep& step) {
     if (step.topk_recall) scalar("indexer_topk_recall", *step.topk_recall);
     bytes_ += writer->framed_bytes() - framed_before;
   }
-  if (status.ok()) {
-    failing_runs_.erase(step.run);
-    return;
-  }
+  if (!status.ok()) RunFailed(step.run, status);
+}
+
+void TensorBoardPublisher::RunFailed(const std::string& run,
+                                     const absl::Status& status) {
   metrics_->CountTensorBoardError();
-  if (failing_runs_.insert(step.run).second) {
+  if (failing_runs_.insert(run).second) {
     std::fprintf(stderr,
                  "klserve: TensorBoard, run \"%s\": %s (further failures of "
                  "this run are counted in "
                  "klserve_tensorboard_write_errors_total, and logged again "
-                 "after a step of it is written)\n",
-                 step.run.c_str(), status.ToString().c_str());
+                 "after a step of it reaches its file)\n",
+                 run.c_str(), status.ToString().c_str());
   }
-  writers_.erase(step.run);  // reopen a fresh file next time
+  writers_.erase(run);  // its next step starts a new file
 }
 
 void TensorBoardPublisher::FlushAll() {
+  std::vector<std::pair<std::string, absl::Status>> failed;
   for (auto& [run, file] : writers_) {
-    if (absl::Status status = file.writer->Flush(); !status.ok()) {
-      metrics_->CountTensorBoardError();
-      std::fprintf(stderr, "klserve: TensorBoard flush, run \"%s\": %s\n",
-                   run.c_str(), status.ToString().c_str());
+    absl::Status status = file.writer->Flush();
+    if (status.ok()) {
+      failing_runs_.erase(run);  // what it had is in its file
+    } else {
+      failed.emplace_back(run, std::move(status));
     }
   }
+  for (const auto& [run, status] : failed) RunFailed(run, status);
 }
 
 void TensorBoardPublisher::CloseAll() {

@@ -97,6 +97,9 @@ class TensorBoardPublisher {
   void Run();
   void Write(const FinishedStep& step);
   void FlushAll();
+  // A failed open, write or flush of `run`'s file: counted, logged when the
+  // run starts failing, and the file dropped.
+  void RunFailed(const std::string& run, const absl::Status& status);
   void CloseAll();
   // Whether `run` may have a directory: it has one already, or fewer than
   // max_runs runs do (it then takes one).
@@ -126,9 +129,10 @@ class TensorBoardPublisher {
   // eviction so that a returning run keeps its directory.
   absl::flat_hash_set<std::string> runs_;
   bool runs_limit_logged_ = false;
-  // Runs whose last write failed: each failure is counted, but logged only
-  // when its run starts failing, so that a run failing every step (its name
-  // lands on a file) does not add a log line per request. Within runs_.
+  // Runs failing since their last good flush: each failure is counted, but
+  // logged only when its run starts failing, so that a run failing every
+  // step (its name lands on a file, a full disk) does not add a log line
+  // per step or per flush. Within runs_.
   absl::flat_hash_set<std::string> failing_runs_;
   // What the event files have taken of max_bytes.
   int64_t bytes_ = 0;

@@ -33,7 +33,9 @@ class Admission {
       : max_in_flight_(max_in_flight),
         what_(what),
         flag_(flag),
-        metrics_(metrics) {}
+        metrics_(metrics) {
+    metrics_->RegisterLimit(flag_);
+  }
 
   // OK takes a slot, to be given back with Leave. A refusal at the limit
   // adds kOverloadedMetadataKey to `call`'s trailing metadata, so that

@@ -160,6 +160,7 @@ absl::Status ValidateOptions(const ServerOptions& options) {
       bytes_at_least("max_region_bytes", options.max_region_bytes, 1));
   if (!options.metrics_listen.empty()) {
     RETURN_IF_ERROR(CheckHostPort("metrics_listen", options.metrics_listen));
+    RETURN_IF_ERROR(Metrics::CheckListenAddress(options.metrics_listen));
   }
   RETURN_IF_ERROR(positive("region_lease", options.region_lease));
   RETURN_IF_ERROR(positive("stream_idle_timeout", options.stream_idle_timeout));

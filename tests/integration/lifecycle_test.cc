@@ -627,6 +627,20 @@ TEST_F(ServerTest, SecondServerOnTheSamePortRefusesToStart) {
   EXPECT_TRUE(*serving);
 }
 
+// An IPv6 metrics address either serves or, where civetweb was built
+// without IPv6 (Debian's), is refused at start saying so, not with
+// civetweb's "null context".
+TEST(CommandLineTest, AnIpv6MetricsAddressServesOrIsRefusedSayingWhy) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> started =
+      ServerProcess::Start({"--metrics_listen=[::1]:0"});
+  if (started.ok()) GTEST_SKIP() << "this civetweb serves IPv6";
+  EXPECT_TRUE(absl::StrContains(
+      started.status().message(),
+      "--metrics_listen: this build's HTTP server (civetweb) has no IPv6, "
+      "got \"[::1]:0\""))
+      << started.status();
+}
+
 // The files the flags name are read before any port is bound: with the
 // metrics port taken too, a missing token file or TLS certificate is what
 // the refusal names, so that a misconfigured start says first what is wrong

@@ -167,9 +167,20 @@ TEST(Metrics, RegisterMethodCreatesZeroSeries) {
   auto m = MakeMetrics();
   ASSERT_NE(m, nullptr);
   m->RegisterMethod("ComputeLossStream");
+  m->RegisterLimit("max_open_streams");
   const std::string text = m->Scrape();
-  EXPECT_EQ(ValueOf(text, "klserve_requests_total",
-                    {{"method", "ComputeLossStream"}, {"code", "OK"}}),
+  // Every code, failures included: a first burst of errors then shows in
+  // increase() rather than in the series' first sample.
+  for (const char* code : {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED",
+                           "UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL",
+                           "CANCELLED", "UNAUTHENTICATED"}) {
+    EXPECT_EQ(ValueOf(text, "klserve_requests_total",
+                      {{"method", "ComputeLossStream"}, {"code", code}}),
+              0.0)
+        << code;
+  }
+  EXPECT_EQ(ValueOf(text, "klserve_refused_at_limit_total",
+                    {{"limit", "max_open_streams"}}),
             0.0);
   EXPECT_EQ(ValueOf(text, "klserve_request_duration_seconds_count",
                     {{"method", "ComputeLossStream"}}),

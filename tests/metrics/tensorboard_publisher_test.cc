@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -14,12 +15,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -279,6 +282,91 @@ TEST(TensorBoardPublisherTest, ARunFailingEveryStepIsLoggedOnceUntilItWrites) {
   EXPECT_EQ(
       SampleValue(metrics->Scrape(), "klserve_tensorboard_write_errors_total"),
       6);
+  std::filesystem::remove_all(dir);
+}
+
+// What the process writes to stderr, through a pipe: gtest's capture goes
+// to a file, which a file-size limit would cut short.
+class StderrThroughPipe {
+ public:
+  StderrThroughPipe() {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    std::fflush(stderr);
+    saved_ = dup(2);
+    dup2(fds[1], 2);
+    close(fds[1]);
+    reader_ = std::thread([this, in = fds[0]] {
+      char buffer[4096];
+      for (ssize_t n; (n = read(in, buffer, sizeof(buffer))) > 0;) {
+        text_.append(buffer, n);
+      }
+      close(in);
+    });
+  }
+  ~StderrThroughPipe() {
+    if (reader_.joinable()) Finish();
+  }
+  // Everything written since the start; stderr is itself again.
+  std::string Finish() {
+    std::fflush(stderr);
+    dup2(saved_, 2);  // the pipe's last writer closes: the reader ends
+    close(saved_);
+    reader_.join();
+    return text_;
+  }
+
+ private:
+  int saved_ = -1;
+  std::thread reader_;
+  std::string text_;
+};
+
+// A disk that fills up (here a file-size limit past each file's first
+// record): every flush of the run fails, each is counted, one line is
+// logged for them all (a helper saw a line per run per second), and each
+// failure drops the file, so that the next step starts a new one.
+TEST(TensorBoardPublisherTest, FlushesFailingOnAFullDiskAreLoggedOnce) {
+  const std::string dir = FreshDirectory("full_tensorboard");
+  std::unique_ptr<Metrics> metrics = MetricsWithoutPort();
+  ASSERT_NE(metrics, nullptr);
+  LossReporterOptions options;
+  options.tensorboard.dir = dir;
+  options.tensorboard.flush_interval = absl::Milliseconds(1);
+  IndexerKlResult result;
+  result.kl_sum = 1;
+  result.denominator = 1;
+  rlimit before;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &before), 0);
+  // Past the limit a write fails with EFBIG instead of raising SIGXFSZ.
+  const sighandler_t xfsz = signal(SIGXFSZ, SIG_IGN);
+  rlimit small = before;
+  small.rlim_cur = 40;  // the file's first record (its version), not a step's
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  StderrThroughPipe captured;
+  auto reporter = std::make_unique<LossReporter>(metrics.get(), options);
+  for (int64_t step = 0; step < 6; ++step) {
+    EXPECT_TRUE(AddSample(*reporter, "full", step, result).ok());
+    absl::SleepFor(absl::Milliseconds(30));  // flushed in between
+  }
+  reporter->Shutdown();
+  const std::string log = captured.Finish();
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &before), 0);
+  signal(SIGXFSZ, xfsz);
+  int lines = 0;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (absl::StrContains(line, "run \"full\"")) ++lines;
+  }
+  EXPECT_EQ(lines, 1) << log;
+  EXPECT_GE(
+      SampleValue(metrics->Scrape(), "klserve_tensorboard_write_errors_total"),
+      6);
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(
+           std::filesystem::path(dir) / "full")) {
+    files += entry.is_regular_file();
+  }
+  EXPECT_GE(files, 6);
   std::filesystem::remove_all(dir);
 }
 
