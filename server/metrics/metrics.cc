@@ -121,13 +121,19 @@ Metrics::Metrics(const MetricsOptions& options)
           *registry_, "klserve_indexer_loss_unscaled",
           "Indexer KL loss of the last finished step, before the scaling "
           "factor.")),
-      loss_sum_(CounterFamily(*registry_, "klserve_indexer_loss_sum_total",
-                              "Sum of the step losses (scaled) published; "
-                              "divide its rate by that of "
-                              "klserve_indexer_steps_total for a mean.")),
+      loss_sum_(CounterFamily(
+          *registry_, "klserve_indexer_loss_sum_total",
+          "Sum of the step losses (scaled) published, those >= 0; its rate "
+          "less that of klserve_indexer_loss_negative_sum_total, divided by "
+          "that of klserve_indexer_steps_total, is the mean.")),
+      loss_negative_sum_(CounterFamily(
+          *registry_, "klserve_indexer_loss_negative_sum_total",
+          "Sum of -loss over the step losses (scaled) below 0 published (a "
+          "negative scaling factor; MAXTEXT's KL rounded below 0).")),
       steps_(CounterFamily(*registry_, "klserve_indexer_steps_total",
                            "Steps whose (finite) loss was added to "
-                           "klserve_indexer_loss_sum_total.")),
+                           "klserve_indexer_loss_sum_total or "
+                           "klserve_indexer_loss_negative_sum_total.")),
       loss_distribution_(HistogramFamily(
           *registry_, "klserve_indexer_loss_distribution",
           "Distribution of the step losses (scaled, mean over layers).")),
@@ -291,6 +297,7 @@ Metrics::LayerSeries& Metrics::LayerSeriesOf(const std::string& run,
     it->second.loss = &loss_.Add(labels);
     it->second.loss_unscaled = &loss_unscaled_.Add(labels);
     it->second.loss_sum = &loss_sum_.Add(labels);
+    it->second.loss_negative_sum = &loss_negative_sum_.Add(labels);
     it->second.steps = &steps_.Add(labels);
   }
   return it->second;
@@ -303,7 +310,11 @@ void Metrics::SetLayer(const std::string& run, RunSeries& series,
   s.loss->Set(loss);
   s.loss_unscaled->Set(unscaled_loss);
   if (finite) {
-    s.loss_sum->Increment(loss);
+    if (loss >= 0) {
+      s.loss_sum->Increment(loss);
+    } else {
+      s.loss_negative_sum->Increment(-loss);
+    }
     s.steps->Increment();
   }
 }
@@ -376,6 +387,7 @@ void Metrics::RemoveRun(absl::string_view run) {
     loss_.Remove(l.loss);
     loss_unscaled_.Remove(l.loss_unscaled);
     loss_sum_.Remove(l.loss_sum);
+    loss_negative_sum_.Remove(l.loss_negative_sum);
     steps_.Remove(l.steps);
   }
   runs_.erase(it);

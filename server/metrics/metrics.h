@@ -81,6 +81,9 @@ struct MetricsOptions {
 //   klserve_indexer_loss{run,layer}                   gauge, the last step
 //   klserve_indexer_loss_unscaled{run,layer}          gauge, before c
 //   klserve_indexer_loss_sum_total{run,layer}         counter, sum of losses
+//                                                     >= 0
+//   klserve_indexer_loss_negative_sum_total{run,layer} counter, sum of
+//                                                     -loss over losses < 0
 //   klserve_indexer_steps_total{run,layer}            counter, steps summed
 //   klserve_indexer_loss_distribution{run}            histogram of step losses
 //   klserve_indexer_nonfinite_steps_total{run}        counter
@@ -88,8 +91,12 @@ struct MetricsOptions {
 //   klserve_indexer_topk_recall{run}                  gauge, if sent
 //   klserve_late_samples_total{run}                   counter
 // The mean loss over a window w, across replicas, is
-//     sum(rate(klserve_indexer_loss_sum_total[w]))
+//     (sum(rate(klserve_indexer_loss_sum_total[w]))
+//      - sum(rate(klserve_indexer_loss_negative_sum_total[w])))
 //   / sum(rate(klserve_indexer_steps_total[w])).
+// A counter cannot go down, so a negative loss (a negative scaling factor,
+// or MAXTEXT's KL a rounding below 0) has a counter of its own; in one
+// counter it would have been dropped while its step counted.
 // A step whose loss is NaN or infinite sets the gauges (so alerts see it) and
 // counts in nonfinite_steps_total, but stays out of the sums, the step
 // counts and the histogram, which would otherwise stay NaN forever.
@@ -170,6 +177,7 @@ class Metrics {
     prometheus::Gauge* loss = nullptr;
     prometheus::Gauge* loss_unscaled = nullptr;
     prometheus::Counter* loss_sum = nullptr;
+    prometheus::Counter* loss_negative_sum = nullptr;
     prometheus::Counter* steps = nullptr;
   };
   struct RunSeries {
@@ -220,6 +228,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& loss_unscaled_;
   prometheus::Family<prometheus::Counter>& loss_sum_;
+  prometheus::Family<prometheus::Counter>& loss_negative_sum_;
   prometheus::Family<prometheus::Counter>& steps_;
   prometheus::Family<prometheus::Histogram>& loss_distribution_;
   prometheus::Family<prometheus::Counter>& nonfinite_steps_;

@@ -171,9 +171,9 @@ TEST(Metrics, RegisterMethodCreatesZeroSeries) {
   const std::string text = m->Scrape();
   // Every code, failures included: a first burst of errors then shows in
   // increase() rather than in the series' first sample.
-  for (const char* code : {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED",
-                           "UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL",
-                           "CANCELLED", "UNAUTHENTICATED"}) {
+  for (const char* code :
+       {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNAVAILABLE",
+        "DEADLINE_EXCEEDED", "INTERNAL", "CANCELLED", "UNAUTHENTICATED"}) {
     EXPECT_EQ(ValueOf(text, "klserve_requests_total",
                       {{"method", "ComputeLossStream"}, {"code", code}}),
               0.0)
@@ -286,6 +286,31 @@ TEST(Metrics, SumsAndCountsAccumulateOverSteps) {
   EXPECT_DOUBLE_EQ(
       *ValueOf(text, "klserve_indexer_loss_distribution_sum", {{"run", "r"}}),
       0.04);
+}
+
+// A negative loss (a negative scaling factor) goes to a counter of its own:
+// one counter cannot go down, and had dropped it while its step counted.
+TEST(Metrics, NegativeLossesSumInACounterOfTheirOwn) {
+  auto m = MakeMetrics();
+  ASSERT_NE(m, nullptr);
+  int64_t step = 0;
+  for (const double loss : {-0.5, 0.25, -0.125}) {
+    FinishedStep s;
+    s.run = "r";
+    s.step = ++step;
+    s.loss = loss;
+    s.unscaled_loss = std::fabs(loss);
+    s.layers = {{.layer = 0, .loss = loss, .unscaled_loss = std::fabs(loss)}};
+    m->PublishStep(s);
+  }
+  const std::string text = m->Scrape();
+  for (const char* layer : {"all", "0"}) {
+    const Labels labels = {{"run", "r"}, {"layer", layer}};
+    EXPECT_EQ(ValueOf(text, "klserve_indexer_loss_sum_total", labels), 0.25);
+    EXPECT_EQ(ValueOf(text, "klserve_indexer_loss_negative_sum_total", labels),
+              0.625);
+    EXPECT_EQ(ValueOf(text, "klserve_indexer_steps_total", labels), 3.0);
+  }
 }
 
 TEST(Metrics, UntaggedLayerIsNone) {
