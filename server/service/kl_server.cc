@@ -396,6 +396,10 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
       s->tcp_ports_.push_back(bound[i]);
     }
   }
+  // The service by its name too, as a health check of one service asks
+  // (else NOT_FOUND); SetServingStatus(false) at the drain covers both.
+  s->server_->GetHealthCheckService()->SetServingStatus(
+      std::string(v1::IndexerKl::service_full_name()), true);
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   const std::string metrics_at =
       s->metrics_->port() == 0

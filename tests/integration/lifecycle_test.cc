@@ -455,10 +455,18 @@ TEST_F(ServerTest, SigtermDrainsTheRequestInFlightThenExitsZero) {
   }
   (*held)->rows_sent = 64;
 
-  server().Signal(SIGTERM);
-  // Health turns NOT_SERVING while the request is still in flight.
+  // The server as a whole ("") and the service by its name both serve.
   std::unique_ptr<Client> probe =
       MakeClient(server().target(), 1, absl::Seconds(2));
+  const std::string service(v1::IndexerKl::service_full_name());
+  for (const std::string& name : {std::string(), service}) {
+    absl::StatusOr<bool> serving = probe->Health(name);
+    ASSERT_TRUE(serving.ok())
+        << "\"" << name << "\" " << Describe(serving.status());
+    EXPECT_TRUE(*serving) << name;
+  }
+  server().Signal(SIGTERM);
+  // Health turns NOT_SERVING while the request is still in flight.
   bool not_serving = false;
   for (const absl::Time give_up = absl::Now() + absl::Seconds(10);
        absl::Now() < give_up;) {
@@ -472,6 +480,9 @@ TEST_F(ServerTest, SigtermDrainsTheRequestInFlightThenExitsZero) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_TRUE(not_serving) << "health never turned NOT_SERVING";
+  absl::StatusOr<bool> service_serving = probe->Health(service);
+  ASSERT_TRUE(service_serving.ok()) << Describe(service_serving.status());
+  EXPECT_FALSE(*service_serving);
   // New requests are refused, unary and streamed.
   absl::StatusOr<v1::ComputeLossResponse> refused =
       probe->ComputeLossUnary(GoodSmall());
