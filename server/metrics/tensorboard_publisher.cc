@@ -259,6 +259,12 @@ void TensorBoardPublisher::Write(const FinishedStep& step) {
 
 void TensorBoardPublisher::RunFailed(const std::string& run,
                                      const absl::Status& status) {
+  CountFailure(run, status);
+  writers_.erase(run);  // its next step starts a new file
+}
+
+void TensorBoardPublisher::CountFailure(const std::string& run,
+                                        const absl::Status& status) {
   metrics_->CountTensorBoardError();
   if (failing_runs_.insert(run).second) {
     std::fprintf(stderr,
@@ -268,7 +274,6 @@ void TensorBoardPublisher::RunFailed(const std::string& run,
                  "after a step of it reaches its file)\n",
                  run.c_str(), status.ToString().c_str());
   }
-  writers_.erase(run);  // its next step starts a new file
 }
 
 void TensorBoardPublisher::FlushAll() {
@@ -287,9 +292,7 @@ void TensorBoardPublisher::FlushAll() {
 void TensorBoardPublisher::CloseAll() {
   for (auto& [run, file] : writers_) {
     if (absl::Status status = file.writer->Close(); !status.ok()) {
-      metrics_->CountTensorBoardError();
-      std::fprintf(stderr, "klserve: TensorBoard close, run \"%s\": %s\n",
-                   run.c_str(), status.ToString().c_str());
+      CountFailure(run, status);
     }
   }
   writers_.clear();

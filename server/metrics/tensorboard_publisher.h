@@ -100,6 +100,8 @@ class TensorBoardPublisher {
   // A failed open, write or flush of `run`'s file: counted, logged when the
   // run starts failing, and the file dropped.
   void RunFailed(const std::string& run, const absl::Status& status);
+  // RunFailed but for the file: counted, logged when the run starts failing.
+  void CountFailure(const std::string& run, const absl::Status& status);
   void CloseAll();
   // Whether `run` may have a directory: it has one already, or fewer than
   // max_runs runs do (it then takes one).

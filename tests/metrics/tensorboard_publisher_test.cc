@@ -251,6 +251,15 @@ TEST(TensorBoardPublisherTest, EvictionsSkippedAtAFullQueueLeaveFilesBounded) {
   std::filesystem::remove_all(dir);
 }
 
+// The lines of `log` that contain `text`.
+int LinesNaming(const std::string& log, absl::string_view text) {
+  int lines = 0;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    lines += absl::StrContains(line, text);
+  }
+  return lines;
+}
+
 // A run whose directory cannot be made (its name lands on a file) fails on
 // every step: each failure is counted, but only the first is logged until
 // the run writes again (a helper grew the log by a line per request).
@@ -274,11 +283,7 @@ TEST(TensorBoardPublisherTest, ARunFailingEveryStepIsLoggedOnceUntilItWrites) {
   }
   reporter->Shutdown();
   const std::string log = ::testing::internal::GetCapturedStderr();
-  int lines = 0;
-  for (absl::string_view line : absl::StrSplit(log, '\n')) {
-    if (absl::StrContains(line, "run \"taken/run\"")) ++lines;
-  }
-  EXPECT_EQ(lines, 1) << log;
+  EXPECT_EQ(LinesNaming(log, "run \"taken/run\""), 1) << log;
   EXPECT_EQ(
       SampleValue(metrics->Scrape(), "klserve_tensorboard_write_errors_total"),
       6);
@@ -353,11 +358,7 @@ TEST(TensorBoardPublisherTest, FlushesFailingOnAFullDiskAreLoggedOnce) {
   const std::string log = captured.Finish();
   ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &before), 0);
   signal(SIGXFSZ, xfsz);
-  int lines = 0;
-  for (absl::string_view line : absl::StrSplit(log, '\n')) {
-    if (absl::StrContains(line, "run \"full\"")) ++lines;
-  }
-  EXPECT_EQ(lines, 1) << log;
+  EXPECT_EQ(LinesNaming(log, "run \"full\""), 1) << log;
   EXPECT_GE(
       SampleValue(metrics->Scrape(), "klserve_tensorboard_write_errors_total"),
       6);
