@@ -81,6 +81,15 @@ absl::Status ExplainUnavailable(const absl::Status& status, bool tls,
             : ", or a TLS proxy: then give the client its CA (klctl "
               "--tls_ca, ClientOptions::tls_ca_file, Python tls_ca_file=))"));
   }
+  // gRPC's word when a server shuts down with the call still on it: klserve
+  // does so when its drain (--drain_timeout) runs out.
+  if (message == "Cancelling all calls") {
+    return absl::UnavailableError(absl::StrCat(
+        message,
+        " (the server stopped while this call was in flight: its drain after "
+        "SIGTERM, --drain_timeout, ended first; send the call again, to the "
+        "replica that replaces it)"));
+  }
   const bool transport = absl::StrContains(message, "Socket closed") ||
                          absl::StrContains(message, "handshake") ||
                          absl::StrContains(message, "Connection reset") ||

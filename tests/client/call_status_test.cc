@@ -45,6 +45,17 @@ TEST(StatusFromCall, OtherCancelsStayCancelled) {
             absl::StatusCode::kCancelled);
 }
 
+// A call the server's shutdown cut (its drain ran out) says so.
+TEST(ExplainUnavailable, ACallCutByTheEndOfADrainSaysSo) {
+  const absl::Status s = ExplainUnavailable(
+      absl::UnavailableError("Cancelling all calls"), false, false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StartsWith(
+      s.message(), "Cancelling all calls (the server stopped while this call"))
+      << s;
+  EXPECT_NE(s.message().find("--drain_timeout"), absl::string_view::npos) << s;
+}
+
 // What gRPC reports when nothing listens (TCP, then a Unix socket), and
 // when something does but the connection fails below the call.
 TEST(ExplainUnavailable, NothingListeningIsNotATlsQuestion) {

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import klserve
+from klserve._errors import explain_unavailable
 from conftest import Server, held_stream_slot
 from reference import indexer_kl_reference
 
@@ -534,6 +535,17 @@ def test_a_call_dropped_by_a_shutting_down_server_is_unavailable():
     e = klserve.KlserveError.from_rpc_error(
         _FakeCall(grpc.StatusCode.CANCELLED, "ComputeLossStream: cancelled"))
     assert e.code == grpc.StatusCode.CANCELLED
+
+
+def test_a_call_cut_by_the_end_of_a_drain_says_so():
+    # gRPC's bare "Cancelling all calls" when --drain_timeout ran out.
+    e = explain_unavailable(
+        klserve.KlserveError(grpc.StatusCode.UNAVAILABLE,
+                             "Cancelling all calls"),
+        tls=False, client_certificate=False)
+    assert e.code == grpc.StatusCode.UNAVAILABLE
+    assert e.details.startswith("Cancelling all calls (the server stopped")
+    assert "--drain_timeout" in e.details
 
 
 def test_grad_scale_scales_the_gradient_only(client):

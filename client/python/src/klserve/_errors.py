@@ -132,6 +132,15 @@ def explain_unavailable(error, tls, client_certificate):
              ", or a TLS proxy: then give the client its CA "
              "(Client(tls_ca_file=...))"),
             error.debug_error_string)
+    if error.details == "Cancelling all calls":
+        # gRPC's word when a server shuts down with the call still on it:
+        # klserve does so when its drain (--drain_timeout) runs out.
+        return KlserveError(
+            error.code,
+            "%s (the server stopped while this call was in flight: its drain "
+            "after SIGTERM, --drain_timeout, ended first; send the call "
+            "again, to the replica that replaces it)" % error.details,
+            error.debug_error_string)
     if not any(words in error.details for words in _TRANSPORT_FAILURES):
         return error
     if any(words in error.details for words in _NOTHING_LISTENS):
