@@ -67,7 +67,8 @@ struct IndexerKlInputs {
   std::optional<TensorView> attention_weights;
   // Lightning-indexer scores [B,T,S] (sparse: [B,T,K]).
   TensorView indexer_scores;
-  // Top-k key indices [B,T,K], INT32; -1 marks an empty slot.
+  // Top-k key indices [B,T,K], INT32; an index outside [0, S), usually -1,
+  // marks an empty slot.
   std::optional<TensorView> topk_indices;
   // Packed segments: [B,T] and [B,S], INT32, both or neither.
   std::optional<TensorView> segment_ids_q;

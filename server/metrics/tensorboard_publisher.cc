@@ -254,7 +254,11 @@ void TensorBoardPublisher::Write(const FinishedStep& step) {
     if (step.topk_recall) scalar("indexer_topk_recall", *step.topk_recall);
     bytes_ += writer->framed_bytes() - framed_before;
   }
-  if (!status.ok()) RunFailed(step.run, status);
+  if (status.ok()) {
+    it->second.unflushed = true;
+  } else {
+    RunFailed(step.run, status);
+  }
 }
 
 void TensorBoardPublisher::RunFailed(const std::string& run,
@@ -277,16 +281,18 @@ void TensorBoardPublisher::CountFailure(const std::string& run,
 }
 
 void TensorBoardPublisher::FlushAll() {
-  std::vector<std::pair<std::string, absl::Status>> failed;
+  // A failed flush keeps its file (cut back to its last whole record): on a
+  // disk that fails now and then, a new file per failure would leave many
+  // that hold little more than their version record.
   for (auto& [run, file] : writers_) {
-    absl::Status status = file.writer->Flush();
-    if (status.ok()) {
-      failing_runs_.erase(run);  // what it had is in its file
+    if (!file.unflushed) continue;
+    file.unflushed = false;
+    if (absl::Status status = file.writer->Flush(); status.ok()) {
+      failing_runs_.erase(run);  // its steps are in its file
     } else {
-      failed.emplace_back(run, std::move(status));
+      CountFailure(run, status);
     }
   }
-  for (const auto& [run, status] : failed) RunFailed(run, status);
 }
 
 void TensorBoardPublisher::CloseAll() {

@@ -97,10 +97,10 @@ class TensorBoardPublisher {
   void Run();
   void Write(const FinishedStep& step);
   void FlushAll();
-  // A failed open, write or flush of `run`'s file: counted, logged when the
-  // run starts failing, and the file dropped.
+  // A failed open or write of `run`'s file: counted, logged when the run
+  // starts failing, and the file dropped (its next step starts a new one).
   void RunFailed(const std::string& run, const absl::Status& status);
-  // RunFailed but for the file: counted, logged when the run starts failing.
+  // A failed flush or close: counted, logged when the run starts failing.
   void CountFailure(const std::string& run, const absl::Status& status);
   void CloseAll();
   // Whether `run` may have a directory: it has one already, or fewer than
@@ -124,6 +124,9 @@ class TensorBoardPublisher {
   struct OpenFile {
     std::unique_ptr<TensorBoardWriter> writer;
     int64_t last_write = 0;  // writes_ when it was last written
+    // A step added since the last flush: only such a flush tells that the
+    // run's file takes its steps again.
+    bool unflushed = false;
   };
   absl::flat_hash_map<std::string, OpenFile> writers_;
   int64_t writes_ = 0;

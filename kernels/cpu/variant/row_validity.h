@@ -23,8 +23,8 @@ struct RowValidity {
 };
 
 // The mask of row r from every mask the problem carries. In the sparse stage
-// it also checks the row's indices: each is -1 or in [0, S), and no key is
-// named twice (INVALID_ARGUMENT otherwise).
+// an index outside [0, S) (-1 or any other) leaves its slot empty, and no
+// key may be named twice (INVALID_ARGUMENT otherwise).
 absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& problem,
                                              const RowData& data, int64_t r,
                                              RowScratch& scratch);

@@ -26,7 +26,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from klserve._errors import (KlserveError, explain_message_limit,
                              explain_unavailable, invalid_argument)
-from klserve._on_sigterm import run_on_sigterm
 from klserve._shm_layouts import (Layout, LayoutPool, is_local_target,
                                   output_specs, plan)
 from klserve._signature import (PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
@@ -560,8 +559,6 @@ class Client:
         self._finalizer = weakref.finalize(
             self, _release, self._channel, self._stub, self._metadata,
             self._registered, self._shm_lock)
-        if shared_memory:
-            run_on_sigterm(self._finalizer)
 
     # -- lifetime ----------------------------------------------------------
 

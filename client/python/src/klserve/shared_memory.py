@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 import numpy.typing as npt
 
-from klserve._on_sigterm import run_on_sigterm
+from klserve import _shm_reaper
 
 # Where Linux keeps POSIX shared-memory objects: shm_open("/name") is the
 # file /dev/shm/name, which is what the server opens for a key.
@@ -53,6 +53,7 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+    _shm_reaper.removed(path)
 
 
 class SharedMemoryRegion:
@@ -119,7 +120,7 @@ class SharedMemoryRegion:
         # Garbage collection and interpreter exit unlink the file; the
         # registration then ends with its lease.
         self._finalizer = weakref.finalize(self, _unlink, self.path)
-        run_on_sigterm(self._finalizer)
+        _shm_reaper.created(self.path)
 
     # -- views -------------------------------------------------------------
 
