@@ -168,7 +168,8 @@ absl::Status Metrics::CheckListenAddress(absl::string_view address) {
   constexpr unsigned kCivetwebIpv6 = 8;  // mg_check_feature's bit for it
   if (absl::StartsWith(address, "[") && mg_check_feature(kCivetwebIpv6) == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics_listen: this build's HTTP server (civetweb) has no IPv6, "
+        "--metrics_listen: this build's HTTP server (civetweb) has no IPv6 "
+        "(a host in brackets), "
         "got \"",
         address,
         "\"; give an IPv4 HOST:PORT (0.0.0.0:9464 for every interface), or "

@@ -647,8 +647,8 @@ TEST(CommandLineTest, AnIpv6MetricsAddressServesOrIsRefusedSayingWhy) {
   if (started.ok()) GTEST_SKIP() << "this civetweb serves IPv6";
   EXPECT_TRUE(absl::StrContains(
       started.status().message(),
-      "--metrics_listen: this build's HTTP server (civetweb) has no IPv6, "
-      "got \"[::1]:0\""))
+      "--metrics_listen: this build's HTTP server (civetweb) has no IPv6 (a "
+      "host in brackets), got \"[::1]:0\""))
       << started.status();
 }
 

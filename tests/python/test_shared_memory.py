@@ -351,8 +351,8 @@ def test_a_client_dropped_without_close_unregisters_its_regions(shm_server):
 def test_a_job_killed_leaves_no_files_in_dev_shm(shm_server):
     """However a job ends (SIGTERM at its default, SIGKILL, its own SIGTERM
     handler exiting), its regions' files go, the client's and its own, and
-    it dies as it would have. A forked child killed by SIGTERM takes none of
-    its parent's files with it."""
+    it dies as it would have. A forked child, killed or exiting, takes none
+    of its parent's files or registrations with it."""
     child = """
 import os, signal, sys, numpy as np, klserve
 mine = klserve.SharedMemoryRegion(4096)
@@ -363,13 +363,22 @@ assert client.compute_loss(w, attention_weights=w).shared_memory
 print(mine.key, client._layouts.regions()[0].key, flush=True)
 how = sys.argv[2]
 if how == "fork":
+    # One child killed, one that exits through sys.exit (its copies of the
+    # parent's regions and client are finalized there).
     pid = os.fork()
     if pid == 0:
         signal.pause()
     os.kill(pid, signal.SIGTERM)
     os.waitpid(pid, 0)
-    assert os.path.exists(mine.path), "the child took the parent's file"
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)
+    os.waitpid(pid, 0)
+    assert os.path.exists(mine.path), "a child took the parent's file"
     assert client.compute_loss(w, attention_weights=w).shared_memory
+    with klserve.Client(sys.argv[1]) as other:
+        names = {r.name for r in other.list_regions().regions}
+    assert "killed-" + mine.key in names, "a child ended its registration"
     how = "default"
 if how == "own":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))

@@ -327,11 +327,14 @@ def _unregister_quietly(stub, metadata, name: str, timeout: float) -> None:
         pass
 
 
-def _release(channel, stub, metadata, registered: Set[str],
+def _release(owner_pid: int, channel, stub, metadata, registered: Set[str],
              lock: threading.Lock) -> None:
     """A client's end (close(), garbage collection or the interpreter's
     exit): unregisters what it still has registered, within 2 s in all,
-    and closes its channel."""
+    and closes its channel; in the process that made the client only (a
+    forked child's copy would end its parent's registrations)."""
+    if os.getpid() != owner_pid:
+        return
     with lock:
         names = sorted(registered)
         registered.clear()
@@ -557,8 +560,8 @@ class Client:
         # reference to the client.
         self._registered: Set[str] = set()
         self._finalizer = weakref.finalize(
-            self, _release, self._channel, self._stub, self._metadata,
-            self._registered, self._shm_lock)
+            self, _release, os.getpid(), self._channel, self._stub,
+            self._metadata, self._registered, self._shm_lock)
 
     # -- lifetime ----------------------------------------------------------
 

@@ -48,12 +48,19 @@ def unique_key(prefix: str = "klserve") -> str:
     return "%s-%d-%s" % (prefix, os.getpid(), secrets.token_hex(8))
 
 
-def _unlink(path: str) -> None:
+def _unlink(path: str, owner_pid: int) -> None:
+    """Removes the file `owner_pid` created, in that process only: a child
+    forked from it holds copies of its regions, and their finalizers run at
+    the child's exit, but the file is still its parent's."""
+    if os.getpid() != owner_pid:
+        return
+    # The helper hears first: told after, it could take back the word of a
+    # thread that makes the same key again in between.
+    _shm_reaper.removed(path)
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
-    _shm_reaper.removed(path)
 
 
 class SharedMemoryRegion:
@@ -91,6 +98,10 @@ class SharedMemoryRegion:
         # symlink planted under the name is refused rather than followed.
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR |
                      os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        self._owner_pid = os.getpid()
+        # At once, so that a job killed while it sizes and maps the file
+        # leaves none (the helper removes it).
+        _shm_reaper.created(self.path)
         try:
             os.fchmod(fd, mode)  # the umask may have taken bits off
             os.ftruncate(fd, byte_size)
@@ -108,7 +119,7 @@ class SharedMemoryRegion:
                 prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
-            os.unlink(self.path)
+            _unlink(self.path, self._owner_pid)
             raise
         os.close(fd)  # the mapping keeps the object; the server opens its own
         # Where the mapping starts, to tell whether an array is a view of
@@ -119,8 +130,8 @@ class SharedMemoryRegion:
         self._registration: Optional[Tuple[Any, str]] = None  # (client, name)
         # Garbage collection and interpreter exit unlink the file; the
         # registration then ends with its lease.
-        self._finalizer = weakref.finalize(self, _unlink, self.path)
-        _shm_reaper.created(self.path)
+        self._finalizer = weakref.finalize(self, _unlink, self.path,
+                                           self._owner_pid)
 
     # -- views -------------------------------------------------------------
 
@@ -210,7 +221,7 @@ class SharedMemoryRegion:
         # point at. Dropping the reference unmaps it with the last view.
         self._mmap = None
         self._finalizer.detach()
-        _unlink(self.path)
+        _unlink(self.path, self._owner_pid)
 
     def __enter__(self) -> "SharedMemoryRegion":
         return self
