@@ -19,14 +19,16 @@ void RowKeySet::StartRow(int64_t slots, int64_t S) {
     table_.reset(new uint64_t[slots_]);
     Clear();
   }
-  const bool marks = S <= bytes();
-  if (marks != marks_) {
-    marks_ = marks;
+  const Use use = S <= bytes()                ? Use::kMarks
+                  : slots > kHashedKeysAtMost ? Use::kSorted
+                                              : Use::kHashed;
+  if (use != use_) {
+    use_ = use;
     Clear();
   }
   // After the last stamp of its use, the stamps start again: forget every
   // row.
-  if (stamp_ == (marks_ ? 255 : UINT32_MAX)) Clear();
+  if (stamp_ == (use_ == Use::kMarks ? 255 : UINT32_MAX)) Clear();
   ++stamp_;
 }
 

@@ -58,11 +58,22 @@ TEST(RowKeySet, AgreesWithASetAcrossUsesAndStampWraps) {
   std::mt19937_64 rng(12);
   RowKeySet keys;
   // Row widths and key ranges that take each use, switching often: S up to
-  // 8 * 4k bytes uses marks, beyond it open addressing.
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {4, 8},      {4, 100},       {64, 2048},       {64, 2049},
-      {300, 5000}, {300, 1 << 20}, {1, 1},           {2, 2},
-      {50, 60},    {16, 16 * 32},  {16, 16 * 32 + 1}};
+  // 8 * 4k bytes uses marks, beyond it open addressing, and rows wider than
+  // kHashedKeysAtMost sort their keys (but for marks, with S small).
+  constexpr int64_t kWide = RowKeySet::kHashedKeysAtMost + 1;
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{4, 8},
+                                                           {4, 100},
+                                                           {64, 2048},
+                                                           {64, 2049},
+                                                           {300, 5000},
+                                                           {300, 1 << 20},
+                                                           {1, 1},
+                                                           {2, 2},
+                                                           {50, 60},
+                                                           {16, 16 * 32},
+                                                           {16, 16 * 32 + 1},
+                                                           {kWide, 1 << 30},
+                                                           {kWide, 3 * kWide}};
   int64_t repeats = 0;
   for (int row = 0; row < 1500; ++row) {
     const auto [k, S] = shapes[rng() % shapes.size()];
