@@ -256,9 +256,14 @@ EOF_CONF
 # Not run under sanitize: promql_expressions runs Python, the promtool checks
 # and isa_isolation (objdump of the main build) are not C++, the RSS bounds of
 # the load and slot tests cannot hold under ASan, whose quarantine keeps freed
-# memory, the ASan build's server exits the long way, for LeakSanitizer, and
-# the emulated CPUs' runs test the main build's instructions, not its memory.
-SANITIZE_EXCLUDE='^(promql_expressions|promtool_|isa_isolation|emulated\.|integration\..*Rss|integration\..*ExitsAtOnce)'
+# memory, the ASan build's server exits the long way, for LeakSanitizer, the
+# emulated CPUs' runs test the main build's instructions, not its memory, and
+# ListenerStuckTest runs gRPC out of descriptors, where gRPC 1.51's own
+# callback handler now and then fails UBSan's vptr check on an object in its
+# call arena (server_callback_handlers.h, SetupReactor; once in the four
+# sanitize runs of 2026-12-04) and the server halts before its watchdog can
+# act. The main build runs it.
+SANITIZE_EXCLUDE='^(promql_expressions|promtool_|isa_isolation|emulated\.|integration\..*Rss|integration\..*ExitsAtOnce|integration\.ListenerStuckTest\.)'
 ASAN_DIR="${ASAN_BUILD_DIR:-$ROOT/build-asan}"
 FUZZ_DIR="${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 FUZZ_CLANG="${FUZZ_CLANG:-clang-14}"
