@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
@@ -257,14 +256,9 @@ void TensorBoardPublisher::Write(const FinishedStep& step) {
   if (status.ok()) {
     it->second.unflushed = true;
   } else {
-    RunFailed(step.run, status);
+    CountFailure(step.run, status);
+    writers_.erase(step.run);  // its next step starts a new file
   }
-}
-
-void TensorBoardPublisher::RunFailed(const std::string& run,
-                                     const absl::Status& status) {
-  CountFailure(run, status);
-  writers_.erase(run);  // its next step starts a new file
 }
 
 void TensorBoardPublisher::CountFailure(const std::string& run,

@@ -97,10 +97,8 @@ class TensorBoardPublisher {
   void Run();
   void Write(const FinishedStep& step);
   void FlushAll();
-  // A failed open or write of `run`'s file: counted, logged when the run
-  // starts failing, and the file dropped (its next step starts a new one).
-  void RunFailed(const std::string& run, const absl::Status& status);
-  // A failed flush or close: counted, logged when the run starts failing.
+  // A failed open, write, flush or close of `run`'s file: counted, and
+  // logged when the run starts failing.
   void CountFailure(const std::string& run, const absl::Status& status);
   void CloseAll();
   // Whether `run` may have a directory: it has one already, or fewer than
