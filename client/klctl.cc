@@ -160,7 +160,10 @@ ABSL_FLAG(std::string, index_key, "", InputHelp("index_key"));
 ABSL_FLAG(std::string, index_weights, "", InputHelp("index_weights"));
 
 // loss: LossOptions.
-ABSL_FLAG(bool, causal, false, "loss: key s valid only if s <= t + q_offset");
+ABSL_FLAG(bool, causal, false,
+          "loss: key s valid only if s <= t + q_offset (MaxText and Megatron "
+          "align the first query with the first key: with T != S pass "
+          "--q_offset=0)");
 ABSL_FLAG(klserve::Unsettable<int64_t>, q_offset, {},
           "loss: position of query row 0 among the keys; unset: S - T");
 ABSL_FLAG(int64_t, num_keys, 0, "loss: S (required with --topk_indices)");

@@ -105,6 +105,7 @@ absl::Status LossComputation::Compute(const AdmittedBlock& block,
     computed_row_ = rows.end;
     if (rows.end == problem_.num_rows()) {
       denominator_ = counted_.rows_nonempty();
+      RETURN_IF_ERROR(CheckGradScale(problem_.options, *denominator_));
       grad_scale_ = GradScale(problem_, *denominator_);
       computed_row_ = 0;
       computed_counting_ = false;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -26,36 +27,20 @@ absl::Status CheckOptions(const IndexerKlOptions& options) {
     return Invalid("softmax_scale", "must be finite and positive",
                    absl::StrCat(options.softmax_scale));
   }
-  // Every gradient entry is at most |c| / N in magnitude (N >= 1): with
-  // |c| no larger than the largest FP16, it is finite in every grad dtype.
-  constexpr double kMaxScalingFactor = 65504;
+  // Any finite c, as the contract puts it, short of what would take the
+  // loss (c times a KL of float32 scores, at most about 2^130) past a
+  // double: the largest float32 leaves it finite.
+  constexpr double kMaxScalingFactor = std::numeric_limits<float>::max();
   if (!(std::abs(options.scaling_factor) <= kMaxScalingFactor)) {
-    return Invalid(
-        "scaling_factor",
-        absl::StrCat("must be finite with |c| <= ", kMaxScalingFactor,
-                     " (the gradient must be finite in FP16)"),
-        // All 17 digits: 65504.001 must not print as 65504.
-        absl::StrFormat("%.17g", options.scaling_factor));
+    return Invalid("scaling_factor",
+                   absl::StrCat("must be finite with |c| <= ",
+                                absl::StrFormat("%.17g", kMaxScalingFactor),
+                                " (the largest float32)"),
+                   absl::StrFormat("%.17g", options.scaling_factor));
   }
   if (!std::isfinite(options.grad_scale)) {
     return Invalid("grad_scale", "must be finite",
                    absl::StrCat(options.grad_scale));
-  }
-  // Every gradient entry is at most |c * grad_scale| / N in magnitude.
-  if (options.want_grad && IsFloatDType(options.grad_dtype) &&
-      !(std::abs(options.scaling_factor * options.grad_scale) <=
-        LargestFinite(options.grad_dtype))) {
-    return Invalid(
-        "grad_scale",
-        absl::StrCat("|scaling_factor * grad_scale| must be at most ",
-                     LargestFinite(options.grad_dtype), ", the largest finite ",
-                     DTypeName(options.grad_dtype),
-                     " (so that the gradient is finite)"),
-        // All 17 digits: a product just past the bound must not print as
-        // the bound.
-        absl::StrFormat("%.17g * %.17g = %.17g", options.scaling_factor,
-                        options.grad_scale,
-                        options.scaling_factor * options.grad_scale));
   }
   if (options.recall_k < 0) {
     return Invalid("recall_k", "must be >= 0", absl::StrCat(options.recall_k));
@@ -175,8 +160,9 @@ absl::Status TakeTarget(const IndexerKlInputs& in, const ShapeOrigins& origin,
   return absl::OkStatus();
 }
 
-// Per-row key bounds: both or neither, INT32 [B, T], each bound in [0, S].
-// They are small, so their values are checked here rather than per row.
+// Per-row key bounds: both or neither, INT32 [B, T], key_start >= 0 and
+// key_end <= S. They are small, so their values are checked here rather
+// than per row.
 absl::Status TakeKeyBounds(const IndexerKlInputs& in,
                            const ShapeOrigins& origin, IndexerKlProblem& p) {
   if (in.key_start.has_value() != in.key_end.has_value()) {
@@ -184,18 +170,28 @@ absl::Status TakeKeyBounds(const IndexerKlInputs& in,
                    "key_start and key_end must be given together", "only one");
   }
   if (!in.key_start) return absl::OkStatus();
-  for (const auto& [field, view] :
-       {std::pair{"key_start", &*in.key_start}, {"key_end", &*in.key_end}}) {
-    RETURN_IF_ERROR(CheckTensor(field, *view, {DType::kInt32}, "[B, T]",
-                                {p.B, p.T}, origin.rows));
-    RETURN_IF_ERROR(CheckBytes(field, *view));
-    const auto* bytes = static_cast<const std::byte*>(view->data);
+  // The contract asks 0 <= key_start and key_end <= S, and nothing more: a
+  // start at or past its end (past S, say, or an end below 0) leaves the
+  // row no key, as the contract says of any such pair.
+  struct Bound {
+    const char* field;
+    const TensorView* view;
+    bool is_start;
+  };
+  for (const Bound& bound : {Bound{"key_start", &*in.key_start, true},
+                             Bound{"key_end", &*in.key_end, false}}) {
+    RETURN_IF_ERROR(CheckTensor(bound.field, *bound.view, {DType::kInt32},
+                                "[B, T]", {p.B, p.T}, origin.rows));
+    RETURN_IF_ERROR(CheckBytes(bound.field, *bound.view));
+    const auto* bytes = static_cast<const std::byte*>(bound.view->data);
     for (int64_t r = 0; r < p.num_rows(); ++r) {
-      const int32_t bound = LoadInt32(bytes + 4 * r);
-      if (bound < 0 || bound > p.S) {
+      const int32_t value = LoadInt32(bytes + 4 * r);
+      if (bound.is_start ? value < 0 : value > p.S) {
         return absl::InvalidArgumentError(absl::StrCat(
-            field, ": every bound must be in [0, S = ", p.S, "], got ", bound,
-            " at (b=", r / p.T, ", t=", r % p.T, ")"));
+            bound.field,
+            bound.is_start ? ": must be >= 0, got "
+                           : absl::StrCat(": must be <= S = ", p.S, ", got "),
+            value, " at (b=", r / p.T, ", t=", r % p.T, ")"));
       }
     }
   }
@@ -296,7 +292,34 @@ absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
   RETURN_IF_ERROR(TakeMasks(in, origin, p));
   p.q_offset = options.q_offset.value_or(p.S - p.T);
   p.denominator = KnownDenominator(p);
+  if (p.denominator) RETURN_IF_ERROR(CheckGradScale(options, *p.denominator));
   return p;
+}
+
+absl::Status CheckGradScale(const IndexerKlOptions& options,
+                            int64_t denominator) {
+  if (!options.want_grad || denominator == 0) return absl::OkStatus();
+  const double factor = options.scaling_factor /
+                        static_cast<double>(denominator) * options.grad_scale;
+  const double largest = LargestFinite(options.grad_dtype);
+  // The rows take the factor as a float32 (GradScale's callers): that is
+  // the value bounded, so a factor one double ulp past the bound from the
+  // rounding of c / N (1 / 75 * 75 * 65504, say) still counts as on it.
+  if (std::abs(factor) <= std::numeric_limits<float>::max() &&
+      std::abs(static_cast<float>(factor)) <= largest) {
+    return absl::OkStatus();
+  }
+  return Invalid(
+      "grad_scale",
+      absl::StrCat("|scaling_factor / N * grad_scale| must be at most ",
+                   largest, ", the largest finite ",
+                   DTypeName(options.grad_dtype),
+                   " (every gradient entry is that factor times a value of "
+                   "magnitude at most 1)"),
+      // All 17 digits: a factor just past the bound must not print as the
+      // bound.
+      absl::StrFormat("%.17g / %d * %.17g = %.17g", options.scaling_factor,
+                      denominator, options.grad_scale, factor));
 }
 
 RowView WholeRows(const TensorView& view, int64_t T, int64_t width,

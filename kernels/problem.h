@@ -96,12 +96,12 @@ struct IndexerKlOptions {
   float softmax_scale = 1.0f;
   Flavor flavor = Flavor::kExact;
   Reduction reduction = Reduction::kMean;
-  // c: the loss and the gradient are multiplied by it. |c| <= 65504, the
-  // largest FP16, so that the gradient is finite in every grad dtype.
+  // c: the loss and the gradient are multiplied by it. Finite, at most the
+  // largest float32 in magnitude, so that the loss is finite.
   double scaling_factor = 1.0;
   // Multiplies the gradient only (an upstream factor of the job's backward
-  // pass). Finite, with |c * grad_scale| at most grad_dtype's largest finite
-  // value, so that the gradient is finite.
+  // pass). Finite, with |c / N * grad_scale| at most grad_dtype's largest
+  // finite value (CheckGradScale), so that the gradient is finite.
   double grad_scale = 1.0;
   bool want_grad = true;
   DType grad_dtype = DType::kFloat32;  // FP32, BF16 or FP16
@@ -218,6 +218,13 @@ class IndexerKlProblem {
  private:
   IndexerKlProblem() = default;
 };
+
+// Every gradient entry is (c / N) * grad_scale times a value of magnitude at
+// most 1, so that factor must be finite in grad_dtype (INVALID_ARGUMENT
+// naming grad_scale otherwise). Checked as soon as N is known: when the
+// problem is made, or after a counting pass.
+absl::Status CheckGradScale(const IndexerKlOptions& options,
+                            int64_t denominator);
 
 // All rows of a whole per-row tensor [B, heads, T, width] (heads = 1:
 // [B, T, width]) as a RowView.

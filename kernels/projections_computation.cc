@@ -113,7 +113,7 @@ absl::Status CheckKeySide(const ProjectionsProblem& p) {
 
 // Gradient elements [first, first + n) of `field`, written at `data` in
 // `dtype`: each must be finite. The logits form's gradient is bounded by
-// |c * grad_scale| (checked on the options), but the projections' gradients
+// |c / N * grad_scale| (CheckGradScale), but the projections' gradients
 // grow with the projections themselves, so one past the dtype's range would
 // otherwise go back as an infinity with an OK status.
 absl::Status CheckGradient(absl::string_view field, DType dtype,
@@ -207,9 +207,11 @@ bool ProjectionsComputation::counts_without_rows() const {
 }
 
 absl::Status ProjectionsComputation::Count(const ProjectionsRowData& rows) {
-  ASSIGN_OR_RETURN(denominator_,
+  ASSIGN_OR_RETURN(const int64_t counted,
                    backend_->CountProjectionRowsWithKeys(
                        *problem_, rows, {0, problem_->num_rows()}));
+  RETURN_IF_ERROR(CheckGradScale(problem_->logits.options, counted));
+  denominator_ = counted;
   return absl::OkStatus();
 }
 

@@ -1370,19 +1370,50 @@ TEST(OneRowMessageTest, TheAnswerAndTheCountingBlockAreWeighedToo) {
   EXPECT_TRUE(streamed.ok()) << Describe(streamed);
 }
 
-TEST_F(BadInputTest, AScalingFactorThatWouldOverflowTheGradientIsRefused) {
-  v1::ComputeLossRequest request = Small();
-  request.mutable_options()->set_scaling_factor(1e308);
+// c / N * grad_scale bounds every gradient entry: past the gradient dtype's
+// range it is refused naming grad_scale, with N in the message, even where N
+// is known only once the rows are counted (MEAN_VALID without row_valid,
+// unary and streamed); up to it the gradient is finite. c alone may be any
+// float32: the loss is a double.
+TEST_F(BadInputTest, AGradientFactorPastItsDtypeIsRefused) {
+  v1::ComputeLossRequest request = Small();  // MEAN: N = B * T = 3
+  v1::LossOptions& options = *request.mutable_options();
+  options.set_scaling_factor(1e308);
   EXPECT_TRUE(HasCode(client().ComputeLossUnary(request).status(),
-                      absl::StatusCode::kInvalidArgument, "scaling_factor"));
-  request.mutable_options()->set_scaling_factor(65504);
-  request.mutable_options()->set_grad_dtype("FP16");
-  absl::StatusOr<v1::ComputeLossResponse> largest =
-      client().ComputeLossUnary(request);
-  ASSERT_TRUE(largest.ok()) << Describe(largest.status());
-  for (int64_t i = 0; i < 15; ++i) {
-    EXPECT_TRUE(std::isfinite(GetFloat(largest->grad(), i))) << i;
+                      absl::StatusCode::kInvalidArgument, "scaling_factor:"));
+
+  options.set_grad_dtype("FP16");
+  for (const v1::Reduction reduction :
+       {v1::REDUCTION_MEAN, v1::REDUCTION_MEAN_VALID}) {
+    SCOPED_TRACE(v1::Reduction_Name(reduction));
+    options.set_reduction(reduction);  // N = 3 rows with keys either way
+    options.set_scaling_factor(3 * 65504.0 + 1);
+    EXPECT_TRUE(HasCode(client().ComputeLossUnary(request).status(),
+                        absl::StatusCode::kInvalidArgument,
+                        "grad_scale: |scaling_factor / N * grad_scale| must "
+                        "be at most 65504"));
+    EXPECT_TRUE(HasCode(client().ComputeLossStreaming(request, 1).status(),
+                        absl::StatusCode::kInvalidArgument,
+                        "got 196513 / 3 * 1 = 65504.333333333"));
+    options.set_scaling_factor(3 * 65504.0);
+    absl::StatusOr<v1::ComputeLossResponse> largest =
+        client().ComputeLossUnary(request);
+    ASSERT_TRUE(largest.ok()) << Describe(largest.status());
+    for (int64_t i = 0; i < 15; ++i) {
+      EXPECT_TRUE(std::isfinite(GetFloat(largest->grad(), i))) << i;
+    }
+    EXPECT_EQ(largest->result().loss(),
+              3 * 65504.0 * largest->result().unscaled_loss());
   }
+
+  // Without a gradient, c only scales the loss.
+  options.set_skip_grad(true);
+  options.set_scaling_factor(1e30);
+  absl::StatusOr<v1::ComputeLossResponse> loss_only =
+      client().ComputeLossUnary(request);
+  ASSERT_TRUE(loss_only.ok()) << Describe(loss_only.status());
+  EXPECT_EQ(loss_only->result().loss(),
+            1e30 * loss_only->result().unscaled_loss());
 }
 
 }  // namespace

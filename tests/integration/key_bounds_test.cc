@@ -2,8 +2,9 @@
 // THD layout of fused attention kernels, B = 1 with several documents packed
 // along T, each row seeing its own document's keys. Unary answers equal the
 // float64 reference (tests/reference), streamed ones (the bounds travel in
-// the StreamHeader) equal the unary ones bit for bit, and bad bounds are
-// INVALID_ARGUMENT naming the tensor.
+// the StreamHeader) equal the unary ones bit for bit, crossed bounds leave
+// a row no key, and bounds outside the contract's are INVALID_ARGUMENT
+// naming the tensor.
 
 #include <gtest/gtest.h>
 
@@ -107,6 +108,29 @@ TEST_F(KeyBoundsTest, SparseSlotsOutsideTheBoundsAreInvalid) {
   v1::ComputeLossRequest request = MakeRequest(spec);
   SetDocuments({7, 5}, /*causal=*/true, {}, request);
   ExpectServedAsTheReference(request, std::nullopt);
+}
+
+// The contract asks only 0 <= key_start and key_end <= S: a start past S,
+// an end below 0 or a start past its end leaves the row no key, in the
+// dense and the sparse stage, under the causal cut and streamed too.
+TEST_F(KeyBoundsTest, CrossedBoundsLeaveTheRowNoKey) {
+  for (const int64_t K : {0, 5}) {
+    SCOPED_TRACE(K == 0 ? "dense" : "sparse");
+    ProblemSpec spec = DocumentSpec("CrossedBounds", /*H=*/2, K, 25 + K);
+    spec.options.set_causal(true);
+    spec.options.set_reduction(v1::REDUCTION_MEAN_VALID);
+    v1::ComputeLossRequest request = MakeRequest(spec);
+    std::vector<int32_t> start(12, 0), end(12, 12);
+    start[2] = 13;  // past S
+    start[5] = 2147483647;
+    end[7] = -3;  // below 0
+    end[8] = -2147483647 - 1;
+    start[10] = 9, end[10] = 4;  // crossed within [0, S]
+    *request.mutable_key_start() = Int32Tensor({1, 12}, start);
+    *request.mutable_key_end() = Int32Tensor({1, 12}, end);
+    ExpectServedAsTheReference(
+        request, K == 0 ? std::optional<int64_t>(5) : std::nullopt);
+  }
 }
 
 TEST_F(KeyBoundsTest, BadBoundsAreInvalidArgumentNamingTheTensor) {

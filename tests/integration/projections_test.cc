@@ -289,7 +289,7 @@ TEST_F(ProjectionsErrorTest, NanInQueryNamesQuery) {
 }
 
 // The projections' gradients grow with the projections: with keys 100
-// times the usual size and |c * grad_scale| at FP16's largest value,
+// times the usual size and |c / N * grad_scale| at FP16's largest value,
 // d_index_query leaves FP16's range (the float64 reference says so). The
 // call is refused naming the output, unary and streamed, instead of
 // answering OK with infinities; the same request in FP32 is answered.

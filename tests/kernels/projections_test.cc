@@ -856,8 +856,7 @@ TEST(ProjectionsTest, ShapeAndOptionErrorsNameTheField) {
   x.key_start = std::vector<int32_t>{0, 0, 0};
   x.key_end = std::vector<int32_t>{1, 5, 2};
   ExpectInvalid(p, x,
-                "key_end: every bound must be in [0, S = 4], got 5 at "
-                "(b=0, t=1)");
+                "key_end: must be <= S = 4, got 5 at (b=0, t=1)");
 }
 
 // Logits [B, H, T, S] (or K) too large to have a size are refused naming
@@ -1054,7 +1053,7 @@ TEST(ProjectionsTest, StopCheckEndsTheComputationBetweenTiles) {
                           [](std::byte b) { return b == std::byte{0}; }));
 }
 
-// The logits form's gradient is at most |c * grad_scale| per entry, which the
+// The logits form's gradient is at most |c / N * grad_scale| per entry, which the
 // options check keeps within the gradient dtype; the projections' gradients
 // also grow with the projections, and with the rows or keys they sum over.
 // One that leaves its dtype's range is refused, naming the output and the
@@ -1092,7 +1091,7 @@ TEST(ProjectionsTest, GradientsPastTheirDtypeAreRefusedNamingTheOutput) {
                 "grad_scale or scaling_factor, or ask for a wider "
                 "grad_dtype), got NaN or infinity at (b=0, s=");
   // Keys 100 times larger take the query side's outputs past it as well
-  // (|c * grad_scale| is at most 65504 in FP16); theirs, checked per tile,
+  // (|c / N * grad_scale| is at most 65504 in FP16); theirs, checked per tile,
   // come first.
   for (double& v : p.index_key) v = static_cast<float>(v * 100);
   p.options.grad_scale = 1;

@@ -474,9 +474,10 @@ TEST_P(Validate, RejectsASoftmaxScaleWithWeights) {
   }
 }
 
+// c may be any finite value up to the largest float32 (the loss, a double,
+// stays finite); the gradient's bound is on c / N * grad_scale (below).
 TEST_P(Validate, RejectsBadScalingFactor) {
-  // Past 65504, c / N times a gradient entry of 1 overflows FP16.
-  for (double factor : {kNaN, kInf, -kInf, 1e308, -1e308, 65504.5, -65505.0}) {
+  for (double factor : {kNaN, kInf, -kInf, 1e308, -1e308, 3.5e38}) {
     for (InputForm form : kInputForms) {
       Case c = FullBase(form);
       c.options.scaling_factor = factor;
@@ -484,15 +485,25 @@ TEST_P(Validate, RejectsBadScalingFactor) {
       ExpectCreateRejects(c, {"scaling_factor"});
     }
   }
-  // The value as sent, not rounded back onto the bound (it read "got 65504").
+  // The value as sent, all its digits.
   Case c = FullBase(InputForm::kDenseAggregated);
-  c.options.scaling_factor = 65504.001;
+  c.options.scaling_factor = 3.4028234663852891e38;
   const absl::Status status = CreateStatus(EncodedCase(c));
-  EXPECT_TRUE(absl::StrContains(status.message(), "got 65504.00")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "got 3.402823466385289e+38"))
+      << status;
+  // Past FP16's range c is fine where the gradient is FP32 or not asked for.
+  for (const bool want_grad : {true, false}) {
+    Case large = FullBase(InputForm::kDensePerHead);
+    large.options.want_grad = want_grad;
+    large.options.scaling_factor = want_grad ? 1e30 : -3.4e38;
+    const EncodedCase encoded(large);
+    EXPECT_TRUE(CreateStatus(encoded).ok()) << CreateStatus(encoded);
+  }
 }
 
-// |c * grad_scale| bounds every gradient entry; past the grad dtype's
-// largest finite value the gradient could overflow.
+// Every gradient entry is c / N * grad_scale times a value of magnitude at
+// most 1: past the grad dtype's largest finite value, that factor could
+// overflow it.
 TEST_P(Validate, GradScaleMustKeepTheGradientFinite) {
   for (double grad_scale : {kNaN, kInf, -kInf}) {
     Case c = FullBase(InputForm::kDenseAggregated);
@@ -500,23 +511,35 @@ TEST_P(Validate, GradScaleMustKeepTheGradientFinite) {
     SCOPED_TRACE(grad_scale);
     ExpectCreateRejects(c, {"grad_scale"});
   }
+  // N = 1 under SUM, B * T = 8 under MEAN.
   const struct {
     DType grad_dtype;
+    Reduction reduction;
     double scaling_factor, grad_scale;
     bool accepted;
   } cases[] = {
-      {DType::kFloat16, 1.0, 65504.0, true},
-      {DType::kFloat16, 1.0, 65505.0, false},
-      {DType::kFloat16, 0.01, 6.5e6, true},
-      {DType::kFloat16, -0.01, 6.6e6, false},
-      {DType::kBFloat16, 1.0, 1e38, true},
-      {DType::kBFloat16, 2.0, 1.7e38, false},
-      {DType::kFloat32, 1.0, 3.4e38, true},
-      {DType::kFloat32, 1.0, 1e300, false},
+      {DType::kFloat16, Reduction::kSum, 1.0, 65504.0, true},
+      {DType::kFloat16, Reduction::kSum, 1.0, 65505.0, false},
+      {DType::kFloat16, Reduction::kSum, 0.01, 6.5e6, true},
+      {DType::kFloat16, Reduction::kSum, -0.01, 6.6e6, false},
+      {DType::kFloat16, Reduction::kMean, 1.0, 8 * 65504.0, true},
+      {DType::kFloat16, Reduction::kMean, 1.0, 8 * 65505.0, false},
+      {DType::kFloat16, Reduction::kMean, 65536.0, 2.0, true},
+      // 1 / 8 * (8 * 65504 + 0.01) is 65504.00125 in double and 65504 as
+      // the float32 the rows take, the value bounded.
+      {DType::kFloat16, Reduction::kMean, 1.0, 8 * 65504.0 + 0.01, true},
+      {DType::kFloat16, Reduction::kMean, 1.0, 8 * 65504.0 + 128, false},
+      {DType::kBFloat16, Reduction::kSum, 1.0, 1e38, true},
+      {DType::kBFloat16, Reduction::kSum, 2.0, 1.7e38, false},
+      {DType::kBFloat16, Reduction::kMean, 2.0, 1.7e38, true},
+      {DType::kFloat32, Reduction::kSum, 1.0, 3.4e38, true},
+      {DType::kFloat32, Reduction::kSum, 1.0, 1e300, false},
+      {DType::kFloat32, Reduction::kMean, 1e30, 1e10, false},
   };
   for (const auto& k : cases) {
     Case c = FullBase(InputForm::kSparsePerHead);
     c.options.grad_dtype = k.grad_dtype;
+    c.options.reduction = k.reduction;
     c.options.scaling_factor = k.scaling_factor;
     c.options.grad_scale = k.grad_scale;
     SCOPED_TRACE(absl::StrCat(DTypeName(k.grad_dtype), " c=", k.scaling_factor,
@@ -528,24 +551,27 @@ TEST_P(Validate, GradScaleMustKeepTheGradientFinite) {
       ExpectCreateRejects(c, {"grad_scale"});
     }
   }
-  // The message quotes the product the bound is on, not grad_scale alone.
+  // The message quotes the factor the bound is on, N included.
   Case over = FullBase(InputForm::kDenseAggregated);
   over.options.grad_dtype = DType::kFloat16;
-  over.options.scaling_factor = 300;
+  over.options.reduction = Reduction::kMean;
+  over.options.scaling_factor = 3000;
   over.options.grad_scale = 300;
   const EncodedCase encoded_over(over);
   const absl::Status refused = CreateStatus(encoded_over);
-  EXPECT_TRUE(absl::StrContains(refused.message(),
-                                "grad_scale: |scaling_factor * grad_scale|"))
+  EXPECT_TRUE(absl::StrContains(
+      refused.message(), "grad_scale: |scaling_factor / N * grad_scale|"))
       << refused;
-  EXPECT_TRUE(absl::StrContains(refused.message(), "got 300 * 300 = 90000"))
+  EXPECT_TRUE(
+      absl::StrContains(refused.message(), "got 3000 / 8 * 300 = 112500"))
       << refused;
-  // Just past the bound, the product prints past it.
+  // Just past the bound in float32, the factor prints with all its digits.
+  over.options.reduction = Reduction::kSum;
   over.options.scaling_factor = 1;
-  over.options.grad_scale = 65504.000000000015;
+  over.options.grad_scale = 65520.000000000007;
   const EncodedCase just_over(over);
   EXPECT_TRUE(absl::StrContains(CreateStatus(just_over).message(),
-                                "= 65504.000000000015"))
+                                "= 65520.000000000007"))
       << CreateStatus(just_over);
   // Without a gradient the bound has nothing to protect.
   Case no_grad = FullBase(InputForm::kDenseAggregated);

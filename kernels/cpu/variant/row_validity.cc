@@ -61,7 +61,9 @@ absl::StatusOr<RowValidity> BuildRowValidity(const IndexerKlProblem& p,
   int64_t end = CausalEnd(p.options.causal, t, p.q_offset, p.S);
   if (p.key_start != nullptr) {
     start = LoadInt32(p.key_start + 4 * r);
-    end = std::min<int64_t>(end, LoadInt32(p.key_end + 4 * r));
+    // key_end may be below 0 (a row without keys): the loops below take
+    // end as a length.
+    end = std::clamp<int64_t>(LoadInt32(p.key_end + 4 * r), 0, end);
   }
   const KeyRules rules = RulesOf(p, data, r);
   uint8_t* bytes = scratch.valid();

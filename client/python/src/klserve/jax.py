@@ -39,7 +39,8 @@ the job holds, the main attention's q and k and the indexer's own inputs:
         k_i = x @ params["wk_i"]
         w = x @ params["w_w"]
         return indexer_kl_loss_from_projections(
-            q, k, q_i, k_i, w, causal=True, softmax_scale=D ** -0.5)
+            q, k, q_i, k_i, w, causal=True, q_offset=0,  # MaxText's mask
+            softmax_scale=D ** -0.5)
 
 The service returns the gradients of index_query, index_key and
 index_weights, which the backward pass carries on into the parameters that
