@@ -3,7 +3,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <string_view>
 
@@ -14,20 +13,13 @@
 #include "kernels/loss_accumulator.h"
 #include "kernels/problem.h"
 #include "kernels/projections_problem.h"
+#include "kernels/stop_check.h"
 
 // The interface a compute backend (CPU, CUDA) implements: compute a block of
 // consecutive rows. Computing blocks in row order and folding each into one
 // LossAccumulator gives bit-identical results whatever the block boundaries.
 
 namespace klserve {
-
-// Asked before each tile of a projections computation whether to go on. A
-// status that is not OK (the caller gone, a time limit passed) ends the
-// computation with it: a projections problem's work grows with T * S from a
-// message that grows with T + S, so a caller that has left could otherwise
-// hold a compute slot for hours. Asked per tile, not per batch of tiles, as
-// one tile against a long key side is already much work.
-using StopCheck = std::function<absl::Status()>;
 
 // Where the projections form's per-row outputs of a run of rows go (buffers
 // of those rows, from its first; null when not asked for), and the scale of
@@ -84,8 +76,9 @@ class Backend {
   // (rows from rows.begin on), and each tile's d_index_key contributions
   // into `key_grad`. Data errors are INVALID_ARGUMENT naming the tensor and
   // the first bad position (the lowest row's). `stop`, when set, is asked
-  // before each tile, from any of the backend's threads; its error ends the
-  // call. A backend that does not compute this form answers UNIMPLEMENTED.
+  // between steps of each tile, from any of the backend's threads; its error
+  // ends the call. A backend that does not compute this form answers
+  // UNIMPLEMENTED.
   virtual absl::Status ComputeProjectionRows(
       const ProjectionsProblem& /*problem*/, const ProjectionsRowData& /*data*/,
       RowRange /*rows*/, const ProjectionsRowOutputs& /*outputs*/,

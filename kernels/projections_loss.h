@@ -18,9 +18,9 @@ namespace klserve {
 // (WholeProjectionsRows). Value errors are INVALID_ARGUMENT naming the tensor
 // and the first bad position; the outputs then hold partial results. A
 // backend that does not compute this form answers UNIMPLEMENTED. `stop`,
-// when given, is asked before each tile, and a status it returns ends the
-// computation (ProjectionsComputation). Thread-safe for concurrent calls
-// on one backend.
+// when given, is asked between the steps of each tile, and a status it
+// returns ends the computation (ProjectionsComputation). Thread-safe for
+// concurrent calls on one backend.
 absl::StatusOr<IndexerKlResult> ComputeProjectionsLoss(
     Backend& backend, const ProjectionsProblem& problem,
     const ProjectionsRowData& rows, const ProjectionsOutputs& outputs,

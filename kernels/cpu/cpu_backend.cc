@@ -138,7 +138,8 @@ absl::Status CpuBackend::ComputeProjectionRows(
       [&](int64_t index) {
         const int64_t number = first + index;
         cpu::ProjectionTile tile{.grad_scale = out.grad_scale,
-                                 .want_grad = out.want_grad};
+                                 .want_grad = out.want_grad,
+                                 .stop = stop ? &stop : nullptr};
         tile.b = number / per_entry;
         tile.t_begin = number % per_entry * p.tile_rows;
         tile.t_end = std::min(p.T, tile.t_begin + p.tile_rows);

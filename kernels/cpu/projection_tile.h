@@ -7,6 +7,7 @@
 #include "kernels/dtype.h"
 #include "kernels/key_grad_fold.h"
 #include "kernels/loss_accumulator.h"
+#include "kernels/stop_check.h"
 
 // One tile of the projections form's work (ProjectionsProblem::TileOf):
 // consecutive query rows of one batch entry, against every key they may
@@ -29,6 +30,8 @@ struct ProjectionTile {
   // c / N * grad_scale (0 when N = 0): the scale of dL/dI.
   double grad_scale = 0;
   bool want_grad = false;
+  // Asked between the tile's steps (ProjectionSteps); null: never stops.
+  const StopCheck* stop = nullptr;
 };
 
 // Where a tile writes: its rows' results, and its rows of the outputs that

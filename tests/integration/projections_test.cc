@@ -384,71 +384,80 @@ TEST_F(ServerTest, ProjectionsComputationStopsAtItsTimeLimit) {
   EXPECT_TRUE(client().ComputeLossUnary(MakeRequest(logits)).ok());
 }
 
-// A problem of one head of one dimension whose work (T = S = 98304, about
-// 10^10 query-key pairs) takes one thread tens of seconds, in a message of
-// under 2 MB.
-ProjectionsSpec LongProblem(const std::string& name) {
-  ProjectionsSpec spec;
-  spec.name = name;
-  spec.T = 98304, spec.S = 98304;
-  spec.H = 1, spec.H_kv = 1, spec.D = 1, spec.H_I = 1, spec.D_I = 1;
-  spec.options.set_skip_grad(true);
-  return spec;
+// Problems whose work takes one thread tens of seconds from a message of
+// a few MB: one head of one dimension at T = S = 98304 (about 10^10
+// query-key pairs over 6144 tiles), and a single query row against 2^20 keys
+// in 8192 heads of one dimension (one tile of about 10^10 head-key pairs).
+std::vector<ProjectionsSpec> LongProblems(const std::string& name) {
+  ProjectionsSpec many_tiles;
+  many_tiles.name = name + "ManyTiles";
+  many_tiles.T = 98304, many_tiles.S = 98304;
+  many_tiles.H = 1, many_tiles.H_kv = 1, many_tiles.D = 1;
+  many_tiles.H_I = 1, many_tiles.D_I = 1;
+  many_tiles.options.set_skip_grad(true);
+  ProjectionsSpec one_tile = many_tiles;
+  one_tile.name = name + "OneTile";
+  one_tile.T = 1, one_tile.S = 1 << 20, one_tile.H = 8192;
+  return {many_tiles, one_tile};
 }
 
 // A client that gives up (here its deadline passes) frees its slot within a
-// tile: the server's one compute slot takes the next request at once,
-// where finishing the abandoned problem (T = S = 98304) would hold it for
-// tens of seconds.
+// step of a tile: the server's one compute slot takes the next request at
+// once, where finishing the abandoned problem would hold it for tens of
+// seconds.
 TEST_F(ServerTest, ProjectionsComputationStopsWhenTheClientGivesUp) {
   ASSERT_NO_FATAL_FAILURE(
       StartServer({"--max_concurrent_requests=1", "--threads=1"}));
-  const ProjectionsSpec large = LongProblem("Abandoned");
-  std::unique_ptr<Client> impatient =
-      MakeClient(server().target(), 1, absl::Milliseconds(500));
-  absl::StatusOr<v1::ComputeLossResponse> abandoned =
-      impatient->ComputeLossUnary(MakeProjectionsRequest(large));
-  ASSERT_FALSE(abandoned.ok());
-  EXPECT_EQ(abandoned.status().code(), absl::StatusCode::kDeadlineExceeded)
-      << Describe(abandoned.status());
+  for (const ProjectionsSpec& large : LongProblems("Abandoned")) {
+    SCOPED_TRACE(large.name);
+    std::unique_ptr<Client> impatient =
+        MakeClient(server().target(), 1, absl::Milliseconds(500));
+    absl::StatusOr<v1::ComputeLossResponse> abandoned =
+        impatient->ComputeLossUnary(MakeProjectionsRequest(large));
+    ASSERT_FALSE(abandoned.ok());
+    EXPECT_EQ(abandoned.status().code(), absl::StatusCode::kDeadlineExceeded)
+        << Describe(abandoned.status());
 
-  ProjectionsSpec small;
-  small.name = "Next";
-  const v1::ComputeLossRequest next = MakeProjectionsRequest(small);
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  absl::StatusOr<v1::ComputeLossResponse> answered =
-      client().ComputeLossUnary(next);
-  while (!answered.ok() && absl::IsResourceExhausted(answered.status()) &&
-         absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(50));
-    answered = client().ComputeLossUnary(next);
+    ProjectionsSpec small;
+    small.name = "Next";
+    const v1::ComputeLossRequest next = MakeProjectionsRequest(small);
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    absl::StatusOr<v1::ComputeLossResponse> answered =
+        client().ComputeLossUnary(next);
+    while (!answered.ok() && absl::IsResourceExhausted(answered.status()) &&
+           absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(50));
+      answered = client().ComputeLossUnary(next);
+    }
+    EXPECT_TRUE(answered.ok()) << Describe(answered.status());
   }
-  EXPECT_TRUE(answered.ok()) << Describe(answered.status());
 }
 
 // The same for a stream's block: when the watchdog ends the stream
 // (--max_stream_duration), the block being computed stops too, so the one
-// compute thread is free for the next call, where finishing the block
-// (98304 rows against 98304 keys) would hold it for tens of seconds.
+// compute thread is free for the next call, where finishing the block would
+// hold it for tens of seconds.
 TEST_F(ServerTest, ProjectionsBlockStopsWhenItsStreamEnds) {
   ASSERT_NO_FATAL_FAILURE(
       StartServer({"--max_concurrent_requests=1", "--threads=1",
                    "--max_stream_duration=1s"}));
-  const ProjectionsSpec large = LongProblem("LongBlock");
-  const v1::ComputeLossRequest request = MakeProjectionsRequest(large);
-  absl::StatusOr<v1::ComputeLossResponse> ended =
-      client().ComputeLossStreaming(request, large.T);
-  ASSERT_FALSE(ended.ok());
-  EXPECT_EQ(ended.status().code(), absl::StatusCode::kDeadlineExceeded)
-      << Describe(ended.status());
+  for (const ProjectionsSpec& large : LongProblems("LongBlock")) {
+    SCOPED_TRACE(large.name);
+    const v1::ComputeLossRequest request = MakeProjectionsRequest(large);
+    absl::StatusOr<v1::ComputeLossResponse> ended =
+        client().ComputeLossStreaming(request, large.T);
+    ASSERT_FALSE(ended.ok());
+    EXPECT_EQ(ended.status().code(), absl::StatusCode::kDeadlineExceeded)
+        << Describe(ended.status());
 
-  ProjectionsSpec small;
-  small.name = "Next";
-  const absl::Time start = absl::Now();
-  absl::StatusOr<v1::ComputeLossResponse> answered =
-      client().ComputeLossUnary(MakeProjectionsRequest(small));
-  EXPECT_TRUE(answered.ok()) << Describe(answered.status());
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+    ProjectionsSpec small;
+    small.name = "Next";
+    const absl::Time start = absl::Now();
+    absl::StatusOr<v1::ComputeLossResponse> answered =
+        client().ComputeLossUnary(MakeProjectionsRequest(small));
+    EXPECT_TRUE(answered.ok()) << Describe(answered.status());
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  }
 }
 
 }  // namespace

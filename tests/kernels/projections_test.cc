@@ -94,7 +94,7 @@ struct Extras {
   std::optional<cpu::Isa> isa;
   // Breaks the inputs after encoding: (tensor name, flat index, value).
   std::optional<std::pair<std::string, std::pair<int64_t, float>>> poke;
-  // Asked before each tile (unary only).
+  // Asked between the steps of each tile (unary only).
   StopCheck stop;
 };
 
@@ -855,8 +855,7 @@ TEST(ProjectionsTest, ShapeAndOptionErrorsNameTheField) {
   x = {};
   x.key_start = std::vector<int32_t>{0, 0, 0};
   x.key_end = std::vector<int32_t>{1, 5, 2};
-  ExpectInvalid(p, x,
-                "key_end: must be <= S = 4, got 5 at (b=0, t=1)");
+  ExpectInvalid(p, x, "key_end: must be <= S = 4, got 5 at (b=0, t=1)");
 }
 
 // Logits [B, H, T, S] (or K) too large to have a size are refused naming
@@ -1008,11 +1007,65 @@ TEST(ProjectionsTest, OverflowAtAMaskedKeyIsNoError) {
   ExpectMatchesReference(sparse);
 }
 
-// A stop check is asked before each tile, not once a call or once a chunk
-// of tiles (a tile against a long key side is already much work): one that
-// says go on leaves the bits as they were, and the first status it returns
-// ends the computation with that status, no tile after it computed. The
-// service's top-k uses 16-row tiles, so 200 rows are 13 tiles.
+// A stop check is asked between the steps of each tile, not once a call or
+// once a tile (one query row against many keys and heads is already hours
+// of work): one that says go on leaves the bits as they were, and the first
+// status it returns ends the computation with that status, nothing asked or
+// computed after it. One tile here (T = 2) of 4 key tiles and 24 heads: the
+// dense passes alone ask at each of their 2 * 4 * 24 turns.
+TEST(ProjectionsTest, StopCheckIsAskedWithinEachTile) {
+  struct Form {
+    const char* name;
+    int64_t topk;
+    bool client_indices;
+  };
+  for (const Form form :
+       {Form{"dense", 0, false}, Form{"server top-k", 300, false},
+        Form{"client indices", 0, true}}) {
+    SCOPED_TRACE(form.name);
+    RefProjections p = RandomProblem(22, 1, 2, 2000, 24, 2, 8, 3, 4);
+    if (form.client_indices) {
+      p.K = 5;
+      p.topk_indices = {0, 7, 1999, 500, -1, 3, 1024, 1023, 2, 1};
+    }
+    Extras x;
+    x.topk = form.topk;
+    x.threads = 1;
+    const LibraryRun plain = RunLibrary(p, x);
+    ASSERT_TRUE(plain.status.ok()) << plain.status;
+
+    int asked = 0;
+    x.stop = [&asked]() {
+      ++asked;
+      return absl::OkStatus();
+    };
+    const LibraryRun checked = RunLibrary(p, x);
+    ASSERT_TRUE(checked.status.ok()) << checked.status;
+    EXPECT_GE(asked, form.topk == 0 && !form.client_indices ? 2 * 4 * 24 : 4);
+    EXPECT_EQ(checked.raw_dq, plain.raw_dq);
+    EXPECT_EQ(checked.raw_dk, plain.raw_dk);
+    EXPECT_EQ(checked.raw_dw, plain.raw_dw);
+    EXPECT_EQ(checked.result.loss, plain.result.loss);
+
+    // Stopped at each of its asks in turn: the stop's status, and no ask
+    // after it.
+    for (int stop_at = 1; stop_at <= asked; stop_at += std::max(1, asked / 7)) {
+      SCOPED_TRACE(stop_at);
+      int count = 0;
+      x.stop = [&count, stop_at]() {
+        return ++count < stop_at ? absl::OkStatus()
+                                 : absl::DeadlineExceededError("out of time");
+      };
+      const LibraryRun stopped = RunLibrary(p, x);
+      EXPECT_EQ(stopped.status, absl::DeadlineExceededError("out of time"));
+      EXPECT_EQ(count, stop_at);
+    }
+  }
+}
+
+// Between tiles too: the service's top-k uses 16-row tiles, so 200 rows are
+// 13 tiles, each asking first. Stopped at the first ask of the second tile,
+// the first tile's d_index_query rows are written and the rest untouched.
 TEST(ProjectionsTest, StopCheckEndsTheComputationBetweenTiles) {
   RefProjections p = RandomProblem(22, 1, 200, 40, 1, 1, 4, 1, 4);
   Extras x;
@@ -1021,28 +1074,28 @@ TEST(ProjectionsTest, StopCheckEndsTheComputationBetweenTiles) {
   const LibraryRun plain = RunLibrary(p, x);
   ASSERT_TRUE(plain.status.ok()) << plain.status;
 
-  int asked = 0;
-  x.stop = [&asked]() {
-    ++asked;
+  // The asks of one tile: those of a run of the first tile's rows alone.
+  RefProjections first = p;
+  first.T = 16;
+  for (std::vector<double>* v :
+       {&first.query, &first.index_query, &first.index_weights}) {
+    v->resize(v->size() / 200 * 16);
+  }
+  int per_tile = 0;
+  x.stop = [&per_tile]() {
+    ++per_tile;
     return absl::OkStatus();
   };
-  const LibraryRun checked = RunLibrary(p, x);
-  ASSERT_TRUE(checked.status.ok()) << checked.status;
-  EXPECT_EQ(asked, 13);
-  EXPECT_EQ(checked.raw_dq, plain.raw_dq);
-  EXPECT_EQ(checked.raw_dk, plain.raw_dk);
-  EXPECT_EQ(checked.raw_dw, plain.raw_dw);
-  EXPECT_EQ(checked.result.loss, plain.result.loss);
+  ASSERT_TRUE(RunLibrary(first, x).status.ok());
 
-  int before_stop = 0;
-  x.stop = [&before_stop]() {
-    return ++before_stop < 2 ? absl::OkStatus()
-                             : absl::DeadlineExceededError("out of time");
+  int count = 0;
+  x.stop = [&count, per_tile]() {
+    return ++count <= per_tile ? absl::OkStatus()
+                               : absl::DeadlineExceededError("out of time");
   };
   const LibraryRun stopped = RunLibrary(p, x);
   EXPECT_EQ(stopped.status, absl::DeadlineExceededError("out of time"));
-  EXPECT_EQ(before_stop, 2);
-  // The first tile's d_index_query rows are written, the rest untouched.
+  EXPECT_EQ(count, per_tile + 1);
   const int64_t tile_bytes = 16 * p.H_I * p.D_I * int64_t{sizeof(float)};
   ASSERT_EQ(stopped.raw_dq.size(), plain.raw_dq.size());
   EXPECT_TRUE(std::equal(plain.raw_dq.begin(),
@@ -1053,8 +1106,8 @@ TEST(ProjectionsTest, StopCheckEndsTheComputationBetweenTiles) {
                           [](std::byte b) { return b == std::byte{0}; }));
 }
 
-// The logits form's gradient is at most |c / N * grad_scale| per entry, which the
-// options check keeps within the gradient dtype; the projections' gradients
+// The logits form's gradient is at most |c / N * grad_scale| per entry, which
+// the options check keeps within the gradient dtype; the projections' gradients
 // also grow with the projections, and with the rows or keys they sum over.
 // One that leaves its dtype's range is refused, naming the output and the
 // first entry, wherever it is written: per tile (d_index_query,

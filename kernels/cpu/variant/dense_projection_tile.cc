@@ -92,6 +92,7 @@ DenseScratch& ThisThreadsScratch() {
 
 class DenseTile : private TileBase {
  public:
+  using TileBase::Finish;
   using TileBase::TileBase;
 
   absl::Status Compute(int64_t& failed_row) {
@@ -158,8 +159,9 @@ class DenseTile : private TileBase {
   // logits[i, k] = scale * query[i, h] . key[s0 + k, h's key head].
   void HeadLogits(const float* keys, int64_t h, int64_t sk, float* logits) {
     const int64_t g = h / (p_.H / p_.H_kv);
-    GemmNT(n_, sk, p_.D, lp_.options.softmax_scale, in_.query + h * p_.D,
-           p_.H * p_.D, keys + g * p_.D, p_.H_kv * p_.D, 0.0f, logits, sk);
+    steps_.GemmNT(n_, sk, p_.D, lp_.options.softmax_scale, in_.query + h * p_.D,
+                  p_.H * p_.D, keys + g * p_.D, p_.H_kv * p_.D, 0.0f, logits,
+                  sk);
   }
 
   // The row's validity within the key tile [s0, s0 + sk): the number of
@@ -227,6 +229,7 @@ class DenseTile : private TileBase {
         const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
         const float* keys = KeyTile(s0, s1);
         for (int64_t h = 0; h < H; ++h) {
+          if (!steps_.Go()) return steps_.status();
           float* logits = logits_of(s0, h);
           HeadLogits(keys, h, sk, logits);
           for (int64_t i = 0; i < n_; ++i) {
@@ -277,6 +280,7 @@ class DenseTile : private TileBase {
       const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
       const float* keys = stored ? nullptr : KeyTile(s0, s1);
       for (int64_t h = 0; h < H; ++h) {
+        if (!steps_.Go()) return steps_.status();
         if (h % kHeadsPerFloatSum == 0 && h > 0) {  // a block of heads ended
           for (int64_t i = 0; i < n_; ++i) {
             FoldHeadBlock(w_ + i * L_ + s0, head_sums + i * kKeyTile, sk,
@@ -322,8 +326,8 @@ class DenseTile : private TileBase {
       }
       // The indexer scores of the tile's rows: u = q_I k_I^T, rows (i, j).
       float* u = dots_.At((s0 - lo_) / kKeyTile, 0);
-      GemmNT(n_ * p_.H_I, sk, p_.D_I, 1.0f, in_.index_query, p_.D_I,
-             IndexKeyTile(s0, s1), p_.D_I, 0.0f, u, sk);
+      steps_.GemmNT(n_ * p_.H_I, sk, p_.D_I, 1.0f, in_.index_query, p_.D_I,
+                    IndexKeyTile(s0, s1), p_.D_I, 0.0f, u, sk);
       for (int64_t i = 0; i < n_; ++i) {
         const RowValidity& v = tv_.rows[i];
         float* I = I_ + i * L_ + s0;
@@ -380,22 +384,23 @@ class DenseTile : private TileBase {
       dk.keys[s - lo_] = static_cast<int32_t>(s);
     std::vector<float> e(M * kKeyTile);
     for (int64_t s0 = lo_; s0 < hi_; s0 += kKeyTile) {
+      if (!steps_.Go()) return;  // Finish reports the stop
       const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
       const float* index_keys = IndexKeyTile(s0, s1);
       float* u = dots_.At((s0 - lo_) / kKeyTile, 0);
       if (!dots_.kept()) {
-        GemmNT(M, sk, p_.D_I, 1.0f, in_.index_query, p_.D_I, index_keys, p_.D_I,
-               0.0f, u, sk);
+        steps_.GemmNT(M, sk, p_.D_I, 1.0f, in_.index_query, p_.D_I, index_keys,
+                      p_.D_I, 0.0f, u, sk);
       }
       for (int64_t i = 0; i < n_; ++i) {
         IndexerGrads(u + i * p_.H_I * sk, sk, in_.weights.data() + i * p_.H_I,
                      p_.H_I, sk, p_.use_relu, g_ + i * L_ + s0,
                      e.data() + i * p_.H_I * sk, dw.data() + i * p_.H_I);
       }
-      GemmNN(M, p_.D_I, sk, e.data(), sk, index_keys, p_.D_I, 1.0f, dq.data(),
-             p_.D_I);
-      GemmTN(sk, p_.D_I, M, e.data(), sk, in_.index_query, p_.D_I,
-             dk.rows.data() + (s0 - lo_) * p_.D_I, p_.D_I);
+      steps_.GemmNN(M, p_.D_I, sk, e.data(), sk, index_keys, p_.D_I, 1.0f,
+                    dq.data(), p_.D_I);
+      steps_.GemmTN(sk, p_.D_I, M, e.data(), sk, in_.index_query, p_.D_I,
+                    dk.rows.data() + (s0 - lo_) * p_.D_I, p_.D_I);
     }
     StoreQueryGrads(p_, tile_, out_, dq.data(), dw.data());
   }
@@ -416,7 +421,8 @@ absl::Status ComputeDenseProjectionTile(const ProjectionsProblem& problem,
                                         const ProjectionTile& tile,
                                         const ProjectionTileOutputs& outputs,
                                         int64_t& failed_row) {
-  return DenseTile(problem, data, tile, outputs).Compute(failed_row);
+  DenseTile dense(problem, data, tile, outputs);
+  return dense.Finish(dense.Compute(failed_row), failed_row);
 }
 
 void ReleaseProjectionScratch() { dense_scratch.reset(); }

@@ -12,10 +12,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/blas.h"
 #include "kernels/cpu/projection_tile.h"
 #include "kernels/cpu/row_scratch.h"
 #include "kernels/cpu/variant/isa_namespace.h"
+#include "kernels/cpu/variant/projection_steps.h"
 #include "kernels/cpu/variant/row_convert.h"
 #include "kernels/cpu/variant/row_loss.h"
 #include "kernels/cpu/variant/row_passes.h"
@@ -59,24 +59,6 @@ inline const float* RowFloats(const RowView& rows, int64_t r, int64_t T,
                               int64_t n, std::vector<float>& buffer) {
   if (buffer.size() < static_cast<size_t>(n)) buffer.resize(n);
   return FloatRow(rows.dtype, rows.Row(r, T), n, buffer.data());
-}
-
-// C[m, n] = alpha * A[m, k] B[n, k]^T (+ beta * C), row-major.
-inline void GemmNT(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                   int64_t lda, const float* b, int64_t ldb, float beta,
-                   float* c, int64_t ldc) {
-  Sgemm(false, true, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-// C[m, n] = A[m, k] B[k, n] + beta * C.
-inline void GemmNN(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                   const float* b, int64_t ldb, float beta, float* c,
-                   int64_t ldc) {
-  Sgemm(false, false, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
-}
-// C[m, n] = A[k, m]^T B[k, n].
-inline void GemmTN(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                   const float* b, int64_t ldb, float* c, int64_t ldc) {
-  Sgemm(true, false, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
 }
 
 // Whether a head's largest valid logit lies so far above its shift (the
@@ -270,7 +252,17 @@ class TileBase {
         out_(out),
         n_(tile.t_end - tile.t_begin),
         r0_(tile.b * p.T + tile.t_begin),
-        in_(p, data, r0_, n_) {}
+        in_(p, data, r0_, n_),
+        steps_(tile.stop) {}
+
+  // The tile's status: `computed`, unless a step said stop, whose status
+  // then wins (an error found after it may come from rows left unfinished),
+  // reported at the tile's first row.
+  absl::Status Finish(absl::Status computed, int64_t& failed_row) const {
+    if (!steps_.stopped()) return computed;
+    failed_row = r0_;
+    return steps_.status();
+  }
 
  protected:
   const ProjectionsProblem& p_;
@@ -281,6 +273,7 @@ class TileBase {
   const int64_t n_, r0_;
   TileInputs in_;
   TileValidity tv_;
+  ProjectionSteps steps_;
 };
 
 }  // namespace klserve::cpu::KLSERVE_ISA

@@ -20,8 +20,8 @@ namespace {
 absl::Status SelectTopk(const ProjectionsProblem& p,
                         const ProjectionsRowData& rows,
                         const ProjectionTile& tile, const TileInputs& in,
-                        int32_t* indices, RowScratch& scratch,
-                        int64_t& failed_row) {
+                        ProjectionSteps& steps, int32_t* indices,
+                        RowScratch& scratch, int64_t& failed_row) {
   const IndexerKlProblem& dense = *p.selection;
   const int64_t n = tile.t_end - tile.t_begin;
   const int64_t r0 = tile.b * p.T + tile.t_begin;
@@ -38,10 +38,11 @@ absl::Status SelectTopk(const ProjectionsProblem& p,
   std::vector<float> index_key_buffer;
   for (int64_t s0 = 0; s0 < hi; s0 += kKeyTile) {
     const int64_t s1 = std::min(s0 + kKeyTile, hi), sk = s1 - s0;
-    GemmNT(n * p.H_I, sk, p.D_I, 1.0f, in.index_query, p.D_I,
-           Floats(p.index_key, (tile.b * p.S + s0) * p.D_I, sk * p.D_I,
-                  index_key_buffer),
-           p.D_I, 0.0f, u.data(), sk);
+    steps.GemmNT(n * p.H_I, sk, p.D_I, 1.0f, in.index_query, p.D_I,
+                 Floats(p.index_key, (tile.b * p.S + s0) * p.D_I, sk * p.D_I,
+                        index_key_buffer),
+                 p.D_I, 0.0f, u.data(), sk);
+    if (steps.stopped()) return steps.status();
     for (int64_t i = 0; i < n; ++i) {
       IndexerScores(u.data() + i * p.H_I * sk, sk,
                     in.weights.data() + i * p.H_I, p.H_I, sk, p.use_relu,
@@ -82,6 +83,7 @@ absl::Status SelectTopk(const ProjectionsProblem& p,
 
 class SparseTile : private TileBase {
  public:
+  using TileBase::Finish;
   using TileBase::TileBase;
 
   absl::Status Compute(int64_t& failed_row) {
@@ -90,8 +92,8 @@ class SparseTile : private TileBase {
     if (p_.server_topk) {
       selected.resize(n_ * p_.K);
       RowScratch& wide = RowScratch::ForThisThread(*p_.selection);
-      if (absl::Status s = SelectTopk(p_, data_, tile_, in_, selected.data(),
-                                      wide, failed_row);
+      if (absl::Status s = SelectTopk(p_, data_, tile_, in_, steps_,
+                                      selected.data(), wide, failed_row);
           !s.ok()) {
         return s;
       }
@@ -121,6 +123,7 @@ class SparseTile : private TileBase {
     u_.resize(n_ * p_.H_I * K);
     gathered_index_keys_.resize(n_ * K * p_.D_I);
     for (int64_t i = 0; i < n_; ++i) {
+      if (!steps_.Go()) return steps_.status();
       if (absl::Status s = RowTargetAndScores(i, data, failed_row); !s.ok()) {
         return s;
       }
@@ -169,9 +172,10 @@ class SparseTile : private TileBase {
         CopyFloats(p_.key, ((tile_.b * p_.S + keys[x]) * p_.H_kv + g) * p_.D,
                    p_.D, gathered.data() + x * p_.D);
       }
-      GemmNT(gs, nv, p_.D, lp_.options.softmax_scale,
-             in_.query + (i * p_.H + g * gs) * p_.D, p_.D, gathered.data(),
-             p_.D, 0.0f, logits.data(), nv);
+      steps_.GemmNT(gs, nv, p_.D, lp_.options.softmax_scale,
+                    in_.query + (i * p_.H + g * gs) * p_.D, p_.D,
+                    gathered.data(), p_.D, 0.0f, logits.data(), nv);
+      if (steps_.stopped()) return steps_.status();
       for (int64_t y = 0; y < gs; ++y) {
         const int64_t h = g * gs + y;
         float* a = logits.data() + y * nv;
@@ -228,8 +232,10 @@ class SparseTile : private TileBase {
                  index_keys + x * p_.D_I);
     }
     float* u = u_.data() + i * p_.H_I * K;
-    GemmNT(p_.H_I, nv, p_.D_I, 1.0f, in_.index_query + i * p_.H_I * p_.D_I,
-           p_.D_I, index_keys, p_.D_I, 0.0f, u, nv);
+    steps_.GemmNT(p_.H_I, nv, p_.D_I, 1.0f,
+                  in_.index_query + i * p_.H_I * p_.D_I, p_.D_I, index_keys,
+                  p_.D_I, 0.0f, u, nv);
+    if (steps_.stopped()) return steps_.status();
     std::vector<float>& scores = scores_buffer_;
     scores.resize(nv);
     IndexerScores(u, nv, in_.weights.data() + i * p_.H_I, p_.H_I, nv,
@@ -266,6 +272,7 @@ class SparseTile : private TileBase {
     std::vector<float> g(K), e(p_.H_I * K);
     int64_t at = 0;
     for (int64_t i = 0; i < n_; ++i) {
+      if (!steps_.Go()) return;  // Finish reports the stop
       const int64_t nv = counts_[i];
       if (nv == 0) continue;
       const RowValidity& v = tv_.rows[i];
@@ -277,11 +284,11 @@ class SparseTile : private TileBase {
       IndexerGrads(u, nv, in_.weights.data() + i * p_.H_I, p_.H_I, nv,
                    p_.use_relu, g.data(), e.data(), dw.data() + i * p_.H_I);
       const float* index_keys = gathered_index_keys_.data() + i * K * p_.D_I;
-      GemmNN(p_.H_I, p_.D_I, nv, e.data(), nv, index_keys, p_.D_I, 0.0f,
-             dq.data() + i * p_.H_I * p_.D_I, p_.D_I);
-      GemmTN(nv, p_.D_I, p_.H_I, e.data(), nv,
-             in_.index_query + i * p_.H_I * p_.D_I, p_.D_I,
-             dk.rows.data() + at * p_.D_I, p_.D_I);
+      steps_.GemmNN(p_.H_I, p_.D_I, nv, e.data(), nv, index_keys, p_.D_I, 0.0f,
+                    dq.data() + i * p_.H_I * p_.D_I, p_.D_I);
+      steps_.GemmTN(nv, p_.D_I, p_.H_I, e.data(), nv,
+                    in_.index_query + i * p_.H_I * p_.D_I, p_.D_I,
+                    dk.rows.data() + at * p_.D_I, p_.D_I);
       std::copy(keys_.data() + i * K, keys_.data() + i * K + nv,
                 dk.keys.data() + at);
       at += nv;
@@ -307,7 +314,8 @@ absl::Status ComputeSparseProjectionTile(const ProjectionsProblem& problem,
                                          const ProjectionTile& tile,
                                          const ProjectionTileOutputs& outputs,
                                          int64_t& failed_row) {
-  return SparseTile(problem, data, tile, outputs).Compute(failed_row);
+  SparseTile sparse(problem, data, tile, outputs);
+  return sparse.Finish(sparse.Compute(failed_row), failed_row);
 }
 
 }  // namespace klserve::cpu::KLSERVE_ISA
