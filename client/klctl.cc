@@ -368,10 +368,9 @@ absl::Status FinishStep() {
   ASSIGN_OR_RETURN(std::unique_ptr<Client> client, MakeClient(nullptr));
   ASSIGN_OR_RETURN(const v1::FinishStepResponse finished,
                    client->FinishStep(run, *step));
-  if (finished.already_finished()) {
-    std::printf("already_finished: true\n");
-    return absl::OkStatus();
-  }
+  // Published before: the values are the published ones when it is the
+  // run's last finished step, else NaN (the proto's FinishStepResponse).
+  if (finished.already_finished()) std::printf("already_finished: true\n");
   std::printf("indexer_loss: %.17g\n", finished.indexer_loss());
   std::printf("indexer_loss_unscaled: %.17g\n",
               finished.indexer_loss_unscaled());

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "kernels/status_macros.h"
+#include "kernels/tensor_checks.h"
 #include "proto/request_tensors.h"
 #include "server/codec/grpc_status.h"
 
@@ -178,14 +179,14 @@ absl::StatusOr<TensorView> ViewOf(absl::string_view field,
     if (d < 1 || __builtin_mul_overflow(bytes, d, &bytes)) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".shape: every dimension >= 1 and the bytes within int64, ",
-          "got [", absl::StrJoin(view.shape, ", "), "]"));
+          "got ", ShapeString(view.shape)));
     }
   }
   view.byte_size = tensor.region().byte_size();
   if (view.byte_size != bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        slice_field, ".byte_size: must be ", bytes, " (", tensor.dtype(), " [",
-        absl::StrJoin(view.shape, ", "), "]), got ", view.byte_size));
+        slice_field, ".byte_size: must be ", bytes, " (", tensor.dtype(), " ",
+        ShapeString(view.shape), "), got ", view.byte_size));
   }
   // Indices, bounds, segments and masks steer what the kernels index: a
   // client changing them after they are checked could send a read out of

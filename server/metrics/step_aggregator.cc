@@ -227,6 +227,15 @@ absl::StatusOr<FinishedStep> StepAggregator::Finish(absl::string_view run,
   absl::MutexLock lock(&mu_);
   auto it = runs_.find(run);
   if (it == runs_.end()) {
+    if (auto kept = evicted_.find(run);
+        kept != evicted_.end() && step <= kept->second.last_finished_step) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "step ", step, " of run \"", run,
+          "\": already finished: the run has passed it, and published its "
+          "value if it had samples (the run was evicted since, as the least "
+          "recently active; its last finished step is ",
+          kept->second.last_finished_step, ")"));
+    }
     return absl::NotFoundError(
         absl::StrCat("run \"", run,
                      "\": no samples received (never tagged in a request, or "

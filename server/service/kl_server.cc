@@ -118,6 +118,9 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(in_range("max_concurrent_requests",
                            options.max_concurrent_requests, 1, kMaxThreads));
   RETURN_IF_ERROR(at_least("max_open_streams", options.max_open_streams, 1));
+  // One poller and one stream.
+  RETURN_IF_ERROR(
+      at_least("max_reflection_threads", options.max_reflection_threads, 2));
   RETURN_IF_ERROR(at_least("max_streams_per_connection",
                            options.max_streams_per_connection, 1));
   // gRPC counts message sizes in int. Below 1KiB is a size meant in KiB or
@@ -326,6 +329,7 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
       static_cast<int>(absl::ToInt64Milliseconds(options.max_stream_duration)));
   grpc::ResourceQuota quota("klserve");
   quota.Resize(static_cast<size_t>(options.transport_memory_bytes));
+  quota.SetMaxThreads(options.max_reflection_threads);
   builder.SetResourceQuota(quota);
   // gRPC writes each address's port here when it binds (1 for a socket).
   std::vector<int> bound(addresses.size(), 0);

@@ -86,6 +86,9 @@ ABSL_FLAG(int, max_concurrent_requests, Defaults().max_concurrent_requests,
 ABSL_FLAG(int, max_open_streams, Defaults().max_open_streams,
           "ComputeLossStream and Echo calls open at once, apart from "
           "--max_concurrent_requests; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_reflection_threads, Defaults().max_reflection_threads,
+          "threads gRPC's server reflection may hold: one a reflection stream "
+          "open, with its poller; past it RESOURCE_EXHAUSTED");
 ABSL_FLAG(Duration, stream_idle_timeout,
           Duration{Defaults().stream_idle_timeout},
           "end a stream (DEADLINE_EXCEEDED) whose client sends nothing the "
@@ -273,6 +276,7 @@ int main(int argc, char** argv) {
   options.max_concurrent_requests =
       absl::GetFlag(FLAGS_max_concurrent_requests);
   options.max_open_streams = absl::GetFlag(FLAGS_max_open_streams);
+  options.max_reflection_threads = absl::GetFlag(FLAGS_max_reflection_threads);
   options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout).value;
   options.max_stream_duration = absl::GetFlag(FLAGS_max_stream_duration).value;
   options.max_compute_duration =

@@ -161,7 +161,7 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
   return result;
 }
 
-// What stops a unary projections computation before its next tile:
+// What stops a unary projections computation at the next step of a tile:
 // the client gone (a cancel, its deadline) or --max_compute_duration since
 // the call arrived.
 StopCheck UnaryStopCheck(grpc::CallbackServerContext* context, absl::Time start,
@@ -184,8 +184,8 @@ StopCheck UnaryStopCheck(grpc::CallbackServerContext* context, absl::Time start,
 }
 
 // The whole unary computation, on an executor thread: `bytes` in, `out`
-// encoded; `rows_computed` gets the rows computed. `stop` is asked before
-// each tile of a projections computation.
+// encoded; `rows_computed` gets the rows computed. `stop` is asked between
+// the steps of each tile of a projections computation.
 absl::Status ComputeUnary(const ServiceContext& ctx,
                           grpc::CallbackServerContext& call,
                           grpc::ByteBuffer& bytes, grpc::ByteBuffer& out,

@@ -41,6 +41,12 @@ struct ServerOptions {
   // compute slot while it does. Each holds at most 3 messages (and a
   // projections-form stream the rows of one tile, within a message's bytes).
   int max_open_streams = 16;
+  // Threads of gRPC's synchronous server, whose only service here is server
+  // reflection: each reflection stream open holds one, for its life, and a
+  // poller waits for the next (a grpc::ResourceQuota's thread limit). Past
+  // it new reflection calls get RESOURCE_EXHAUSTED; the other services run
+  // on gRPC's callback threads and are not counted.
+  int max_reflection_threads = 8;
   // A stream whose client sends nothing the server waits for, or takes no
   // answer the server is sending, for this long is ended
   // (DEADLINE_EXCEEDED), and its slot freed.

@@ -214,7 +214,8 @@ class StreamReactorBase
           absl::StrCat(rpc_, ": idle for more than ",
                        absl::FormatDuration(options.stream_idle_timeout),
                        writing_ != nullptr ? " (the client reads no answer)"
-                                           : " (the client sends nothing)",
+                                           : " (no message of the client "
+                                             "arrived whole within it)",
                        "; --stream_idle_timeout"));
     }
     return std::nullopt;

@@ -510,6 +510,67 @@ TEST_F(TokenServerTest, ReflectionNeedsTheToken) {
       absl::StrContains(with_token.responses[0], "klserve.v1.IndexerKl"));
 }
 
+// gRPC's reflection service is synchronous: each open stream holds a server
+// thread for its life (1,500 open streams had taken 1,534 threads). Past
+// --max_reflection_threads (one of them the poller) new reflection calls
+// are RESOURCE_EXHAUSTED, the loss is served exactly meanwhile, and once the
+// streams close reflection answers again.
+TEST(ReflectionThreadsTest, OpenReflectionStreamsAreBounded) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({"--max_reflection_threads=3"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  constexpr char kReflection[] =
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+  const std::string list_services("\x3a\x00", 2);
+  std::shared_ptr<grpc::Channel> channel = ChannelTo((*server)->target());
+  struct OpenStream {
+    grpc::ClientContext context;
+    std::unique_ptr<
+        grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
+        stream;
+  };
+  std::vector<std::unique_ptr<OpenStream>> open;
+  int served = 0, refused = 0;
+  for (int i = 0; i < 6; ++i) {
+    auto s = std::make_unique<OpenStream>();
+    s->context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
+    s->stream = std::unique_ptr<
+        grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>(
+        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer,
+                                                  grpc::ByteBuffer>::
+            Create(channel.get(),
+                   grpc::internal::RpcMethod(
+                       kReflection, grpc::internal::RpcMethod::BIDI_STREAMING),
+                   &s->context));
+    grpc::ByteBuffer response;
+    if (s->stream->Write(BytesOf(list_services)) &&
+        s->stream->Read(&response)) {
+      ++served;  // left open: it keeps its thread
+      open.push_back(std::move(s));
+    } else {
+      EXPECT_TRUE(
+          HasCode(s->stream->Finish(), grpc::StatusCode::RESOURCE_EXHAUSTED));
+      ++refused;
+    }
+  }
+  EXPECT_GE(served, 1);
+  EXPECT_LE(served, 2);
+  EXPECT_EQ(served + refused, 6);
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  ExpectServedExactly(*client);
+  for (std::unique_ptr<OpenStream>& s : open) {
+    s->stream->WritesDone();
+    EXPECT_TRUE(s->stream->Finish().ok());
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  RawStreamOutcome again = RawBidi(*channel, kReflection, {list_services});
+  while (!again.status.ok() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(100));
+    again = RawBidi(*channel, kReflection, {list_services});
+  }
+  EXPECT_TRUE(again.status.ok()) << Describe(again.status);
+}
+
 // gRPC 1.51 announces the cap, and a client that has acknowledged it and
 // opens more streams commits a connection error: the server closes the
 // connection, the calls on it end, and the server keeps serving others.

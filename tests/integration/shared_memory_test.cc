@@ -369,6 +369,21 @@ TEST_F(SharedMemoryTest, SlicesAreCheckedAgainstTheRegion) {
     r.mutable_indexer_scores()->mutable_region()->set_byte_size(8);
     expect(r, absl::StatusCode::kInvalidArgument, "indexer_scores");
   }
+  for (const int64_t last : {int64_t{1}, int64_t{0}}) {
+    // A hostile shape is quoted by its first 8 dimensions, as inline.
+    v1::ComputeLossRequest r = good;
+    v1::Tensor& scores = *r.mutable_indexer_scores();
+    scores.clear_shape();
+    for (int i = 0; i < 100000; ++i) scores.add_shape(1);
+    scores.add_shape(last);
+    const absl::Status status = client().ComputeLossUnary(r).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_LT(status.message().size(), 400u) << status.message().size();
+    EXPECT_TRUE(absl::StrContains(status.message(),
+                                  "[1, 1, 1, 1, 1, 1, 1, 1, ...] (100001 "
+                                  "dimensions)"))
+        << status.message().substr(0, 400);
+  }
   const int64_t grad_bytes = 2 * 6 * 5 * 4;
   {
     v1::ComputeLossRequest r = good;

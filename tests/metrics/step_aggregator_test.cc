@@ -379,11 +379,17 @@ TEST(StepAggregator, EvictsTheRunIdleLongest) {
   EXPECT_EQ(r.finished[0].reason, FinishReason::kEvicted);
   EXPECT_DOUBLE_EQ(r.finished[0].loss, 4.0);
   EXPECT_EQ(agg.num_runs(), 2);
-  ExpectFinishFails(agg, "b", 4, absl::StatusCode::kNotFound,
+  // The evicted run's published step is still known as finished (another
+  // rank's FinishStep says so); a later one had no samples.
+  ExpectFinishFails(agg, "b", 4, absl::StatusCode::kAlreadyExists,
+                    "already finished");
+  ExpectFinishFails(agg, "b", 5, absl::StatusCode::kNotFound,
                     "no samples received");
   // An evicted run that comes back remembers the step it published: a
   // late sample of it is late, not a second point at step 4; a new step
-  // opens as usual.
+  // opens as usual. The late sample takes the run back (evicting the run
+  // idle longest), so that the series it is counted in belongs to a
+  // tracked run: only those may have series.
   const AddResult late =
       MustAdd(agg, Sample("b", 4, 0, 0, 2.0, 1), kT0 + absl::Seconds(4));
   EXPECT_TRUE(late.late);

@@ -182,6 +182,13 @@ def test_loss_series_metrics_and_event_files(stack):
     finished = parse(klctl(stack["grpc"], "finish-step", f"--run={RUN}",
                            f"--step={STEPS}").stdout)
     assert float(finished["indexer_loss"]) == pytest.approx(expected[STEPS], rel=1e-12)
+    # Asked again (another rank, say), the step is already published: klctl
+    # says so and prints the published value with it.
+    again = parse(klctl(stack["grpc"], "finish-step", f"--run={RUN}",
+                        f"--step={STEPS}").stdout)
+    assert again["already_finished"] == "true"
+    assert again["indexer_loss"] == finished["indexer_loss"]
+    assert again["requests"] == finished["requests"]
     wait_for(lambda: prom.value(f'klserve_indexer_last_step{{run="{label}"}}') == STEPS,
              30, "the last step in Prometheus")
     assert prom.value(f'klserve_indexer_loss{{run="{label}",layer="all"}}') == \
