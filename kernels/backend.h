@@ -87,10 +87,11 @@ class Backend {
     return ProjectionsUnimplemented();
   }
   // MEAN_VALID's N without row_valid: how many of `rows` have a valid key
-  // (checking the client's top-k indices on the way).
+  // (checking the client's top-k indices on the way). `stop`, when set, is
+  // asked between chunks of rows, as ComputeProjectionRows asks it.
   virtual absl::StatusOr<int64_t> CountProjectionRowsWithKeys(
       const ProjectionsProblem& /*problem*/, const ProjectionsRowData& /*data*/,
-      RowRange /*rows*/) {
+      RowRange /*rows*/, const StopCheck& /*stop*/) {
     return ProjectionsUnimplemented();
   }
 

@@ -6,7 +6,7 @@
 #include "kernels/loss_computation.h"
 #include "kernels/problem.h"
 
-// The whole-problem entry point: a LossComputation fed the rows in blocks.
+// The whole-problem entry point: a LossComputation fed all rows as one block.
 
 namespace klserve {
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -158,6 +159,33 @@ std::array<ProjectionsComputation::HeldTensor, 6> HeldBuffers(
        {"attention_mask", p.has_attention_mask ? rows * p.S : 0}}};
 }
 
+// MEAN_VALID's N where a row's keys follow from the causal cut and the key
+// padding alone (no per-row tensor: segment ids, key bounds, a mask, the
+// client's indices): row t of batch entry b has a key iff its causal end
+// passes b's first unpadded key. In O(B * S), whatever T a stream's header
+// declares, where no bytes bound it.
+std::optional<int64_t> RowsWithKeysInClosedForm(const ProjectionsProblem& pp) {
+  const IndexerKlProblem& p = pp.server_topk ? *pp.selection : pp.logits;
+  if (p.sparse() || p.segment_ids_q != nullptr || p.key_start != nullptr ||
+      p.has_attention_mask) {
+    return std::nullopt;
+  }
+  int64_t count = 0;
+  for (int64_t b = 0; b < p.B; ++b) {
+    int64_t first = 0;  // b's first unpadded key (S: none)
+    if (p.key_padding_mask != nullptr) {
+      const std::byte* padding = p.key_padding_mask + b * p.S;
+      while (first < p.S && padding[first] == std::byte{0}) ++first;
+    }
+    if (first >= p.S) continue;
+    // Causal: CausalEnd(t) > first, i.e. t + q_offset >= first.
+    const int64_t none_before =
+        p.options.causal ? std::clamp<int64_t>(first - p.q_offset, 0, p.T) : 0;
+    count += p.T - none_before;
+  }
+  return count;
+}
+
 }  // namespace
 
 absl::StatusOr<ProjectionsComputation> ProjectionsComputation::Create(
@@ -207,9 +235,14 @@ bool ProjectionsComputation::counts_without_rows() const {
 }
 
 absl::Status ProjectionsComputation::Count(const ProjectionsRowData& rows) {
-  ASSIGN_OR_RETURN(const int64_t counted,
-                   backend_->CountProjectionRowsWithKeys(
-                       *problem_, rows, {0, problem_->num_rows()}));
+  int64_t counted = 0;
+  if (const std::optional<int64_t> n = RowsWithKeysInClosedForm(*problem_)) {
+    counted = *n;
+  } else {
+    ASSIGN_OR_RETURN(counted,
+                     backend_->CountProjectionRowsWithKeys(
+                         *problem_, rows, {0, problem_->num_rows()}, stop_));
+  }
   RETURN_IF_ERROR(CheckGradScale(problem_->logits.options, counted));
   denominator_ = counted;
   return absl::OkStatus();

@@ -1,6 +1,7 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -19,6 +20,10 @@ namespace {
 // Chunks per thread: enough for causal rows of uneven cost to balance, few
 // enough that per-chunk scratch stays negligible.
 constexpr int64_t kChunksPerThread = 8;
+// The rows whose results ComputeRows holds at once.
+constexpr int64_t kRowsPerFold = int64_t{1} << 16;
+// The slots whose validity one chunk of a projections count builds.
+constexpr int64_t kCountChunkSlots = int64_t{1} << 22;
 
 // The error of the lowest failing row, whichever thread finds it first.
 class FirstError {
@@ -66,57 +71,76 @@ absl::Status CpuBackend::ComputeRows(const IndexerKlProblem& p,
                                      const RowData& data, RowRange rows,
                                      const BlockOutputs& out,
                                      LossAccumulator& accumulator) {
-  const int64_t n = rows.size();
-  if (n <= 0) return absl::OkStatus();
-  std::vector<RowResult> results(n);
-  FirstError error;
-  const int64_t chunks =
-      std::min<int64_t>(n, int64_t{pool_.num_threads()} * kChunksPerThread);
-  pool_.ParallelFor(
-      chunks,
-      [&](int64_t chunk) {
-        const int64_t begin = rows.begin + n * chunk / chunks;
-        const int64_t end = rows.begin + n * (chunk + 1) / chunks;
-        if (error.Beyond(begin)) return;
-        int64_t failed_row = 0;
-        absl::Status status = kernels_.compute_rows(
-            p, data, {begin, end}, out, results.data() + (begin - rows.begin),
-            failed_row);
-        if (!status.ok()) error.Offer(failed_row, std::move(status));
-      },
-      // The chunks computed their rows in each thread's RowScratch.
-      [] { cpu::RowScratch::ReleaseExcessOfThisThread(); });
-  if (absl::Status status = error.status(); !status.ok()) return status;
-
-  FoldRows(p, rows.begin, results, out.row_kl, accumulator);
+  // The rows' results (a RowResult, 40 bytes a row) are held for
+  // kRowsPerFold rows at a time and folded in row order, so the bits do not
+  // depend on it: a block of 16 million one-slot rows had held 640 MiB.
+  std::vector<RowResult> results;
+  for (int64_t first = rows.begin; first < rows.end; first += kRowsPerFold) {
+    const RowRange part{first, std::min(rows.end, first + kRowsPerFold)};
+    const int64_t n = part.size();
+    results.assign(n, RowResult());
+    FirstError error;
+    const int64_t chunks =
+        std::min<int64_t>(n, int64_t{pool_.num_threads()} * kChunksPerThread);
+    pool_.ParallelFor(
+        chunks,
+        [&](int64_t chunk) {
+          const int64_t begin = part.begin + n * chunk / chunks;
+          const int64_t end = part.begin + n * (chunk + 1) / chunks;
+          if (error.Beyond(begin)) return;
+          int64_t failed_row = 0;
+          absl::Status status = kernels_.compute_rows(
+              p, data, {begin, end}, out, results.data() + (begin - part.begin),
+              failed_row);
+          if (!status.ok()) error.Offer(failed_row, std::move(status));
+        },
+        // The chunks computed their rows in each thread's RowScratch.
+        [] { cpu::RowScratch::ReleaseExcessOfThisThread(); });
+    if (absl::Status status = error.status(); !status.ok()) return status;
+    FoldRows(p, part.begin, results,
+             out.row_kl == nullptr ? nullptr
+                                   : out.row_kl + (part.begin - rows.begin),
+             accumulator);
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> CpuBackend::CountProjectionRowsWithKeys(
-    const ProjectionsProblem& p, const ProjectionsRowData& data,
-    RowRange rows) {
+    const ProjectionsProblem& p, const ProjectionsRowData& data, RowRange rows,
+    const StopCheck& stop) {
   if (!blas_.ok()) return blas_;
   const int64_t n = rows.size();
   if (n <= 0) return 0;
-  const int64_t chunks =
-      std::min<int64_t>(n, int64_t{pool_.num_threads()} * kChunksPerThread);
-  std::vector<int64_t> counts(chunks, 0);
+  // A row's validity costs up to its slots (S, or the client's K): chunks
+  // of about kCountChunkSlots slots, each asking `stop` first, so that a
+  // count over many rows of many keys ends soon after its caller has gone.
+  const IndexerKlProblem& counted = p.server_topk ? *p.selection : p.logits;
+  const int64_t per_chunk = std::max<int64_t>(
+      1, kCountChunkSlots / std::max<int64_t>(counted.row_length, 1));
+  const int64_t chunks = n / per_chunk + (n % per_chunk != 0);
+  std::atomic<int64_t> count{0};
   FirstError error;
   pool_.ParallelFor(
       chunks,
       [&](int64_t chunk) {
-        const int64_t begin = rows.begin + n * chunk / chunks;
-        const int64_t end = rows.begin + n * (chunk + 1) / chunks;
-        int64_t failed_row = 0;
-        absl::Status status = kernels_.count_rows_with_keys(
-            p, data, {begin, end}, counts[chunk], failed_row);
-        if (!status.ok()) error.Offer(failed_row, std::move(status));
+        const int64_t begin = rows.begin + chunk * per_chunk;
+        if (error.Beyond(begin)) return;
+        const int64_t end = std::min(rows.end, begin + per_chunk);
+        int64_t failed_row = begin, chunk_count = 0;
+        absl::Status status = stop ? stop() : absl::OkStatus();
+        if (status.ok()) {
+          status = kernels_.count_rows_with_keys(p, data, {begin, end},
+                                                 chunk_count, failed_row);
+        }
+        if (!status.ok()) {
+          error.Offer(failed_row, std::move(status));
+          return;
+        }
+        count.fetch_add(chunk_count, std::memory_order_relaxed);
       },
       [] { cpu::RowScratch::ReleaseExcessOfThisThread(); });
   if (absl::Status status = error.status(); !status.ok()) return status;
-  int64_t count = 0;
-  for (int64_t c : counts) count += c;
-  return count;
+  return count.load();
 }
 
 absl::Status CpuBackend::ComputeProjectionRows(

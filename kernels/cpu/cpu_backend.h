@@ -33,7 +33,7 @@ class CpuBackend final : public Backend {
                                      const StopCheck& stop) override;
   absl::StatusOr<int64_t> CountProjectionRowsWithKeys(
       const ProjectionsProblem& problem, const ProjectionsRowData& data,
-      RowRange rows) override;
+      RowRange rows, const StopCheck& stop) override;
 
   // The variant it computes with (its exp sets the benchmark's ceiling).
   const cpu::IsaKernels& kernels() const { return kernels_; }

@@ -223,11 +223,9 @@ class StreamReactorBase
 
   // Whether the call is ending: cancelled by its client, ended by the
   // watchdog (--max_stream_duration), or failed. A computation for it asks
-  // before it starts and between its parts, and stops.
-  bool Ending() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return finishing_;
-  }
+  // before it starts and between its parts (a projections tile between
+  // each of its steps, from every compute thread: hence no lock), and stops.
+  bool Ending() const { return ending_.load(std::memory_order_acquire); }
 
   // The computation for this stream has ended: the idle clock restarts.
   void ComputeDone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -248,6 +246,7 @@ class StreamReactorBase
   void Fail(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finishing_) return;
     finishing_ = true;
+    ending_.store(true, std::memory_order_release);
     code_ = status.code();
     writes_.clear();
     if (writing_ != nullptr) {
@@ -261,6 +260,7 @@ class StreamReactorBase
   // Ends the call successfully; no write may be in flight.
   void FinishOk() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     finishing_ = true;
+    ending_.store(true, std::memory_order_release);
     code_ = absl::StatusCode::kOk;
     LeaveAdmission();
     this->Finish(grpc::Status::OK);
@@ -285,6 +285,7 @@ class StreamReactorBase
   // by the derived reactor, cleared with ComputeDone).
   bool computing_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> ending_ = false;  // finishing_, for Ending()
   // For the request metrics, recorded when the reactor goes.
   const absl::Time start_ = absl::Now();
   int64_t bytes_in_ = 0;

@@ -510,6 +510,63 @@ TEST_F(TokenServerTest, ReflectionNeedsTheToken) {
       absl::StrContains(with_token.responses[0], "klserve.v1.IndexerKl"));
 }
 
+// A projections-form stream's header declares its query rows' shapes with
+// no bytes behind them, so T can be anything: 2^50 rows here. Under
+// MEAN_VALID without row_valid, N is counted as the header arrives; with
+// the causal cut alone deciding the rows' keys it comes in closed form. It
+// had walked the 2^50 rows, unstoppably, holding compute threads for good.
+TEST(ProjectionsStreamHeaderTest, AQuadrillionRowsAreCountedAtOnce) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({"--threads=1", "--max_concurrent_requests=1"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto floats = [](std::vector<int64_t> shape) {
+    v1::Tensor tensor;
+    tensor.set_dtype("FP32");
+    int64_t n = 1;
+    for (const int64_t d : shape) {
+      tensor.add_shape(d);
+      n *= d;
+    }
+    tensor.set_data(std::string(4 * n, '\0'));
+    return tensor;
+  };
+  const auto spec = [](std::vector<int64_t> shape) {
+    v1::TensorSpec tensor;
+    tensor.set_dtype("FP32");
+    for (const int64_t d : shape) tensor.add_shape(d);
+    return tensor;
+  };
+  constexpr int64_t kT = int64_t{1} << 50;
+  v1::ComputeLossStreamRequest header;
+  v1::StreamHeader& h = *header.mutable_header();
+  h.mutable_options()->set_causal(true);
+  h.mutable_options()->set_reduction(v1::REDUCTION_MEAN_VALID);
+  h.mutable_options()->set_skip_grad(true);
+  *h.mutable_query() = spec({1, kT, 1, 1});
+  *h.mutable_index_query() = spec({1, kT, 1, 1});
+  *h.mutable_index_weights() = spec({1, kT, 1});
+  *h.mutable_key() = floats({1, 8, 1, 1});
+  *h.mutable_index_key() = floats({1, 8, 1});
+  v1::ComputeLossStreamRequest block;
+  v1::RowBlock& b = *block.mutable_block();
+  b.set_num_rows(1);
+  b.set_query(std::string(4, '\0'));
+  b.set_index_query(std::string(4, '\0'));
+  b.set_index_weights(std::string(4, '\0'));
+
+  std::shared_ptr<grpc::Channel> channel = ChannelTo((*server)->target());
+  const absl::Time start = absl::Now();
+  const RawStreamOutcome outcome =
+      RawBidi(*channel, kComputeLossStream,
+              {header.SerializeAsString(), block.SerializeAsString()});
+  // The one block is answered; the stream then ends short of its rows.
+  EXPECT_TRUE(HasCode(outcome.status, grpc::StatusCode::INVALID_ARGUMENT,
+                      "the blocks covered rows [0, 1)"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  ExpectServedExactly(*client);
+}
+
 // gRPC's reflection service is synchronous: each open stream holds a server
 // thread for its life (1,500 open streams had taken 1,534 threads). Past
 // --max_reflection_threads (one of them the poller) new reflection calls

@@ -461,6 +461,51 @@ TEST(ProjectionsTest, MasksRowValidAndFullyMaskedRows) {
   ExpectMatchesReference(p);
 }
 
+// MEAN_VALID's N without row_valid, where only the causal cut and the key
+// padding decide which rows have a key, comes in closed form (a stream's
+// header may declare any T, with no bytes behind it): it must be the
+// reference's count for every q_offset and padding, a batch entry without
+// any key included, dense and with the service's top-k.
+TEST(ProjectionsTest, RowsWithKeysFromTheCausalCutAndPaddingAlone) {
+  std::mt19937_64 rng(31);
+  for (int trial = 0; trial < 12; ++trial) {
+    RefProjections p = RandomProblem(40 + trial, 3, 9, 7, 2, 1, 4, 2, 4);
+    p.options.reduction = RefReduction::kMeanValid;
+    p.options.causal = trial % 4 != 3;
+    p.options.q_offset = static_cast<int64_t>(rng() % 20) - 12;
+    p.options.key_padding_mask.resize(3 * 7);
+    for (uint8_t& v : p.options.key_padding_mask) v = rng() % 3 != 0;
+    if (trial % 2 == 0) {
+      std::fill_n(p.options.key_padding_mask.begin() + 7, 7, 0);
+    }
+    SCOPED_TRACE(
+        absl::StrCat("trial ", trial, " q_offset ", *p.options.q_offset));
+    ExpectMatchesReference(p);
+    Extras topk;
+    topk.topk = 3;
+    ExpectMatchesReference(p, topk);
+  }
+}
+
+// Where the rows' keys need their own tensors (segment ids here), the count
+// walks the rows in chunks, asking the stop check before each.
+TEST(ProjectionsTest, StopCheckEndsTheCountOfRows) {
+  RefProjections p = RandomProblem(23, 2, 4, 5, 1, 1, 4, 1, 4);
+  p.options.segment_ids_q = {0, 0, 1, 1, 0, 1, 1, 1};
+  p.options.segment_ids_kv = {0, 0, 1, 1, 1, 0, 1, 1, -1, -1};
+  p.options.reduction = RefReduction::kMeanValid;
+  Extras x;
+  x.threads = 1;
+  int asked = 0;
+  x.stop = [&asked]() {
+    ++asked;
+    return absl::DeadlineExceededError("out of time");
+  };
+  const LibraryRun stopped = RunLibrary(p, x);
+  EXPECT_EQ(stopped.status, absl::DeadlineExceededError("out of time"));
+  EXPECT_EQ(asked, 1);
+}
+
 TEST(ProjectionsTest, TilesWithoutAnyValidKeyGiveZeros) {
   // Causal with q_offset = -200: rows t < 200 see no key, so the first
   // tile has none at all; the second tile's rows see some.
@@ -1061,6 +1106,27 @@ TEST(ProjectionsTest, StopCheckIsAskedWithinEachTile) {
       EXPECT_EQ(count, stop_at);
     }
   }
+}
+
+// Products past 2^26 multiply-adds run in steps (here the dense stage's
+// indexer products, 128 rows * 64 heads by 512 keys by 64: four steps a key
+// tile). They are still right, and their split follows from the shapes
+// alone: the same bits whatever the threads and the stream's blocks.
+TEST(ProjectionsTest, ProductsInStepsKeepTheirBitsWhateverTheSplitOfRows) {
+  const RefProjections p = RandomProblem(25, 1, 128, 600, 1, 1, 4, 64, 64);
+  ExpectMatchesReference(p);
+  Extras one;
+  one.threads = 1;
+  const LibraryRun base = RunLibrary(p, one);
+  ASSERT_TRUE(base.status.ok()) << base.status;
+  Extras blocks;
+  blocks.blocks = {37, 91};
+  const LibraryRun blocked = RunLibrary(p, blocks);
+  ASSERT_TRUE(blocked.status.ok()) << blocked.status;
+  EXPECT_EQ(blocked.raw_dq, base.raw_dq);
+  EXPECT_EQ(blocked.raw_dk, base.raw_dk);
+  EXPECT_EQ(blocked.raw_dw, base.raw_dw);
+  EXPECT_EQ(blocked.result.loss, base.result.loss);
 }
 
 // Between tiles too: the service's top-k uses 16-row tiles, so 200 rows are

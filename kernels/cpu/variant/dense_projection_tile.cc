@@ -402,6 +402,8 @@ class DenseTile : private TileBase {
       steps_.GemmTN(sk, p_.D_I, M, e.data(), sk, in_.index_query, p_.D_I,
                     dk.rows.data() + (s0 - lo_) * p_.D_I, p_.D_I);
     }
+    // A stopped tile's sums are partial: nothing of them goes out.
+    if (steps_.stopped()) return;
     StoreQueryGrads(p_, tile_, out_, dq.data(), dw.data());
   }
 

@@ -6,10 +6,12 @@
 // within one step, however many keys, heads and widths one tile holds (a
 // single query row against 2^22 keys and heads is hours of work). Every
 // product through the BLAS runs in steps of at most kStepMultiplyAdds
-// multiply-adds, split along the rows of its result: each entry is still one
-// dot product, and the split depends on the shapes alone, so the bits do not
-// depend on threads, blocks or CPU. The tiles' loops over key tiles, heads
-// and rows ask Go() at each turn.
+// multiply-adds (at least one row of its result each), split along the rows
+// of its result. The split changes a split product's bits (OpenBLAS's edge
+// kernels sum each piece's last rows in their own order), so it must depend
+// on the shapes alone, as here: the bits then do not depend on threads,
+// blocks or CPU. The tiles' loops over key tiles, heads and rows ask Go()
+// at each turn.
 
 #include <algorithm>
 #include <cstdint>

@@ -2,8 +2,9 @@
 #define KLSERVE_KERNELS_CPU_VARIANT_PROJECTION_TILE_PARTS_H_
 
 // What the dense and the sparse projection tiles share: their inputs as
-// floats, their rows' validity, the products through the BLAS, the indexer's
-// scores and gradients from its dot products, and the row losses.
+// floats, their rows' validity, their steps (projection_steps.h, with the
+// products through the BLAS), the indexer's scores and gradients from its
+// dot products, and the row losses.
 
 #include <algorithm>
 #include <cmath>

@@ -51,6 +51,7 @@ absl::Status SelectTopk(const ProjectionsProblem& p,
   }
   std::vector<std::pair<float, int32_t>> ranked;
   for (int64_t i = 0; i < n; ++i) {
+    if (!steps.Go()) return steps.status();  // ranks S keys a row
     const RowValidity& v = tv.rows[i];
     const float* I = scores.data() + i * p.S;
     ranked.clear();
@@ -293,6 +294,8 @@ class SparseTile : private TileBase {
                 dk.keys.data() + at);
       at += nv;
     }
+    // A stopped tile's sums are partial: nothing of them goes out.
+    if (steps_.stopped()) return;
     StoreQueryGrads(p_, tile_, out_, dq.data(), dw.data());
   }
 
