@@ -35,12 +35,6 @@ IndexerKlResult LossResultOf(const IndexerKlProblem& problem,
   return result;
 }
 
-double GradScale(const IndexerKlProblem& problem, int64_t denominator) {
-  if (denominator == 0) return 0;
-  return problem.options.scaling_factor / static_cast<double>(denominator) *
-         problem.options.grad_scale;
-}
-
 LossComputation::LossComputation(Backend& backend,
                                  const IndexerKlProblem& problem)
     : backend_(backend),
@@ -105,7 +99,7 @@ absl::Status LossComputation::Compute(const AdmittedBlock& block,
     computed_row_ = rows.end;
     if (rows.end == problem_.num_rows()) {
       denominator_ = counted_.rows_nonempty();
-      RETURN_IF_ERROR(CheckGradScale(problem_.options, *denominator_));
+      RETURN_IF_ERROR(CheckGradScale(problem_, *denominator_));
       grad_scale_ = GradScale(problem_, *denominator_);
       computed_row_ = 0;
       computed_counting_ = false;

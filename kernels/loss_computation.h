@@ -49,9 +49,6 @@ struct LossOutputs {
   int64_t row_kl_size = 0;
 };
 
-// The gradient's scale c / N * grad_scale (0 when N = 0).
-double GradScale(const IndexerKlProblem& problem, int64_t denominator);
-
 // The result from every row folded into `accumulator`, with N = denominator.
 IndexerKlResult LossResultOf(const IndexerKlProblem& problem,
                              const LossAccumulator& accumulator,

@@ -292,15 +292,15 @@ absl::StatusOr<IndexerKlProblem> IndexerKlProblem::Create(
   RETURN_IF_ERROR(TakeMasks(in, origin, p));
   p.q_offset = options.q_offset.value_or(p.S - p.T);
   p.denominator = KnownDenominator(p);
-  if (p.denominator) RETURN_IF_ERROR(CheckGradScale(options, *p.denominator));
+  if (p.denominator) RETURN_IF_ERROR(CheckGradScale(p, *p.denominator));
   return p;
 }
 
-absl::Status CheckGradScale(const IndexerKlOptions& options,
+absl::Status CheckGradScale(const IndexerKlProblem& problem,
                             int64_t denominator) {
+  const IndexerKlOptions& options = problem.options;
   if (!options.want_grad || denominator == 0) return absl::OkStatus();
-  const double factor = options.scaling_factor /
-                        static_cast<double>(denominator) * options.grad_scale;
+  const double factor = GradScale(problem, denominator);
   const double largest = LargestFinite(options.grad_dtype);
   // The rows take the factor as a float32 (GradScale's callers): that is
   // the value bounded, so a factor one double ulp past the bound from the
@@ -320,6 +320,12 @@ absl::Status CheckGradScale(const IndexerKlOptions& options,
       // bound.
       absl::StrFormat("%.17g / %d * %.17g = %.17g", options.scaling_factor,
                       denominator, options.grad_scale, factor));
+}
+
+double GradScale(const IndexerKlProblem& problem, int64_t denominator) {
+  if (denominator == 0) return 0;
+  return problem.options.scaling_factor / static_cast<double>(denominator) *
+         problem.options.grad_scale;
 }
 
 RowView WholeRows(const TensorView& view, int64_t T, int64_t width,

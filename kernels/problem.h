@@ -223,8 +223,10 @@ class IndexerKlProblem {
 // most 1, so that factor must be finite in grad_dtype (INVALID_ARGUMENT
 // naming grad_scale otherwise). Checked as soon as N is known: when the
 // problem is made, or after a counting pass.
-absl::Status CheckGradScale(const IndexerKlOptions& options,
+absl::Status CheckGradScale(const IndexerKlProblem& problem,
                             int64_t denominator);
+// The gradient's scale c / N * grad_scale (0 when N = 0).
+double GradScale(const IndexerKlProblem& problem, int64_t denominator);
 
 // All rows of a whole per-row tensor [B, heads, T, width] (heads = 1:
 // [B, T, width]) as a RowView.

@@ -243,7 +243,7 @@ absl::Status ProjectionsComputation::Count(const ProjectionsRowData& rows) {
                      backend_->CountProjectionRowsWithKeys(
                          *problem_, rows, {0, problem_->num_rows()}, stop_));
   }
-  RETURN_IF_ERROR(CheckGradScale(problem_->logits.options, counted));
+  RETURN_IF_ERROR(CheckGradScale(problem_->logits, counted));
   denominator_ = counted;
   return absl::OkStatus();
 }
