@@ -690,7 +690,7 @@ TEST_F(ServerTest, TopkIndexOutsideTheKeysIsAnEmptySlot) {
   v1::ComputeLossRequest outside = with_minus_one;
   // Rows 0, 5, 9, -1 / 2, 3, 4, -1 / 7, 1, 8, -1 become 0, 5, x, x /
   // 2, x, x, x / 7, 1, 8, x, with x -1 or another index outside [0, 10).
-  for (const auto [index, value] :
+  for (const auto& [index, value] :
        {std::pair{2, 10}, std::pair{5, -5}, std::pair{6, 10}}) {
     SetTopk(with_minus_one, index, -1);
     SetTopk(outside, index, value);
