@@ -406,8 +406,59 @@ def test_a_server_that_never_answers_names_the_deadline():
         assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "deadline of 1 s" in info.value.details, info.value.details
         assert "Client(deadline=...)" in info.value.details
+        # One call's own deadline, shorter than the client's.
+        with klserve.Client("127.0.0.1:%d" % listener.getsockname()[1],
+                            deadline=600.0, max_attempts=1) as c:
+            start = time.monotonic()
+            with pytest.raises(klserve.KlserveError) as info:
+                c.compute_loss(**dense_problem(40), deadline=0.5)
+            assert time.monotonic() - start < 60
+        assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "deadline of 0.5 s" in info.value.details, info.value.details
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("deadline", [0, -1.0, float("inf"), float("nan"),
+                                      "5"])
+def test_a_calls_deadline_must_be_a_positive_number(client, deadline):
+    with pytest.raises(klserve.KlserveError) as info:
+        client.compute_loss(**dense_problem(41), deadline=deadline)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details.startswith("deadline"), info.value.details
+
+
+def test_a_closed_client_says_so(server):
+    c = server.client()
+    c.close()
+    with pytest.raises(klserve.KlserveError) as info:
+        c.compute_loss(**dense_problem(42))
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "is closed" in info.value.details
+
+
+def test_int64_indices_outside_int32_are_empty_slots(client):
+    # An index outside [0, S) is an empty slot whatever its value: an int64
+    # one past int32 (a sentinel such as int64's max) as much as -1.
+    rng = rng_for(43)
+    scores = rng.standard_normal((1, 3, 4)).astype(np.float32)
+    weights = rng.random((1, 3, 4)).astype(np.float32)
+    minus_one = np.array([[[0, 5, -1, 2], [1, -1, 3, 4], [6, 7, -1, -1]]])
+    far = minus_one.copy()
+    far[0, 0, 2] = np.iinfo(np.int64).max
+    far[0, 1, 1] = -(1 << 40)
+    far[0, 2, 2] = 1 << 31
+    want = client.compute_loss(scores, attention_weights=weights,
+                               topk_indices=minus_one.astype(np.int32),
+                               num_keys=8, want_row_kl=True)
+    got = client.compute_loss(scores, attention_weights=weights,
+                              topk_indices=far, num_keys=8, want_row_kl=True)
+    assert got.loss == want.loss
+    np.testing.assert_array_equal(got.grad, want.grad)
+    np.testing.assert_array_equal(got.row_kl, want.row_kl)
+    ref = indexer_kl_reference(scores, attention_weights=weights,
+                               topk_indices=far, num_keys=8)
+    check(got, ref)
 
 
 def test_a_web_server_at_the_target_is_named():

@@ -274,6 +274,68 @@ def test_a_call_shape_keeps_its_region(shm_client):
     assert len(region_names(shm_client)) == len(names) + 1
 
 
+def forked_child_check(target):
+    """Forks while a client holds a region; run in a fresh interpreter
+    (test_a_forked_child_makes_regions_of_its_own), where no other
+    library's threads (JAX's) are running at the fork."""
+    problems = [weights_problem(60 + i) for i in range(8)]
+    refs = [indexer_kl_reference(**p) for p in problems]
+
+    def wrong_answers(client, order):
+        wrong = 0
+        for _ in range(4):
+            for i in order:
+                r = client.compute_loss(**problems[i], copy_outputs=True)
+                try:
+                    assert_matches_reference(r, refs[i])
+                except AssertionError:
+                    wrong += 1
+        return wrong
+
+    with klserve.Client(target, shared_memory=True) as client:
+        assert wrong_answers(client, [0]) == 0
+        (parent_region,) = client._layouts.regions()
+        parents_names = region_names(client)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report and leave at once, whatever happens
+            code = 1
+            try:
+                os.close(read)
+                wrong = wrong_answers(client, range(4, 8))
+                (own,) = client._layouts.regions()
+                os.write(write, b"%d %s" % (wrong, own.key.encode()))
+                client.close()
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        wrong = wrong_answers(client, range(4))
+        with os.fdopen(read, "rb") as f:
+            child_wrong, child_key = f.read().split()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert (wrong, int(child_wrong)) == (0, 0)
+        assert child_key.decode().startswith("klserve-%d-" % pid)
+        # The child's close() left the parent's region to the parent.
+        assert region_names(client) == parents_names
+        assert client._layouts.regions() == [parent_region]
+        assert wrong_answers(client, [1]) == 0
+
+
+def test_a_forked_child_makes_regions_of_its_own(shm_server):
+    # A child forked from a process whose client has a region must not
+    # write into it: the parent goes on using it, and the two processes'
+    # tensors would mix, with no error anywhere.
+    here = os.path.dirname(os.path.abspath(__file__))
+    run = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; sys.path.insert(0, %r); import test_shared_memory as t; "
+         "t.forked_child_check(%r)" % (here, shm_server.target)],
+        capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_copy_outputs_returns_arrays_of_their_own(shm_server):
     with shm_server.client(shared_memory=True, copy_outputs=True) as client:
         p, q = weights_problem(8), weights_problem(9)

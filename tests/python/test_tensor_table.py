@@ -59,7 +59,7 @@ def test_the_options_of_the_call_are_loss_options_or_the_clients():
     # Named for Python, tags and the transport: the rest is the proto's.
     renamed = {"want_grad": "skip_grad"}
     not_options = {"run", "step", "layer", "microbatch", "request_id",
-                   "stream", "copy_outputs"}
+                   "stream", "copy_outputs", "deadline"}
     assert {renamed.get(n, n) for n in call - not_options} == proto
 
 

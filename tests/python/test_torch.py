@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import klserve  # noqa: E402
 from klserve.torch import (IndexerKlLoss, indexer_kl_loss,  # noqa: E402
                            indexer_kl_loss_from_projections)
 from reference import validity  # noqa: E402
@@ -184,3 +185,87 @@ def test_projections_gradient_only_where_required(client):
                                                  causal=True, client=client)
     assert not plain.requires_grad
     assert plain.item() == pytest.approx(loss.item(), rel=1e-6)
+
+
+def test_projections_with_only_the_main_attention_requiring_grad(client):
+    # A frozen indexer beside a main attention in training: the loss has a
+    # grad_fn (query and key require grad), the service is asked for no
+    # gradient, and backward gives query and key none.
+    query, key, *indexer = projections_problem(5)
+    query.requires_grad_()
+    key.requires_grad_()
+    loss = indexer_kl_loss_from_projections(query, key, *indexer,
+                                            causal=True, client=client)
+    assert loss.grad_fn is not None
+    (loss + (query ** 2).sum()).backward()
+    torch.testing.assert_close(query.grad, 2 * query.detach())
+    assert key.grad is None
+    assert loss.grad_fn.result.d_index_query is None
+
+
+class RecordingClient(klserve.Client):
+    """The real client, recording what each loss call asked for."""
+
+    def __init__(self, target):
+        super().__init__(target)
+        self.asked = []
+
+    def compute_loss(self, indexer_scores=None, **arguments):
+        self.asked.append(arguments)
+        return super().compute_loss(indexer_scores, **arguments)
+
+
+def test_under_no_grad_the_service_is_asked_for_no_gradient(server):
+    scores, logits = problem(6)
+    scores.requires_grad_()
+    recording = RecordingClient(server.target)
+    with recording, torch.no_grad():
+        indexer_kl_loss(scores, attention_logits=logits, client=recording)
+        query, key, *indexer = projections_problem(6)
+        indexer_kl_loss_from_projections(
+            query, key, *(x.requires_grad_() for x in indexer),
+            client=recording)
+    assert [a["want_grad"] for a in recording.asked] == [False, False]
+
+
+def test_the_kept_loss_keeps_no_gradient_after_backward(client):
+    scores, logits = problem(7)
+    scores.requires_grad_()
+    loss = indexer_kl_loss(scores, attention_logits=logits, client=client)
+    assert loss.grad_fn.result.grad is None  # the saved tensor has it
+    assert loss.grad_fn.result.loss == pytest.approx(loss.item())
+    loss.backward()
+    with pytest.raises(RuntimeError, match="freed"):
+        loss.backward()  # autograd freed the saved gradient
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16,
+                                   torch.float16])
+def test_torch_dtypes_and_tensors_straight_into_the_client(client, dtype):
+    scores, logits = problem(8)
+    s = scores.to(dtype).requires_grad_()  # a tensor needing grad, too
+    through_torch = client.compute_loss(s, attention_logits=logits.to(dtype),
+                                        grad_dtype=dtype)
+    to_numpy = {torch.float32: lambda x: x.numpy(),
+                torch.float16: lambda x: x.numpy(),
+                torch.bfloat16: lambda x: x.view(torch.int16).numpy().view(
+                    ml_dtypes.bfloat16)}[dtype]
+    through_numpy = client.compute_loss(
+        to_numpy(s.detach()), attention_logits=to_numpy(logits.to(dtype)),
+        grad_dtype={torch.float32: "fp32", torch.bfloat16: "bf16",
+                    torch.float16: "fp16"}[dtype])
+    assert through_torch.loss == through_numpy.loss
+    assert through_torch.grad.dtype == through_numpy.grad.dtype
+    np.testing.assert_array_equal(through_torch.grad.view(np.uint8),
+                                  through_numpy.grad.view(np.uint8))
+    loss = indexer_kl_loss(s, attention_logits=logits.to(dtype),
+                           grad_dtype=torch.float32, client=client)
+    loss.backward()
+    assert s.grad.dtype == dtype
+
+
+def test_a_meta_tensor_is_refused_by_name(client):
+    scores, logits = problem(9)
+    with pytest.raises(klserve.KlserveError,
+                       match="attention_logits: a tensor on the 'meta'"):
+        client.compute_loss(scores, attention_logits=logits.to("meta"))

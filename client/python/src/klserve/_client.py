@@ -437,7 +437,9 @@ class Client:
     "klserve" logger; calls then carry their bytes inline. A region whose
     lease ran out while the job was idle (NOT_FOUND) is registered again
     and the call retried, once. close() unregisters and removes the
-    regions.
+    regions. A child forked from the process that made the client leaves
+    the parent's regions to it: the child's calls make regions of its own,
+    and arrays in the caller's registered regions go inline from there.
     """
 
     def __init__(self, target: str = "localhost:50051", *,
@@ -530,6 +532,7 @@ class Client:
         self._stub = pb2_grpc.IndexerKlStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._random = random.Random()
+        self._closed = False
         self._random_lock = threading.Lock()
         # Shared memory: None until the first call decides (the target, the
         # server's answer), then True or False for the client's life.
@@ -559,9 +562,30 @@ class Client:
         # --max_regions, which other jobs share. The finalizer holds no
         # reference to the client.
         self._registered: Set[str] = set()
-        self._finalizer = weakref.finalize(
+        self._finalizer = self._finalize_in_this_process()
+        _clients.add(self)
+
+    def _finalize_in_this_process(self) -> weakref.finalize:
+        return weakref.finalize(
             self, _release, os.getpid(), self._channel, self._stub,
             self._metadata, self._registered, self._shm_lock)
+
+    def _start_over_after_fork(self) -> None:
+        """In a child just forked from the process that made this client.
+        Its regions are the parent's (the same shared memory, which the
+        parent goes on writing into): using them here would mix the two
+        processes' tensors. The child keeps none of them (the parent's
+        finalizer does nothing here) and makes its own on its first call;
+        the caller's regions registered through the client go inline from
+        the child. The locks are new: a parent thread may have held one at
+        the fork."""
+        self._shm_lock = threading.Lock()
+        self._random_lock = threading.Lock()
+        self._layouts = self._layouts.empty_copy()
+        self._user_regions = {}
+        self._registered = set()
+        self._finalizer.detach()
+        self._finalizer = self._finalize_in_this_process()
 
     # -- lifetime ----------------------------------------------------------
 
@@ -569,6 +593,7 @@ class Client:
         """Closes the client's regions (unregistered, unlinked), ends the
         registrations of the caller's regions made through it, and closes
         the channel."""
+        self._closed = True
         self._layouts.close_all()
         with self._shm_lock:
             regions = list(self._user_regions.values())
@@ -586,13 +611,21 @@ class Client:
 
     # -- retries -----------------------------------------------------------
 
-    def _with_retries(self, attempt_fn: Callable[[float, _Attempt], _T]
-                      ) -> _T:
+    def _with_retries(self, attempt_fn: Callable[[float, _Attempt], _T],
+                      seconds: Optional[float] = None) -> _T:
         """Runs attempt_fn(timeout_s, attempt) until it returns, raises
         anything but a retriable UNAVAILABLE or a refusal at the server's
-        limit of calls in flight, or attempts or time run out."""
+        limit of calls in flight, or attempts or `seconds` (the client's
+        deadline when None) run out."""
+        if self._closed:
+            raise KlserveError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "klserve.Client(%r) is closed (close(), or the end of its "
+                "with block): make a new Client" % (self.target,))
+        if seconds is None:
+            seconds = self.deadline
         start = time.monotonic()
-        deadline = start + self.deadline
+        deadline = start + seconds
         backoff = self.initial_backoff
         tries = 0
         refusals = 0  # at the server's limit of calls in flight
@@ -614,7 +647,7 @@ class Client:
             if remaining <= 0:
                 raise self._past_deadline(
                     KlserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                 _LOCAL_DEADLINE))
+                                 _LOCAL_DEADLINE), seconds)
             try:
                 return attempt_fn(remaining, attempt)
             except KlserveError:
@@ -624,7 +657,7 @@ class Client:
             if (error.code == grpc.StatusCode.DEADLINE_EXCEEDED and
                     (_LOCAL_DEADLINE in error.details or
                      time.monotonic() >= deadline)):
-                raise self._past_deadline(error)
+                raise self._past_deadline(error, seconds)
             if (error.code != grpc.StatusCode.UNAVAILABLE and
                     not error.overloaded):
                 raise explain_message_limit(error, self.max_message_bytes)
@@ -640,17 +673,18 @@ class Client:
             time.sleep(wait)
             backoff = min(backoff * 2, self.max_backoff)
 
-    def _past_deadline(self, error: KlserveError) -> KlserveError:
-        """This client's own deadline passing, with the deadline and how to
+    @staticmethod
+    def _past_deadline(error: KlserveError, seconds: float) -> KlserveError:
+        """The call's own deadline passing, with the deadline and how to
         give more: a bare "Deadline Exceeded" after two minutes says
         neither. (The server's DEADLINE_EXCEEDED, for its
         --max_compute_duration or --stream_idle_timeout, names its flag.)"""
         return KlserveError(error.code, (
-            "%s (no answer within this client's deadline of %g s, retries "
-            "included: klserve.Client(deadline=...) gives a call more; a "
-            "server that takes this long may be stuck or far too busy)" %
-            (error.details, self.deadline)), error.debug_error_string,
-            error.overloaded)
+            "%s (no answer within the call's deadline of %g s, retries "
+            "included: klserve.Client(deadline=...), or deadline= on a loss "
+            "call, gives more; a server that takes this long may be stuck "
+            "or far too busy)" % (error.details, seconds)),
+            error.debug_error_string, error.overloaded)
 
     # -- simple calls ------------------------------------------------------
 
@@ -800,7 +834,8 @@ class Client:
         klserve.ComputeLossOptions, which says what each option does;
         inspect.signature(Client.compute_loss) lists them all.
 
-        Arrays are NumPy arrays (or anything np.asarray takes): the float
+        Arrays are NumPy arrays, PyTorch tensors (any device; bfloat16
+        included) or anything np.asarray takes: the float
         inputs float32, float16 or bfloat16 (ml_dtypes.bfloat16; float64 is
         narrowed to float32), topk_indices, segment ids and key bounds
         integers (sent as int32), masks bool. The logits form: the scores
@@ -826,12 +861,18 @@ class Client:
         copy = (self.copy_outputs if call.copy_outputs is None else
                 _number("copy_outputs", bool, call.copy_outputs))
         tags = self._tags(call)
+        seconds = None
+        if call.deadline is not None:
+            seconds = _number("deadline", float, call.deadline)
+            if not (seconds > 0 and np.isfinite(seconds)):
+                raise invalid_argument("deadline: must be finite and > 0 "
+                                       "seconds, got %r" % (call.deadline,))
         total_bytes = sum(arr.nbytes for _, arr in tensors.values())
         stream = call.stream
         if not stream and self._shm_on is not False:
             if self._shared_memory_usable():
                 result = self._compute_shared(tensors, options, tags,
-                                              call.request_id, copy)
+                                              call.request_id, copy, seconds)
                 if result is not None:
                     return result
         if stream is None:
@@ -839,8 +880,9 @@ class Client:
                       stream_carries(pb2, options, tensors))
         if stream:
             return self._compute_streaming(tensors, options, tags,
-                                           call.request_id)
-        return self._compute_unary(tensors, options, tags, call.request_id)
+                                           call.request_id, seconds)
+        return self._compute_unary(tensors, options, tags, call.request_id,
+                                   seconds)
 
     def compute_loss_from_projections(
             self, query: npt.ArrayLike, key: npt.ArrayLike,
@@ -913,7 +955,7 @@ class Client:
             return None
         return pb2.Tags(run=call.run or "", **values)
 
-    def _compute_unary(self, tensors, options, tags, request_id):
+    def _compute_unary(self, tensors, options, tags, request_id, seconds):
         request = pb2.ComputeLossRequest(request_id=request_id,
                                          options=options)
         if tags is not None:
@@ -922,7 +964,7 @@ class Client:
             getattr(request, field).CopyFrom(to_tensor(pb2, name, arr))
         response = self._with_retries(
             lambda timeout, _: self._stub.ComputeLoss(
-                request, timeout=timeout, metadata=self._metadata))
+                request, timeout=timeout, metadata=self._metadata), seconds)
         grad = (from_tensor(response.grad, "grad")
                 if response.HasField("grad") and response.grad.dtype else None)
         row_kl = (from_tensor(response.row_kl, "row_kl")
@@ -935,7 +977,8 @@ class Client:
                                                    field, writable=False))
         return result
 
-    def _compute_shared(self, tensors, options, tags, request_id, copy):
+    def _compute_shared(self, tensors, options, tags, request_id, copy,
+                        seconds):
         """The unary call with its tensors in shared memory; None when it
         must go inline instead (shapes too malformed to lay out, which the
         server then names, or shared memory just turned off)."""
@@ -995,7 +1038,8 @@ class Client:
             def call():
                 return self._with_retries(
                     lambda timeout, _: self._stub.ComputeLoss(
-                        request, timeout=timeout, metadata=self._metadata))
+                        request, timeout=timeout, metadata=self._metadata),
+                    seconds)
 
             try:
                 response = call()
@@ -1098,7 +1142,8 @@ class Client:
         view = layout.region.array(offset, shape, dtype)
         return view.copy() if copy else view
 
-    def _compute_streaming(self, tensors, options, tags, request_id):
+    def _compute_streaming(self, tensors, options, tags, request_id,
+                           seconds):
         slicer = RequestSlicer(tensors)
         block_rows = slicer.block_rows_for(self.block_bytes)
         header = slicer.make_header(pb2, request_id, tags, options)
@@ -1161,7 +1206,7 @@ class Client:
                                                "d_index_key", writable=False)
             return loss
 
-        return self._with_retries(attempt)
+        return self._with_retries(attempt, seconds)
 
 
 # What RegisterRegion answers a caller that cannot have regions: a server
@@ -1243,6 +1288,18 @@ Client.compute_loss_from_projections.__signature__ = (  # type: ignore
 
 _default_client: Optional[Client] = None
 _default_lock = threading.Lock()
+# The clients alive in this process, for the child of a fork.
+_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    global _default_lock
+    _default_lock = threading.Lock()
+    for client in list(_clients):
+        client._start_over_after_fork()  # pylint: disable=protected-access
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def default_client() -> Client:
@@ -1252,7 +1309,6 @@ def default_client() -> Client:
     global _default_client
     with _default_lock:
         if _default_client is None:
-            import os
             shared_memory = os.environ.get(
                 "KLSERVE_SHARED_MEMORY", "").strip().lower() in (
                     "1", "true", "yes", "on")

@@ -123,6 +123,11 @@ class LayoutPool:
         self._layouts: "collections.OrderedDict[Any, List[Layout]]" = (
             collections.OrderedDict())
 
+    def empty_copy(self) -> "LayoutPool":
+        """A pool of the same capacity and close function, with no layout
+        (a forked child's, which must not touch its parent's)."""
+        return LayoutPool(self.capacity, self._close)
+
     def take(self, key: Any) -> Optional[Layout]:
         """An idle layout of this shape, now busy; None when none is."""
         with self._lock:

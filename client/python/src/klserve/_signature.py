@@ -39,8 +39,8 @@ class ComputeLossOptions:
     scaling_factor: c, the loss's factor (default 1).
     grad_scale: multiplies the returned gradient only, never the loss (an
         upstream factor of the backward pass; default 1).
-    grad_dtype: the gradient's dtype: a NumPy dtype or "fp32", "bf16",
-        "fp16". The JAX and PyTorch wrappers default it to the scores'
+    grad_dtype: the gradient's dtype: a NumPy or PyTorch dtype, or
+        "fp32", "bf16", "fp16". The JAX and PyTorch wrappers default it to the scores'
         dtype (float32 for float64 scores); in the projections form to
         the indexer inputs' dtype when they share one, else float32.
     index_weight_scale: the projections form only; multiplies
@@ -59,6 +59,8 @@ class ComputeLossOptions:
     run, step, layer, microbatch: tags the server aggregates per step
         (README.md, "Watching the loss"; a run's steps only go forward).
     request_id: echoed in the answer.
+    deadline: this call's deadline in seconds, retries included; None
+        takes the client's (Client(deadline=)).
     stream: None streams when the tensors' bytes exceed the client's
         stream_threshold_bytes; True or False forces it.
     copy_outputs: through shared memory, True copies this call's outputs
@@ -91,6 +93,7 @@ class ComputeLossOptions:
     request_id: str = ""
     stream: Optional[bool] = None
     copy_outputs: Optional[bool] = None
+    deadline: Optional[float] = None
 
 
 OPTION_FIELDS = tuple(dataclasses.fields(ComputeLossOptions))

@@ -11,7 +11,8 @@ from typing import Any, Callable, Tuple
 
 import numpy as np
 
-from klserve._tensors import bool_input, float_input, fp32_input, int32_input
+from klserve._tensors import (bool_input, float_input, fp32_input, index_input,
+                              int32_input)
 
 
 class Role(enum.Enum):
@@ -63,7 +64,7 @@ TENSORS = (
                   ("B", "H", "T", "S or K"), Form.LOGITS),
     RequestTensor("attention_weights", Role.PER_ROW, float_input,
                   ("B", "T", "S or K"), Form.LOGITS),
-    RequestTensor("topk_indices", Role.PER_ROW, int32_input, ("B", "T", "K")),
+    RequestTensor("topk_indices", Role.PER_ROW, index_input, ("B", "T", "K")),
     RequestTensor("segment_ids_q", Role.SMALL, int32_input, ("B", "T")),
     RequestTensor("segment_ids_kv", Role.SMALL, int32_input, ("B", "S")),
     RequestTensor("attention_mask", Role.PER_ROW, bool_input, ("B", "T", "S")),

@@ -1,6 +1,8 @@
 """NumPy arrays to and from the wire's Tensor (raw little-endian bytes, a
 dtype name and a shape)."""
 
+import sys
+
 import ml_dtypes
 import numpy as np
 
@@ -52,15 +54,20 @@ def wrapper_grad_name(input_names):
 
 
 def grad_wire_name(grad_dtype):
-    """"FP32", "BF16" or "FP16" from a NumPy dtype or a name such as "bf16"."""
+    """"FP32", "BF16" or "FP16" from a NumPy or PyTorch dtype, or a name such
+    as "bf16"."""
     if grad_dtype is None:
         return "FP32"
-    if isinstance(grad_dtype, str):
-        name = _GRAD_NAMES.get(grad_dtype.lower())
+    torch = sys.modules.get("torch")
+    text = grad_dtype
+    if torch is not None and isinstance(grad_dtype, torch.dtype):
+        text = str(grad_dtype).rpartition(".")[2]  # torch.float16
+    if isinstance(text, str):
+        name = _GRAD_NAMES.get(text.lower())
         if name is not None:
             return name
-        if grad_dtype.upper() in FLOAT_DTYPES:
-            return grad_dtype.upper()
+        if text.upper() in FLOAT_DTYPES:
+            return text.upper()
     else:
         try:
             name = wire_name_of_float(grad_dtype)
@@ -69,8 +76,30 @@ def grad_wire_name(grad_dtype):
         if name is not None:
             return name
     raise invalid_argument(
-        "grad_dtype: must be float32, bfloat16 or float16 (a NumPy dtype or "
-        "'fp32', 'bf16', 'fp16'), got %r" % (grad_dtype,))
+        "grad_dtype: must be float32, bfloat16 or float16 (a NumPy or "
+        "PyTorch dtype, or 'fp32', 'bf16', 'fp16'), got %r" % (grad_dtype,))
+
+
+def host_array(field, value):
+    """`value` as a NumPy array in host memory: a PyTorch tensor detached and
+    copied to the host as needed (bfloat16 as ml_dtypes.bfloat16), anything
+    else as np.asarray takes it; INVALID_ARGUMENT naming the field when it
+    is neither."""
+    torch = sys.modules.get("torch")  # a tensor's module is imported already
+    try:
+        if torch is not None and isinstance(value, torch.Tensor):
+            if value.device.type == "meta":
+                raise invalid_argument(
+                    "%s: a tensor on the 'meta' device holds no values" %
+                    field)
+            tensor = value.detach().cpu().contiguous()
+            if tensor.dtype == torch.bfloat16:
+                return tensor.view(torch.int16).numpy().view(BF16)
+            return tensor.numpy()
+        return np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise invalid_argument("%s: cannot be read as an array: %s" %
+                               (field, e)) from e
 
 
 def _little_endian(arr):
@@ -82,7 +111,7 @@ def _little_endian(arr):
 def float_input(field, value):
     """A float tensor as float32, float16 or bfloat16 (float64 is narrowed to
     float32, the precision the service computes in)."""
-    arr = np.asarray(value)
+    arr = host_array(field, value)
     name = wire_name_of_float(arr.dtype)
     if name is None:
         if arr.dtype.kind == "f" and arr.dtype.itemsize == 8:
@@ -98,29 +127,50 @@ def float_input(field, value):
 def fp32_input(field, value):
     """A float tensor the wire takes as float32 only (lse): float16 and
     bfloat16 are widened, exactly; float64 is narrowed."""
-    arr = np.asarray(value)
+    arr = host_array(field, value)
     if arr.dtype != BF16 and arr.dtype.kind != "f":
         raise invalid_argument("%s: dtype must be float32, got %s" %
                                (field, arr.dtype))
     return "FP32", _little_endian(arr.astype(FP32, copy=False))
 
 
-def int32_input(field, value):
-    arr = np.asarray(value)
+def _integer_array(field, value):
+    arr = host_array(field, value)
     if arr.dtype.kind not in "iu":
         raise invalid_argument(
             "%s: dtype must be an integer type (sent as int32), got %s" %
             (field, arr.dtype))
+    return arr
+
+
+def _outside_int32(arr):
+    return (arr < np.iinfo(np.int32).min) | (arr > np.iinfo(np.int32).max)
+
+
+def int32_input(field, value):
+    arr = _integer_array(field, value)
     if arr.dtype != INT32:
-        if arr.size and (arr.min() < np.iinfo(np.int32).min or
-                         arr.max() > np.iinfo(np.int32).max):
+        if arr.size and _outside_int32(arr).any():
             raise invalid_argument("%s: values must fit in int32" % field)
         arr = arr.astype(INT32)
     return "INT32", _little_endian(arr)
 
 
+def index_input(field, value):
+    """Key indices (topk_indices), sent as int32. An index outside [0, S) is
+    an empty slot whatever its value (docs/spec.md), and every index outside
+    int32 is outside [0, S): it goes as -1, the same empty slot, so that an
+    int64 table with a sentinel such as int64's max is taken as it is."""
+    arr = _integer_array(field, value)
+    if arr.dtype != INT32:
+        outside = _outside_int32(arr)
+        arr = arr.astype(INT32)  # wraps where outside, set just below
+        arr[outside] = -1
+    return "INT32", _little_endian(arr)
+
+
 def bool_input(field, value):
-    arr = np.asarray(value)
+    arr = host_array(field, value)
     if arr.dtype != BOOL:
         if arr.dtype.kind not in "iub":
             raise invalid_argument(

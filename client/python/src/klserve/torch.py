@@ -9,9 +9,13 @@
 
 IndexerKlLoss.forward sends the tensors (detached, copied to host memory)
 to the service, asking for the gradient with respect to indexer_scores when
-they require one, and keeps it; backward multiplies it by the incoming
-gradient. Only indexer_scores is differentiable: the target and the masks
-get no gradient, as in the spec, where no gradient flows into p.
+they require one (and, through indexer_kl_loss, grad mode is on), and keeps
+it; backward multiplies it by the incoming gradient, and autograd frees it
+then (LossResult's copy on the loss's grad_fn.result has its gradients
+left out). Only indexer_scores is differentiable: the target and the masks
+get no gradient, as in the spec, where no gradient flows into p. The
+service returns no second derivative (double backward is refused), and
+the functions are not torch.func transforms' (torch.func.grad, vmap).
 
 With a Client(shared_memory=True) the tensors travel through its
 shared-memory regions; the gradients it returns there (views that its next
@@ -28,6 +32,7 @@ loss and the gradients of the last three, which backward passes on; query
 and key get none.
 """
 
+import dataclasses
 import warnings
 from typing import Any, Mapping, Optional
 
@@ -63,6 +68,25 @@ def _grad_name(options, inputs):
     return grad_wire_name(name)
 
 
+def _without_gradients(result):
+    """The answer kept on the loss's grad_fn (ctx.result): its gradients,
+    which backward takes from the saved tensors, are left out, so that a
+    loss kept after backward (a list of the step's losses) does not keep
+    them."""
+    return dataclasses.replace(result, grad=None, d_index_query=None,
+                               d_index_key=None, d_index_weights=None)
+
+
+def _in_grad_mode(*tensors):
+    """The tensors, detached when grad mode is off (torch.no_grad): the
+    Function's forward runs with it off either way, and would otherwise
+    ask the service for a gradient that nothing can take."""
+    if torch.is_grad_enabled():
+        return tensors
+    return tuple(x.detach() if isinstance(x, torch.Tensor) else x
+                 for x in tensors)
+
+
 def _times(grad, grad_output, dtype):
     """The service's gradient times the incoming one, in float32 (float64
     for float64 inputs), as `dtype`."""
@@ -75,20 +99,6 @@ def _outside_compiled_graphs(fn):
     arrays, gRPC): the graph breaks there, and the call runs eagerly."""
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     return disable(fn) if disable is not None else fn
-
-
-def to_numpy(value: Any) -> np.ndarray:
-    """A tensor (any device) or array-like as a NumPy array; bfloat16
-    becomes ml_dtypes.bfloat16."""
-    if not isinstance(value, torch.Tensor):
-        return np.asarray(value)
-    tensor = value.detach()
-    if tensor.device.type != "cpu":
-        tensor = tensor.cpu()
-    tensor = tensor.contiguous()
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return tensor.numpy()
 
 
 def from_numpy(array: np.ndarray, dtype: torch.dtype,
@@ -141,11 +151,10 @@ class IndexerKlLoss(torch.autograd.Function):
             client = default_client()
         want_grad = bool(ctx.needs_input_grad[0])
         grad_name = _grad_name(options, [indexer_scores])
+        # The client takes the tensors to host memory itself.
         result = client.compute_loss(
-            to_numpy(indexer_scores),
-            **{k: to_numpy(v) for k, v in arrays.items()},
-            grad_dtype=grad_name, want_grad=want_grad, copy_outputs=True,
-            **options)
+            indexer_scores, **arrays, grad_dtype=grad_name,
+            want_grad=want_grad, copy_outputs=True, **options)
         loss_dtype = (torch.float64 if indexer_scores.dtype == torch.float64
                       else torch.float32)
         if want_grad:
@@ -153,7 +162,7 @@ class IndexerKlLoss(torch.autograd.Function):
             ctx.save_for_backward(from_numpy(
                 result.grad, _TORCH_DTYPES[grad_name], indexer_scores.device))
             ctx.scores_dtype = indexer_scores.dtype
-        ctx.result = result  # the service's answer: loss, N, for the curious
+        ctx.result = _without_gradients(result)  # loss, N, for the curious
         return torch.tensor(result.loss, dtype=loss_dtype,
                             device=indexer_scores.device)
 
@@ -179,6 +188,7 @@ def indexer_kl_loss(indexer_scores: torch.Tensor, *,
     arrays, options = split_arguments(
         "indexer_kl_loss", arguments,
         DECIDED_BY_WRAPPERS | PROJECTIONS_OPTIONS, LOGITS_ARGUMENTS)
+    (indexer_scores,) = _in_grad_mode(indexer_scores)
     return IndexerKlLoss.apply(indexer_scores, arrays, client, options)
 
 
@@ -216,11 +226,8 @@ class IndexerKlLossFromProjections(torch.autograd.Function):
         want_grad = any(ctx.needs_input_grad[2:5])
         grad_name = _grad_name(options, indexer)
         result = client.compute_loss_from_projections(
-            to_numpy(query), to_numpy(key),
-            *(to_numpy(x) for x in indexer),
-            **{k: to_numpy(v) for k, v in arrays.items()},
-            grad_dtype=grad_name, want_grad=want_grad, copy_outputs=True,
-            **options)
+            query, key, *indexer, **arrays, grad_dtype=grad_name,
+            want_grad=want_grad, copy_outputs=True, **options)
         if want_grad:
             # In the service's dtype until backward has multiplied them.
             ctx.save_for_backward(*(
@@ -228,7 +235,8 @@ class IndexerKlLossFromProjections(torch.autograd.Function):
                            x.device)
                 for field, x in zip(INDEXER_GRADS, indexer)))
             ctx.indexer_dtypes = tuple(x.dtype for x in indexer)
-        ctx.result = result  # loss, N, topk_indices, for the curious
+        ctx.want_grad = want_grad
+        ctx.result = _without_gradients(result)  # loss, N, topk_indices
         loss_dtype = (torch.float64 if all(x.dtype == torch.float64
                                            for x in indexer)
                       else torch.float32)
@@ -238,6 +246,9 @@ class IndexerKlLossFromProjections(torch.autograd.Function):
     @staticmethod
     @once_differentiable  # the service returns no second derivative
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
+        # Called when only query or key requires a gradient: they get none.
+        if not ctx.want_grad:
+            return (None,) * 8
         d_indexer = tuple(
             _times(grad, grad_output, dtype) if needed else None
             for grad, dtype, needed in zip(ctx.saved_tensors,
@@ -261,8 +272,8 @@ def indexer_kl_loss_from_projections(
         "indexer_kl_loss_from_projections", arguments, DECIDED_BY_WRAPPERS,
         PROJECTIONS_ARGUMENTS)
     return IndexerKlLossFromProjections.apply(
-        query, key, index_query, index_key, index_weights, arrays, client,
-        options)
+        *_in_grad_mode(query, key, index_query, index_key, index_weights),
+        arrays, client, options)
 
 
 indexer_kl_loss_from_projections.__signature__ = (  # type: ignore
@@ -271,4 +282,4 @@ indexer_kl_loss_from_projections.__signature__ = (  # type: ignore
 
 __all__ = ["IndexerKlLoss", "IndexerKlLossFromProjections",
            "indexer_kl_loss", "indexer_kl_loss_from_projections",
-           "to_numpy", "from_numpy"]
+           "from_numpy"]
