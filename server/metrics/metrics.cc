@@ -36,9 +36,13 @@ prometheus::Family<prometheus::Histogram>& HistogramFamily(
 }  // namespace
 
 const std::vector<double>& RequestDurationBuckets() {
+  // From the sub-millisecond health and info calls to a unary projections
+  // call at --max_compute_duration's default (10m) and a stream at
+  // --max_stream_duration's (30m): a quantile past the last bucket would
+  // read as that bucket's bound.
   static const auto* const kBuckets = new std::vector<double>{
-      0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-      0.5,   1,      2.5,   5,    10,    30,   60};
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+      1,      2.5,   5,      10,    30,   60,    120,  300, 600,  1800};
   return *kBuckets;
 }
 

@@ -26,7 +26,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "server/service/server_options.h"
 
 namespace klserve::server {
 namespace {
@@ -137,7 +139,7 @@ TEST(Metrics, RecordsRequests) {
                     {{"method", "ComputeLoss"}, {"le", "0.25"}}),
             3.0);
   EXPECT_EQ(ValueOf(text, "klserve_request_duration_seconds_bucket",
-                    {{"method", "ComputeLoss"}, {"le", "60"}}),
+                    {{"method", "ComputeLoss"}, {"le", "1800"}}),
             3.0);
   EXPECT_EQ(ValueOf(text, "klserve_received_bytes_total",
                     {{"method", "ComputeLoss"}}),
@@ -151,11 +153,15 @@ TEST(Metrics, RecordsRequests) {
   EXPECT_EQ(ValueOf(text, "klserve_rows_computed_total"), 5120.0);
 }
 
-TEST(Metrics, RequestDurationBucketsSpanOneMillisecondToAMinute) {
+TEST(Metrics, RequestDurationBucketsSpanHalfAMillisecondToTheLongestCall) {
   const std::vector<double>& b = RequestDurationBuckets();
   ASSERT_FALSE(b.empty());
-  EXPECT_EQ(b.front(), 0.001);
-  EXPECT_EQ(b.back(), 60.0);
+  EXPECT_EQ(b.front(), 0.0005);
+  // The longest a call may take by default: a stream's --max_stream_duration
+  // (a unary call's --max_compute_duration is shorter).
+  const ServerOptions defaults;
+  EXPECT_GE(b.back(), absl::ToDoubleSeconds(defaults.max_stream_duration));
+  EXPECT_GE(b.back(), absl::ToDoubleSeconds(defaults.max_compute_duration));
   for (size_t i = 1; i < b.size(); ++i) EXPECT_LT(b[i - 1], b[i]);
   const std::vector<double>& l = LossBuckets();
   EXPECT_LE(l.front(), 1e-4);
