@@ -3,12 +3,16 @@
 Every YAML file under deploy/ must parse (all of its documents); then the
 fields the deployment relies on are checked: the Kubernetes Deployment
 (GPU request, probes, grace period longer than --drain_timeout, non-root,
-a memory limit above the worst case of its flags), the headless Service, the
+replicas spread over nodes, a memory limit above the worst case of its
+flags), the headless Service, the
 PodMonitor's port, the PodDisruptionBudget, the kustomization's files, the
 sidecar overlay (deploy/k8s-sidecar: klserve beside a training job, sharing
-/dev/shm and a socket), the compose services and their mounts (compose.yaml
-and the sidecar-style compose.shm.yaml), the Dockerfile's stages, and the
-Grafana error-ratio panel against its alert. Where
+/dev/shm and a socket, under names and in a namespace of its own), the
+compose services and their mounts (compose.yaml and the sidecar-style
+compose.shm.yaml, whose flags are the sidecar's), the memory sums written in
+the files and docs/deploy.md, the Dockerfile's stages, HEALTHCHECK and run
+examples, and the Grafana panels (the error ratio against its alert, the
+request panels' zero series, the step panels' windows). Where
 the kubernetes-validate package is importable, the built-in Kubernetes kinds
 (the base's, and the overlay's as built) are also validated against the
 OpenAPI schema (strict: unknown fields fail). Where kubectl (or kustomize) is
@@ -150,6 +154,40 @@ def test_dashboard_error_ratio_is_the_alerts_expression():
     assert squeeze(target["expr"]) == squeeze(expr)
 
 
+def dashboard_panels():
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" /
+                            "klserve.json").read_text(encoding="utf-8"))
+    return {p["title"]: p for p in dashboard["panels"]}
+
+
+@pytest.mark.parametrize("title", ["Requests per second", "Failed requests"])
+def test_dashboard_request_panels_leave_out_zero_series(title):
+    """klserve creates a klserve_requests_total series for every method and
+    code at start (136 a replica): plotted as they are, the legend lists
+    every one, nearly all flat at 0."""
+    for target in dashboard_panels()[title]["targets"]:
+        assert re.search(r"\)\s*>\s*0\s*$", target["expr"]), target["expr"]
+
+
+@pytest.mark.parametrize("title", ["Mean loss per step over the window",
+                                   "Steps per second",
+                                   "Step loss distribution"])
+def test_dashboard_step_panels_use_windows_of_five_minutes(title):
+    """Over $__rate_interval alone (1 minute with a 15 s scrape), a run
+    slower than a step a minute has no step in most windows: 0/0 gaps in the
+    mean loss, and zeros between spikes. Each window is a fixed 5 minutes or
+    more, or the panel's min interval makes it so."""
+    panel = dashboard_panels()[title]
+    for target in panel["targets"]:
+        windows = re.findall(r"\[([^\]]+)\]", target["expr"])
+        assert windows, target["expr"]
+        for window in windows:
+            if window in ("$__rate_interval", "$__interval"):
+                window = panel.get("interval", "")
+            assert window and parse_duration(window) >= 300, (
+                title, target["expr"], panel.get("interval"))
+
+
 # ---------------------------------------------------------------- kubernetes
 
 def container():
@@ -222,6 +260,34 @@ def test_deployment_probes_use_grpc_health():
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert probe in c, probe
         assert c[probe]["grpc"]["port"] == 50051, probe
+
+
+def startup_allowance_s():
+    """The seconds the Deployment's startup probe gives klserve to start."""
+    probe = container()["startupProbe"]
+    return (probe.get("initialDelaySeconds", 0) +
+            probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3))
+
+
+def test_deployment_spreads_its_replicas_over_nodes():
+    """One node's loss or drain should not take every replica; preferred,
+    not required, so that a cluster of one GPU node still runs them all."""
+    pod = one("Deployment", "klserve")["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    spec = pod["spec"]
+    anti = spec.get("affinity", {}).get("podAntiAffinity", {})
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
+    spread = [c for c in spec.get("topologySpreadConstraints", [])
+              if c["topologyKey"] == "kubernetes.io/hostname" and
+              c["whenUnsatisfiable"] == "ScheduleAnyway" and
+              c["labelSelector"]["matchLabels"].items() <= labels.items()]
+    preferred = [
+        t["podAffinityTerm"] for t in
+        anti.get("preferredDuringSchedulingIgnoredDuringExecution", [])
+        if t["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        and t["podAffinityTerm"]["labelSelector"]["matchLabels"].items()
+        <= labels.items()]
+    assert spread or preferred, spec.get("affinity")
 
 
 def test_grace_period_outlasts_drain_and_prestop():
@@ -424,8 +490,9 @@ def test_builtin_kinds_match_the_kubernetes_schema():
 # deploy/k8s-sidecar is an overlay of deploy/k8s. The checks below read it as
 # kustomize builds it: build_sidecar() does the few things the overlay uses
 # (a base directory and files as resources, deleting patches, JSON patch
-# replaces, namespace, images) and refuses anything else, so that the overlay
-# cannot grow a feature these checks would not see.
+# replaces, a name prefix or suffix with the ConfigMap volumes that refer to
+# the renamed objects, namespace, images) and refuses anything else, so that
+# the overlay cannot grow a feature these checks would not see.
 # test_sidecar_build_matches_kustomize compares it with the real thing where
 # kubectl or kustomize is installed.
 
@@ -435,8 +502,8 @@ SOCKET = "/run/klserve/klserve.sock"
 def kustomization(directory):
     doc = load_all(directory / "kustomization.yaml")[0]
     assert doc["kind"] == "Kustomization"
-    known = {"apiVersion", "kind", "namespace", "labels", "resources",
-             "patches", "images"}
+    known = {"apiVersion", "kind", "namespace", "namePrefix", "nameSuffix",
+             "labels", "resources", "patches", "images"}
     assert set(doc) <= known, f"{directory}: not checked: {set(doc) - known}"
     return doc
 
@@ -476,6 +543,29 @@ def json_patch(objects, patch):
         node[last] = op["value"]
 
 
+def rename(objects, prefix, suffix):
+    """kustomize's namePrefix and nameSuffix: every object renamed, and the
+    references to the renamed ConfigMaps (pod volumes, the only kind the
+    manifests use; others are refused) renamed with them."""
+    renamed = {}
+    for d in objects:
+        old = d["metadata"]["name"]
+        d["metadata"]["name"] = prefix + old + suffix
+        renamed[(d["kind"], old)] = d["metadata"]["name"]
+    for d in objects:
+        pod = d.get("spec", {}).get("template", {}).get("spec", {})
+        for c in pod.get("containers", []) + pod.get("initContainers", []):
+            assert "envFrom" not in c, f"{c['name']}: envFrom not checked"
+            for e in c.get("env", []):
+                assert "valueFrom" not in e, f"{e['name']}: not checked"
+        for v in pod.get("volumes", []):
+            assert "projected" not in v, f"volume {v['name']}: not checked"
+            if "configMap" in v:
+                name = v["configMap"]["name"]
+                v["configMap"]["name"] = renamed.get(("ConfigMap", name),
+                                                     name)
+
+
 def build_kustomization(directory):
     kz = kustomization(directory)
     objects = []
@@ -497,6 +587,8 @@ def build_kustomization(directory):
     assert gone == deleted, f"nothing to delete for {deleted - gone}"
     objects = [d for d in objects
                if (d["kind"], d["metadata"]["name"]) not in deleted]
+    if "namePrefix" in kz or "nameSuffix" in kz:
+        rename(objects, kz.get("namePrefix", ""), kz.get("nameSuffix", ""))
     if "namespace" in kz:
         for d in objects:
             if d["kind"] == "Namespace":
@@ -511,9 +603,16 @@ def build_sidecar():
     return build_kustomization(SIDECAR)
 
 
+def sidecar_name(name):
+    """What the overlay calls an object named `name` in its files."""
+    kz = kustomization(SIDECAR)
+    return kz.get("namePrefix", "") + name + kz.get("nameSuffix", "")
+
+
 def sidecar_one(kind, name=None):
+    """The built overlay's one `kind`, named `name` in the files."""
     found = [d for d in build_sidecar() if d["kind"] == kind and
-             (name is None or d["metadata"]["name"] == name)]
+             (name is None or d["metadata"]["name"] == sidecar_name(name))]
     assert len(found) == 1, f"want one {kind} {name or ''}, got {len(found)}"
     return found[0]
 
@@ -564,13 +663,31 @@ def test_sidecar_overlay_builds_on_the_base():
     assert ("Service", "klserve-headless") not in kinds
     assert ("PodDisruptionBudget", "klserve") not in kinds
     assert not [k for k in kinds if k[0] == "Namespace"], kinds
-    for want in (("Job", "trainer"), ("ConfigMap", "klserve-flags"),
-                 ("PodMonitor", "klserve")):
-        assert want in kinds, want
+    for kind, name in (("Job", "trainer"), ("ConfigMap", "klserve-flags"),
+                       ("PodMonitor", "klserve")):
+        assert (kind, sidecar_name(name)) in kinds, (kind, name)
     namespaces = {d["metadata"].get("namespace") for d in build_sidecar()}
     assert namespaces == {kz["namespace"]}
     images = {c["image"] for c in [sidecar_klserve(), sidecar_trainer()]}
     assert all(":" in i for i in images), images  # both named in images:
+
+
+def test_sidecar_objects_are_its_own():
+    """Applied where deploy/k8s runs, an object of the base's kind and name
+    would replace the base's (its PodMonitor then scraping the trainer pods,
+    not klserve's), and `kubectl delete -k deploy/k8s-sidecar` would delete
+    it. And the namespace is the job's, not the base's."""
+    base = build_kustomization(K8S)
+    (base_namespace,) = {d["metadata"].get("namespace") for d in base
+                         if d["kind"] != "Namespace"}
+    assert kustomization(SIDECAR)["namespace"] != base_namespace
+    base_names = {(d["kind"], d["metadata"]["name"]) for d in base}
+    for d in build_sidecar():
+        key = (d["kind"], d["metadata"]["name"])
+        assert key not in base_names, f"{key} is the base's too"
+    # The flags volume follows its ConfigMap's new name.
+    (volume,) = [v for v in sidecar_pod()["volumes"] if "configMap" in v]
+    assert volume["configMap"]["name"] == sidecar_name("klserve-flags")
 
 
 def test_sidecar_is_a_sidecar_container_of_the_job():
@@ -581,6 +698,19 @@ def test_sidecar_is_a_sidecar_container_of_the_job():
     assert sidecar_pod()["restartPolicy"] == "Never"
     env = {e["name"]: e.get("value") for e in sidecar_trainer()["env"]}
     assert env["KLSERVE_TARGET"] == f"unix:{SOCKET}"
+    assert_default_client_uses_shared_memory(env)
+
+
+def assert_default_client_uses_shared_memory(env):
+    """klserve.default_client(), which klserve.jax and klserve.torch use,
+    maps regions only when KLSERVE_SHARED_MEMORY is 1 (or true, yes, on):
+    without it the job's tensors travel in the messages, the sidecar's
+    /dev/shm unused."""
+    client = (ROOT / "client" / "python" / "src" / "klserve" /
+              "_client.py").read_text(encoding="utf-8")
+    assert '"KLSERVE_SHARED_MEMORY"' in client
+    assert str(env.get("KLSERVE_SHARED_MEMORY", "")).strip().lower() in (
+        "1", "true", "yes", "on"), env
 
 
 def test_sidecar_flags():
@@ -603,6 +733,32 @@ def test_sidecar_flags():
 
 def test_sidecar_memory_fits_the_limit():
     assert_memory_fits_the_limit(sidecar_klserve(), sidecar_args())
+
+
+def gib_after(pattern, path):
+    """The GiB figures that follow `pattern` (whitespace and comment marks
+    between words ignored) in a file."""
+    text = " ".join(path.read_text(encoding="utf-8").replace("#", " ")
+                    .split())
+    return [float(g) for g in re.findall(pattern + r" ([\d.]+) GiB", text)]
+
+
+def test_documented_worst_cases_are_the_flags():
+    """The sums written beside the caps (trainer.yaml's comments,
+    compose.shm.yaml's, docs/deploy.md) are what the flags add up to."""
+    sidecar = worst_case_memory(sidecar_klserve(), sidecar_args()) / 2**30
+    deployment = worst_case_memory(container(), all_args()) / 2**30
+    docs = ROOT / "docs" / "deploy.md"
+    found = {
+        "trainer.yaml, in all": gib_after(r"in all", SIDECAR / "trainer.yaml"),
+        "trainer.yaml, at most": gib_after(r"at most",
+                                           SIDECAR / "trainer.yaml"),
+        "compose.shm.yaml": gib_after(r"may hold to", COMPOSE_SHM),
+        "deploy.md, sidecar": gib_after(r"buffers \(\d+ GiB\):", docs),
+    }
+    for where, values in found.items():
+        assert values == [sidecar], (where, values, sidecar)
+    assert gib_after(r"buffers \(\d+ GiB\),", docs) == [deployment]
 
 
 def test_sidecar_tensorboard_bytes_fit_the_volume():
@@ -778,6 +934,7 @@ def test_compose_shm_runs_klserve_beside_the_trainer():
     opts = doc["volumes"][volume]["driver_opts"]
     assert opts["type"] == "tmpfs" and "uid=10001" in opts["o"].split(",")
     assert trainer["environment"]["KLSERVE_TARGET"] == f"unix:{SOCKET}"
+    assert_default_client_uses_shared_memory(trainer["environment"])
     assert trainer["user"].split(":")[0] == "10001"  # opens its objects
     # Healthy means serving on the socket, before the trainer starts.
     test = klserve["healthcheck"]["test"]
@@ -788,6 +945,39 @@ def test_compose_shm_runs_klserve_beside_the_trainer():
     assert tb is None or tb in mounts(klserve)
     if klserve.get("read_only"):
         assert "/tmp" in klserve.get("tmpfs", [])
+
+
+def test_compose_shm_gives_the_sidecars_flags():
+    """One list of flags, written twice: the compose klserve runs with the
+    Kubernetes sidecar's args (its caps among them) less the --flagfile,
+    and takes from the flagfile only --tensorboard_dir."""
+    command = list(load_all(COMPOSE_SHM)[0]["services"]["klserve"]["command"])
+    sidecar = [a for a in sidecar_klserve()["args"]
+               if not a.startswith("--flagfile=")]
+    tensorboard = [a for a in command if a.startswith("--tensorboard_dir=")]
+    assert tensorboard == [
+        f"--tensorboard_dir={last_flag(sidecar_args(), 'tensorboard_dir')}"]
+    assert [a for a in command if a not in tensorboard] == sidecar
+
+
+def parse_compose_bytes(text):
+    """Bytes in a compose byte value like 8g, 512m or 1024 (units of 1024)."""
+    units = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20,
+             "mb": 2**20, "g": 2**30, "gb": 2**30}
+    match = re.fullmatch(r"(\d+)([a-z]*)", str(text).lower())
+    assert match and match.group(2) in units, text
+    return int(match.group(1)) * units[match.group(2)]
+
+
+def test_compose_shm_memory_fits_the_limit():
+    """The Kubernetes sidecar's check, for its compose twin: the memory
+    limit holds the caps' worst case plus 1 GiB (and the cpus bound what
+    --threads left at 0 would take)."""
+    klserve = load_all(COMPOSE_SHM)[0]["services"]["klserve"]
+    limits = {"cpu": str(klserve["cpus"]),
+              "memory": str(parse_compose_bytes(klserve["mem_limit"]))}
+    assert_memory_fits_the_limit({"resources": {"limits": limits}},
+                                 klserve["command"])
 
 
 def test_compose_prometheus_scrapes_klserve_service():
@@ -913,6 +1103,45 @@ def test_dockerfile_runtime_stage():
         m = re.search(r"--from=(\S+)", c)
         if m:
             assert m.group(1) in names
+
+
+def test_healthcheck_start_period_covers_a_gpu_start():
+    """Failed checks within the start period do not count: it must last as
+    long as the Deployment lets a GPU server start, or a slow CUDA start is
+    marked unhealthy."""
+    runtime = stages()[-1]["lines"]
+    (health,) = [rest for w, rest in runtime if w == "HEALTHCHECK"]
+    start = re.search(r"--start-period=(\S+)", health)
+    assert start, health
+    assert parse_duration(start.group(1)) >= startup_allowance_s()
+
+
+def run_commands(path):
+    """The `docker run` and `podman run` command lines written in a file,
+    in comments or code blocks, continuation lines joined."""
+    lines = [l.strip().lstrip("#").strip()
+             for l in path.read_text(encoding="utf-8").splitlines()]
+    text = "\n".join(lines).replace("\\\n", " ")
+    return [shlex.split(l) for l in text.splitlines()
+            if re.match(r"(docker|podman) run ", l)]
+
+
+@pytest.mark.parametrize("path", [DOCKERFILE, ROOT / "docs" / "deploy.md"],
+                         ids=lambda p: p.name)
+def test_run_examples_publish_on_loopback(path):
+    """The gRPC port serves plaintext without a token as shipped: an example
+    publishing on every interface (-p 50051:50051) opens it to the network."""
+    commands = run_commands(path)
+    assert commands, f"{path}: no docker run example"
+    for argv in commands:
+        for i, arg in enumerate(argv):
+            value = None
+            if arg in ("-p", "--publish"):
+                value = argv[i + 1]
+            elif arg.startswith("--publish="):
+                value = arg.split("=", 1)[1]
+            if value is not None:
+                assert value.startswith(("127.0.0.1:", "[::1]:")), argv
 
 
 def test_dockerignore_keeps_build_outputs_out():
