@@ -14,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
@@ -43,27 +44,35 @@ void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
   }
 }
 
-// Where `target` names a host without a port ("localhost", "10.0.0.1",
-// "[::1]", a bare "::1", an empty port "localhost:", each also after "dns:"
-// or "dns://authority/"), the host:port to give instead; otherwise nothing.
-// Other schemes' targets (unix:, ipv4:, vsock:, ...) are gRPC's to check.
-std::optional<std::string> WithDefaultPort(absl::string_view target) {
+// The host[:port] of a target of the DNS form (no scheme, or dns:), as gRPC
+// C++ 1.51 reads schemes (case matters); nothing for other schemes.
+std::optional<absl::string_view> DnsHostPort(absl::string_view target) {
   absl::string_view host = target;
-  // Schemes as gRPC C++ 1.51 reads them: case matters.
   if (absl::ConsumePrefix(&host, "dns:")) {
     if (absl::ConsumePrefix(&host, "//")) {
       const size_t slash = host.find('/');
       if (slash == absl::string_view::npos) return std::nullopt;
       host.remove_prefix(slash + 1);
     }
-  } else {
-    const absl::string_view scheme = host.substr(0, host.find(':'));
-    for (absl::string_view other :
-         {"unix", "unix-abstract", "ipv4", "ipv6", "vsock", "xds", "google-c2p",
-          "passthrough"}) {
-      if (scheme == other) return std::nullopt;
-    }
+    return host;
   }
+  const absl::string_view scheme = host.substr(0, host.find(':'));
+  for (absl::string_view other :
+       {"unix", "unix-abstract", "ipv4", "ipv6", "vsock", "xds", "google-c2p",
+        "passthrough"}) {
+    if (scheme == other) return std::nullopt;
+  }
+  return host;
+}
+
+// Where `target` names a host without a port ("localhost", "10.0.0.1",
+// "[::1]", a bare "::1", an empty port "localhost:", each also after "dns:"
+// or "dns://authority/"), the host:port to give instead; otherwise nothing.
+// Other schemes' targets (unix:, ipv4:, vsock:, ...) are gRPC's to check.
+std::optional<std::string> WithDefaultPort(absl::string_view target) {
+  const std::optional<absl::string_view> dns_host = DnsHostPort(target);
+  if (!dns_host) return std::nullopt;
+  absl::string_view host = *dns_host;
   if (absl::StripAsciiWhitespace(host).empty()) return std::nullopt;
   // An empty port ("localhost:", "[::1]:") is none; an IPv6 address may
   // end in "::" itself.
@@ -112,12 +121,28 @@ absl::Status CheckTarget(const ClientOptions& options) {
         "\" is a port alone; gRPC takes host:port (localhost:", target,
         "), dns:///host:port or unix:/path"));
   }
-  if (const std::optional<std::string> with_port = WithDefaultPort(target);
-      with_port && options.tls_ca_file.empty()) {
+  const std::optional<std::string> with_port = WithDefaultPort(target);
+  if (with_port && options.tls_ca_file.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ClientOptions.target: \"", target,
         "\" has no port, and gRPC would not pick klserve's; give host:port (",
         *with_port, " for klserve's default --listen)"));
+  }
+  // gRPC takes a port past 65535 modulo 65536, a negative one likewise and
+  // one that is not a number as 0, and connects there.
+  if (const std::optional<absl::string_view> host = DnsHostPort(target);
+      host && !with_port) {
+    const size_t colon = host->rfind(':');
+    const absl::string_view port =
+        colon == absl::string_view::npos ? "" : host->substr(colon + 1);
+    int number = 0;
+    if (!port.empty() &&
+        (!std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+         !absl::SimpleAtoi(port, &number) || number < 1 || number > 65535)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ClientOptions.target: \"", target, "\" has port \"",
+                       port, "\"; a port is a number from 1 to 65535"));
+    }
   }
   return absl::OkStatus();
 }
@@ -298,6 +323,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
 
 namespace {
 
+// A message past max_message_bytes, refused before it is sent: gRPC would
+// refuse it only after serialising it, and one past 2 GiB it cannot
+// serialise at all (an assertion in its serializer ends the process). The
+// error is the one gRPC gives, for ExplainMessageLimit to explain.
+absl::Status CheckMessageSize(const google::protobuf::Message& message,
+                              int64_t max_message_bytes) {
+  const size_t bytes = message.ByteSizeLong();
+  if (bytes <= static_cast<size_t>(max_message_bytes)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("Sent message larger than max (", bytes, " vs. ",
+                   max_message_bytes, ")"));
+}
+
 // One unary IndexerKl call with the options' deadline and retries.
 template <typename Request, typename Response>
 absl::StatusOr<Response> UnaryCall(
@@ -306,6 +344,9 @@ absl::StatusOr<Response> UnaryCall(
     grpc::Status (v1::IndexerKl::Stub::*method)(grpc::ClientContext*,
                                                 const Request&, Response*),
     const Request& request) {
+  RETURN_IF_ERROR(
+      ExplainMessageLimit(CheckMessageSize(request, options.max_message_bytes),
+                          options.max_message_bytes));
   const absl::Time deadline = absl::Now() + options.deadline;
   return WithRetries(
       options, channel, deadline, [&](bool*) -> absl::StatusOr<Response> {
@@ -405,6 +446,9 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
   // Built once: retries resend the same header.
   v1::ComputeLossStreamRequest header_message;
   *header_message.mutable_header() = slicer.MakeHeader();
+  RETURN_IF_ERROR(ExplainMessageLimit(
+      CheckMessageSize(header_message, options_.max_message_bytes),
+      options_.max_message_bytes));
 
   const absl::Time deadline = absl::Now() + options_.deadline;
   auto attempt =
@@ -415,6 +459,7 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
 
     // Bidi: blocks go out from this thread while the caller's thread reads
     // gradients, so the server computes block i while block i+1 travels.
+    absl::Status too_large;  // a block past the message limit, unexplained
     std::thread writer([&] {
       if (!stream->Write(header_message)) return;
       v1::ComputeLossStreamRequest message;  // reused: keeps its capacity
@@ -426,6 +471,11 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
           v1::RowBlock* block = message.mutable_block();
           slicer.FillBlock(row, std::min(block_rows, num_rows - row), block);
           block->set_counting(counting);
+          too_large = CheckMessageSize(message, options_.max_message_bytes);
+          if (!too_large.ok()) {
+            context.TryCancel();
+            return;
+          }
           // A failed write means the call is over; Finish says why.
           if (!stream->Write(message)) return;
         }
@@ -461,6 +511,7 @@ absl::StatusOr<v1::ComputeLossResponse> Client::ComputeLossStreaming(
     if (!local.ok()) context.TryCancel();
     writer.join();
     const grpc::Status status = stream->Finish();
+    RETURN_IF_ERROR(too_large);
     RETURN_IF_ERROR(local);
     RETURN_IF_ERROR(StatusFromCall(status, context));
     if (!result.has_value()) {

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -29,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -219,8 +221,8 @@ ABSL_FLAG(int64_t, topk, 0,
           "the sparse stage with the service's own selection of K keys");
 ABSL_FLAG(std::string, dtype, "fp32", "bench: input dtype fp32, bf16, fp16");
 ABSL_FLAG(int, concurrency, 1,
-          "bench: concurrent requests (one connection "
-          "each)");
+          "bench: concurrent requests (one connection and one thread each), "
+          "1 to 1024");
 ABSL_FLAG(klserve::flags::Duration, duration,
           klserve::flags::Duration{absl::Seconds(10)},
           "bench: stop starting requests after this long (per mode)");
@@ -248,10 +250,16 @@ ABSL_FLAG(bool, kernel, false,
           "the kernels, on --kernel_threads threads, and report each "
           "transport's latency over that");
 ABSL_FLAG(int, kernel_threads, 0,
-          "bench --kernel: CPU threads; 0 is the server's (GetServerInfo)");
+          "bench --kernel: CPU threads, up to 1024; 0 is the server's "
+          "(GetServerInfo)");
 
 namespace klserve {
 namespace {
+
+// bench's workers and kernel threads, each a thread (a worker also a
+// connection): far past any CPU's cores, and within the default limits of
+// threads and open files, which a larger number would exhaust mid-run.
+constexpr int kMostBenchThreads = 1024;
 
 constexpr char kUsage[] = R"(the command-line client for klserve.
 
@@ -359,8 +367,61 @@ absl::Status Info() {
   return absl::OkStatus();
 }
 
+// Whether `text` is well-formed UTF-8 (no overlong form, surrogate or code
+// point past U+10FFFF), as protobuf requires of a string field.
+bool IsUtf8(absl::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char lead = text[i];
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    const int more = (lead & 0xE0) == 0xC0   ? 1
+                     : (lead & 0xF0) == 0xE0 ? 2
+                     : (lead & 0xF8) == 0xF0 ? 3
+                                             : 0;
+    if (more == 0 || text.size() - i <= static_cast<size_t>(more)) {
+      return false;
+    }
+    uint32_t code = lead & (0x3F >> more);
+    for (int k = 1; k <= more; ++k) {
+      const unsigned char next = text[i + k];
+      if ((next & 0xC0) != 0x80) return false;
+      code = code << 6 | (next & 0x3F);
+    }
+    constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
+    if (code < kLeast[more] || code > 0x10FFFF ||
+        (code >= 0xD800 && code <= 0xDFFF)) {
+      return false;
+    }
+    i += more + 1;
+  }
+  return true;
+}
+
+// The value of a text flag sent as a string field (--run, --request_id):
+// UTF-8, which the server's protobuf requires (it would refuse the whole
+// message as unparsable), and no control character, which would break
+// the `key: value` lines klctl prints (a newline in --request_id printed a
+// `loss:` line of the caller's choosing).
+absl::StatusOr<std::string> TextFlag(absl::string_view flag,
+                                     const std::string& value) {
+  if (!IsUtf8(value)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, ": must be UTF-8, got \"", absl::CHexEscape(value), "\""));
+  }
+  if (std::any_of(value.begin(), value.end(),
+                  [](unsigned char c) { return c < 0x20 || c == 0x7F; })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": must have no control character, got \"",
+                     absl::CHexEscape(value), "\""));
+  }
+  return value;
+}
+
 absl::Status FinishStep() {
-  const std::string run = absl::GetFlag(FLAGS_run);
+  ASSIGN_OR_RETURN(const std::string run,
+                   TextFlag("run", absl::GetFlag(FLAGS_run)));
   const std::optional<int64_t> step = absl::GetFlag(FLAGS_step).value;
   if (run.empty() || !step) {
     return absl::InvalidArgumentError("finish-step: needs --run and --step");
@@ -481,9 +542,11 @@ absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
   }
   options->set_topk(absl::GetFlag(FLAGS_topk));
 
-  request.set_request_id(absl::GetFlag(FLAGS_request_id));
+  ASSIGN_OR_RETURN(*request.mutable_request_id(),
+                   TextFlag("request_id", absl::GetFlag(FLAGS_request_id)));
   v1::Tags* tags = request.mutable_tags();
-  tags->set_run(absl::GetFlag(FLAGS_run));
+  ASSIGN_OR_RETURN(*tags->mutable_run(),
+                   TextFlag("run", absl::GetFlag(FLAGS_run)));
   if (auto step = absl::GetFlag(FLAGS_step).value) tags->set_step(*step);
   if (auto layer = absl::GetFlag(FLAGS_layer).value) tags->set_layer(*layer);
   if (auto microbatch = absl::GetFlag(FLAGS_microbatch).value) {
@@ -713,11 +776,20 @@ absl::Status Bench() {
   limits.duration = absl::GetFlag(FLAGS_duration).value;
   limits.count = absl::GetFlag(FLAGS_count);
   // Both limits must keep the run bounded.
-  if (limits.concurrency < 1 || limits.count < 0 ||
-      limits.duration <= absl::ZeroDuration() ||
+  if (limits.concurrency < 1 || limits.concurrency > kMostBenchThreads ||
+      limits.count < 0 || limits.duration <= absl::ZeroDuration() ||
       limits.duration == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--concurrency must be in [1, ", kMostBenchThreads,
+        "], --count >= 0, --duration finite and > 0; got --concurrency=",
+        limits.concurrency, ", --count=", limits.count,
+        ", --duration=", absl::FormatDuration(limits.duration)));
+  }
+  const int kernel_threads = absl::GetFlag(FLAGS_kernel_threads);
+  if (kernel_threads < 0 || kernel_threads > kMostBenchThreads) {
     return absl::InvalidArgumentError(
-        "--concurrency must be >= 1, --count >= 0, --duration finite and > 0");
+        absl::StrCat("--kernel_threads: must be in [0, ", kMostBenchThreads,
+                     "], got ", kernel_threads));
   }
 
   int64_t batch = 0, rows = 0, keys = 0;
@@ -802,10 +874,7 @@ absl::Status Bench() {
   // p50 latencies for the closing table, in the order measured.
   std::vector<std::pair<std::string, double>> p50s;
   if (absl::GetFlag(FLAGS_kernel)) {
-    int threads = absl::GetFlag(FLAGS_kernel_threads);
-    if (threads < 0) {
-      return absl::InvalidArgumentError("--kernel_threads: must be >= 0");
-    }
+    int threads = kernel_threads;
     if (threads == 0) {
       ASSIGN_OR_RETURN(const v1::GetServerInfoResponse info,
                        client->GetServerInfo());

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -173,11 +174,14 @@ absl::StatusOr<absl::string_view> DescrFor(absl::string_view dtype) {
 }
 
 // The type of `descr` as NumPy names it ('<f8': float64), or "" when it is
-// not a plain number, bool or void.
+// not a plain number, bool or void of 1 to 2^20 bytes.
 std::string NumpyName(absl::string_view descr) {
+  constexpr int64_t kMostBytes = int64_t{1} << 20;
   int64_t bytes = 0;
   if (descr.size() < 3 || !absl::StrContains("<>|=", descr[0]) ||
-      !absl::SimpleAtoi(descr.substr(2), &bytes)) {
+      !std::all_of(descr.begin() + 2, descr.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(descr.substr(2), &bytes) || bytes < 1 ||
+      bytes > kMostBytes) {
     return "";
   }
   const std::string bits = absl::StrCat(bytes * 8);
@@ -211,15 +215,16 @@ absl::StatusOr<const NpyType*> FindNpyType(absl::string_view descr,
     takes_bf16 |= type.dtype == "BF16";
   }
   const std::string name = NumpyName(descr);
+  // Escaped: the file's bytes may hold a NUL or anything else.
   std::string message = absl::StrCat(
-      "unsupported descr '", descr, "'",
+      "unsupported descr '", absl::CHexEscape(descr), "'",
       name.empty() ? "" : absl::StrCat(" (", name, ")"), "; want ",
       wanted.size() == 1
           ? wanted.back()
           : absl::StrCat(absl::StrJoin(wanted.begin(), wanted.end() - 1, ", "),
                          " or ", wanted.back()));
   // What np.save writes for an ml_dtypes.bfloat16 array.
-  if (takes_bf16 && descr.substr(1) == "V2") {
+  if (takes_bf16 && descr.size() == 3 && descr.substr(1) == "V2") {
     absl::StrAppend(
         &message,
         "; for bfloat16 (ml_dtypes), save the array with .view('<u2')");
@@ -277,7 +282,8 @@ absl::StatusOr<NpyHeader> ParseHeader(absl::string_view file_prefix,
       ASSIGN_OR_RETURN(shape, parser.IntTuple());
       seen[2] = true;
     } else {
-      return Malformed(absl::StrCat("header: unexpected key '", key, "'"));
+      return Malformed(
+          absl::StrCat("header: unexpected key '", absl::CHexEscape(key), "'"));
     }
     if (!parser.Accept(',')) {
       if (!parser.Accept('}')) return Malformed("header: expected ',' or '}'");

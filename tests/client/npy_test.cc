@@ -251,6 +251,39 @@ TEST(Npy, RejectsMalformedFiles) {
        "data must be 8 bytes"},
       {"long data", RawHeader(1, good_dict) + data + "x",
        "data must be 8 bytes"},
+      {"empty descr",
+       RawHeader(1, "{'descr': '', 'fortran_order': False, 'shape': (2,), }") +
+           data,
+       "unsupported descr ''"},
+      {"NUL in descr",
+       RawHeader(1, std::string("{'descr': '<f4") + '\0' +
+                        "x', 'fortran_order': False, 'shape': (2,), }") +
+           data,
+       "unsupported descr '<f4\\x00x'"},
+      {"negative size",
+       RawHeader(1,
+                 "{'descr': '<f-4', 'fortran_order': "
+                 "False, 'shape': (2,), }") +
+           data,
+       "unsupported descr '<f-4'; want"},
+      {"size past int64",
+       RawHeader(1,
+                 "{'descr': '<f99999999999999999999', 'fortran_order': "
+                 "False, 'shape': (2,), }") +
+           data,
+       "unsupported descr '<f99999999999999999999'; want"},
+      {"size whose bits overflow",
+       RawHeader(1,
+                 "{'descr': '<f2305843009213693952', 'fortran_order': "
+                 "False, 'shape': (2,), }") +
+           data,
+       "unsupported descr '<f2305843009213693952'; want"},
+      {"key not ASCII",
+       RawHeader(1,
+                 "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), "
+                 "'\xff\xfe': 1}") +
+           data,
+       "unexpected key '\\xff\\xfe'"},
       {"overflowing shape",
        RawHeader(1,
                  "{'descr': '<f4', 'fortran_order': False, "

@@ -590,6 +590,46 @@ TEST_F(KlctlTest, LossPrintsARequestIdOnlyWhenThereIsOne) {
   EXPECT_EQ(KeyValues(with.out)["request_id"], "r-7") << with.out;
 }
 
+// A newline in --request_id printed a `loss:` line of the caller's choosing
+// before the real one; bytes that are not UTF-8 in --run made the server
+// refuse the whole message as unparsable, naming no flag.
+TEST_F(KlctlTest, TextFlagsMustBeUtf8WithoutControlCharacters) {
+  ProblemSpec s;
+  s.name = "klctl-text-flags";
+  s.B = 1, s.T = 3, s.S = 4, s.H = 0;
+  s.seed = 61;
+  const v1::ComputeLossRequest request = MakeRequest(s);
+  const std::vector<std::string> args = {
+      "loss",
+      "--attention_weights=" + Write("weights", request.attention_weights()),
+      "--indexer_scores=" + Write("scores", request.indexer_scores())};
+  for (const auto& [flag, words] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"--request_id=a\nloss: 5",
+            "--request_id: must have no control character, got "
+            "\"a\\nloss: 5\""},
+           {"--run=\xff", "--run: must be UTF-8, got \"\\xff\""},
+           {"--run=\xed\xa0\x80", "--run: must be UTF-8"},  // a surrogate
+           {"--run=\xc0\xaf", "--run: must be UTF-8"}}) {   // overlong '/'
+    std::vector<std::string> with = args;
+    with.push_back(flag);
+    const CommandResult run = Klctl(with);
+    EXPECT_EQ(run.exit_code, 1) << flag;
+    EXPECT_EQ(run.out, "") << flag;
+    EXPECT_TRUE(absl::StrContains(run.err, words)) << flag << "\n" << run.err;
+  }
+  std::vector<std::string> with = args;
+  with.push_back("--request_id=r\xc3\xa9\xe2\x82\xac\xf0\x9f\x99\x82");
+  const CommandResult run = Klctl(with);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(KeyValues(run.out)["request_id"],
+            "r\xc3\xa9\xe2\x82\xac\xf0\x9f\x99\x82");
+  const CommandResult finish = Klctl({"finish-step", "--run=\x01", "--step=1"});
+  EXPECT_EQ(finish.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(finish.err, "--run: must have no control"))
+      << finish.err;
+}
+
 TEST_F(KlctlTest, UnreachableServerExitsNonZeroWithUnavailable) {
   const int port = PickFreePort();
   const CommandResult run = RunCommand(
@@ -645,6 +685,40 @@ TEST(KlctlTargetTest, AHostAloneIsRefusedWithTheTargetToGive) {
                                      "\" has no port, and gRPC would "
                                      "not pick klserve's; give host:port (",
                                      give, " for"));
+  }
+}
+
+// gRPC took a port past 65535 modulo 65536 (127.0.0.1:124587 reached a
+// server on 59051), a negative one likewise and a word as port 0.
+TEST(KlctlTargetTest, APortOutsideOneTo65535IsRefused) {
+  for (const std::string port :
+       {"124587", "65536", "0", "-7485", "abc", "59051/path", "5e4"}) {
+    const std::string target = absl::StrCat("127.0.0.1:", port);
+    ExpectTargetRefused(
+        target, absl::StrCat("target: \"", target, "\" has port \"", port,
+                             "\"; a port is a number from "
+                             "1 to 65535"));
+  }
+  ExpectTargetRefused("[::1]:70000", "has port \"70000\"");
+  ExpectTargetRefused("dns:///localhost:99999", "has port \"99999\"");
+}
+
+// Each worker is a thread and a connection: 100000 of them exhausted the
+// open files of klctl and of the server; as many kernel threads ended klctl
+// with an uncaught std::system_error.
+TEST_F(KlctlTest, BenchThreadsPastTheirBoundAreRefusedByName) {
+  for (const auto& [flag, words] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"--concurrency=100000", "--concurrency must be in [1, 1024]"},
+           {"--concurrency=0", "--concurrency must be in [1, 1024]"},
+           {"--kernel_threads=100000",
+            "--kernel_threads: must be in [0, 1024], got 100000"},
+           {"--kernel_threads=-1",
+            "--kernel_threads: must be in [0, 1024], got -1"}}) {
+    const CommandResult run =
+        Klctl({"bench", "--shape=1,16,16", "--kernel", "--count=2", flag});
+    EXPECT_EQ(run.exit_code, 1) << flag << "\n" << run.err;
+    EXPECT_TRUE(absl::StrContains(run.err, words)) << flag << "\n" << run.err;
   }
 }
 

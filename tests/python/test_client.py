@@ -419,6 +419,17 @@ def test_a_server_that_never_answers_names_the_deadline():
         listener.close()
 
 
+@pytest.mark.parametrize("target", [
+    "127.0.0.1:124587", "127.0.0.1:65536", "127.0.0.1:0", "127.0.0.1:-7485",
+    "localhost:abc", "127.0.0.1:50051/path", "[::1]:70000",
+    "dns:///localhost:99999"])
+def test_a_port_outside_1_to_65535_is_refused(target):
+    # gRPC took 124587 as 124587 - 65536 and connected there.
+    with pytest.raises(ValueError, match=r"has port .*; a port is a number "
+                       "from 1 to 65535"):
+        klserve.Client(target)
+
+
 @pytest.mark.parametrize("deadline", [0, -1.0, float("inf"), float("nan"),
                                       "5"])
 def test_a_calls_deadline_must_be_a_positive_number(client, deadline):

@@ -352,10 +352,9 @@ _OTHER_SCHEMES = ("unix", "unix-abstract", "ipv4", "ipv6", "vsock", "xds",
                   "google-c2p", "passthrough")
 
 
-def _with_default_port(target: str) -> Optional[str]:
-    """Where `target` names a host without a port ("localhost", "10.0.0.1",
-    "[::1]", a bare "::1", each also after "dns:" or "dns://authority/"),
-    the host:port to give instead; otherwise None."""
+def _dns_host_port(target: str) -> Optional[str]:
+    """The host[:port] of a target of the DNS form (no scheme, or dns:);
+    None for other schemes."""
     host = target
     # grpcio reads schemes in any case (the C++ client's gRPC does not).
     if host.lower().startswith("dns:"):
@@ -366,6 +365,29 @@ def _with_default_port(target: str) -> Optional[str]:
                 return None
             host = host[slash + 1:]
     elif host.split(":", 1)[0].lower() in _OTHER_SCHEMES:
+        return None
+    return host
+
+
+def _bad_port(target: str) -> Optional[str]:
+    """The port of a DNS-form host:port target when it is not a number
+    from 1 to 65535 (gRPC takes a port past 65535 modulo 65536, and one that
+    is not a number as 0, and connects there); otherwise None."""
+    host = _dns_host_port(target)
+    if host is None or ":" not in host:
+        return None
+    port = host.rsplit(":", 1)[1]
+    if port.isascii() and port.isdigit() and 1 <= int(port) <= 65535:
+        return None
+    return port
+
+
+def _with_default_port(target: str) -> Optional[str]:
+    """Where `target` names a host without a port ("localhost", "10.0.0.1",
+    "[::1]", a bare "::1", each also after "dns:" or "dns://authority/"),
+    the host:port to give instead; otherwise None."""
+    host = _dns_host_port(target)
+    if host is None:
         return None
     if not host.strip():
         return None
@@ -481,6 +503,10 @@ class Client:
                 "target: %r has no port, and gRPC would not pick klserve's; "
                 "give host:port (%s for klserve's default --listen)" %
                 (target, with_port))
+        port = _bad_port(target) if with_port is None else None
+        if port is not None:
+            raise ValueError("target: %r has port %r; a port is a number "
+                             "from 1 to 65535" % (target, port))
         if not (deadline > 0 and np.isfinite(deadline)):
             raise ValueError("deadline: must be finite and > 0, got %r" %
                              (deadline,))
