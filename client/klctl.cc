@@ -5,6 +5,7 @@
 // Every command talks to --target under --deadline. Failures print the gRPC
 // code name and message to stderr and exit 1.
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -255,6 +256,46 @@ ABSL_FLAG(int, kernel_threads, 0,
 
 namespace klserve {
 namespace {
+
+// While it lives, SIGINT, SIGTERM and SIGHUP remove /dev/shm/<key> before
+// they end klctl as they would have: no destructor runs then, and the
+// region's file, its pages in memory, stayed until someone removed it (the
+// server lets go of its mapping when the registration's lease ends). A
+// signal klctl was started to ignore stays ignored. One at a time.
+class RegionFileRemovedOnSignal {
+ public:
+  explicit RegionFileRemovedOnSignal(const std::string& key) {
+    absl::SNPrintF(path_, sizeof(path_), "/dev/shm/%s", key);
+    struct sigaction action = {};
+    action.sa_handler = &Remove;
+    sigemptyset(&action.sa_mask);
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      sigaction(kSignals[i], &action, &previous_[i]);
+      if (previous_[i].sa_handler == SIG_IGN) {
+        sigaction(kSignals[i], &previous_[i], nullptr);
+      }
+    }
+  }
+  ~RegionFileRemovedOnSignal() {
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      sigaction(kSignals[i], &previous_[i], nullptr);
+    }
+  }
+  RegionFileRemovedOnSignal(const RegionFileRemovedOnSignal&) = delete;
+  RegionFileRemovedOnSignal& operator=(const RegionFileRemovedOnSignal&) =
+      delete;
+
+ private:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+  // Async-signal-safe: unlink, signal and raise only.
+  static void Remove(int signal_number) {
+    unlink(path_);
+    signal(signal_number, SIG_DFL);
+    raise(signal_number);
+  }
+  static inline char path_[300];  // "/dev/shm/" and a key of at most 255
+  struct sigaction previous_[std::size(kSignals)];
+};
 
 // bench's workers and kernel threads, each a thread (a worker also a
 // connection): far past any CPU's cores, and within the default limits of
@@ -649,15 +690,43 @@ absl::Status CheckOutputDirectory(absl::string_view flag,
       dir);
 }
 
+// Whether two paths name one file: the same file where both exist (through
+// a link, or spelt otherwise), else the same path once normalised.
+bool SameFile(const std::string& a, const std::string& b) {
+  std::error_code error;
+  if (std::filesystem::equivalent(a, b, error)) return true;
+  const std::filesystem::path canonical_a =
+      std::filesystem::weakly_canonical(a, error);
+  if (error) return false;
+  const std::filesystem::path canonical_b =
+      std::filesystem::weakly_canonical(b, error);
+  return !error && canonical_a == canonical_b;
+}
+
 // The output flags as --help describes them, checked before the inputs are
 // read and the call is made, so that a mistyped path or a missing flag costs
-// no computation.
+// no computation; and no output may name an input's file or another
+// output's (the gradient written over the scores it came from, say).
 absl::Status CheckLossOutputs(RequestForm form) {
+  std::vector<std::pair<std::string, std::string>> outputs;  // flag, file
   if (const std::string grad_out = absl::GetFlag(FLAGS_grad_out);
       !grad_out.empty()) {
-    RETURN_IF_ERROR(form == RequestForm::kProjections
-                        ? CheckOutputDirectory("grad_out", grad_out)
-                        : CheckOutputFile("grad_out", grad_out));
+    if (form != RequestForm::kProjections) {
+      RETURN_IF_ERROR(CheckOutputFile("grad_out", grad_out));
+      outputs.emplace_back("grad_out", grad_out);
+    } else {
+      RETURN_IF_ERROR(CheckOutputDirectory("grad_out", grad_out));
+      for (const char* name :
+           {"d_index_query", "d_index_key", "d_index_weights"}) {
+        const std::string file =
+            (std::filesystem::path(grad_out) / name).string() + ".npy";
+        std::error_code error;
+        if (std::filesystem::is_directory(grad_out, error)) {
+          RETURN_IF_ERROR(CheckOutputFile("grad_out", file));
+        }
+        outputs.emplace_back("grad_out", file);
+      }
+    }
   }
   if (const std::string topk_out = absl::GetFlag(FLAGS_topk_out);
       !topk_out.empty()) {
@@ -667,10 +736,30 @@ absl::Status CheckLossOutputs(RequestForm form) {
           "selection is made only in the projections form with --topk)");
     }
     RETURN_IF_ERROR(CheckOutputFile("topk_out", topk_out));
+    outputs.emplace_back("topk_out", topk_out);
   }
   if (const std::string row_kl_out = absl::GetFlag(FLAGS_row_kl_out);
       !row_kl_out.empty()) {
     RETURN_IF_ERROR(CheckOutputFile("row_kl_out", row_kl_out));
+    outputs.emplace_back("row_kl_out", row_kl_out);
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [flag, file] = outputs[i];
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      if (SameFile(file, outputs[j].second)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", flag, ", --", outputs[j].first,
+                         ": both would write \"", file, "\""));
+      }
+    }
+    for (const RequestTensor& tensor : kRequestTensors) {
+      ASSIGN_OR_RETURN(const std::string input, InputPath(tensor));
+      if (!input.empty() && SameFile(file, input)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", flag, ": \"", file, "\" is the input --",
+                         tensor.name, "; write the outputs elsewhere"));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -898,12 +987,14 @@ absl::Status Bench() {
   if (shm_loss && mode != "echo") {
     ASSIGN_OR_RETURN(const RegionProblem problem,
                      PlaceInRegion(request, limits.concurrency));
+    const RegionFileRemovedOnSignal remove_on_signal(problem.region.key());
     std::printf(
         "region: /dev/shm/%s, %lld bytes (the inputs once, the "
         "outputs of %d worker%s)\n",
         problem.region.key().c_str(),
         static_cast<long long>(problem.region.byte_size()), limits.concurrency,
         limits.concurrency == 1 ? "" : "s");
+    std::fflush(stdout);  // before a run that may be interrupted
     absl::Status registered =
         client
             ->RegisterRegion(problem.name, problem.region.key(), 0,

@@ -528,10 +528,17 @@ TEST_F(KlctlTest, OutputFlagsAreCheckedBeforeTheCall) {
   s.B = 1, s.T = 3, s.S = 4, s.H = 0;
   s.seed = 59;
   const v1::ComputeLossRequest logits = MakeRequest(s);
+  const std::string scores_file = Write("scores", logits.indexer_scores());
   const std::vector<std::string> logits_args = {
       "loss",
       "--attention_weights=" + Write("weights", logits.attention_weights()),
-      "--indexer_scores=" + Write("scores", logits.indexer_scores())};
+      "--indexer_scores=" + scores_file};
+  // A directory of gradients whose d_index_key.npy is a directory: the
+  // query's gradient was written before the key's failed.
+  const std::string grads = dir_ + "/grads";
+  const std::string key_grad = grads + "/d_index_key.npy";
+  ASSERT_EQ(mkdir(grads.c_str(), 0700), 0);
+  ASSERT_EQ(mkdir(key_grad.c_str(), 0700), 0);
 
   const struct {
     bool projections;
@@ -553,6 +560,21 @@ TEST_F(KlctlTest, OutputFlagsAreCheckedBeforeTheCall) {
       {true,
        {"--grad_out=" + a_file + "/grads"},
        {"--grad_out: ", "Not a directory"}},
+      {true,
+       {"--grad_out=" + grads},
+       {"--grad_out: cannot write \"" + key_grad, "Is a directory"}},
+      // An output over an input, or over another output.
+      {false,
+       {"--grad_out=" + scores_file},
+       {"INVALID_ARGUMENT",
+        "--grad_out: \"" + scores_file + "\" is the input --indexer_scores"}},
+      {false,
+       {"--grad_out=" + dir_ + "/../" + dir_.substr(dir_.rfind('/') + 1) +
+        "/scores.npy"},
+       {"is the input --indexer_scores"}},
+      {false,
+       {"--grad_out=" + OutPath("twice"), "--row_kl_out=" + OutPath("twice")},
+       {"INVALID_ARGUMENT", "--grad_out, --row_kl_out: both would write"}},
   };
   for (const auto& c : cases) {
     std::vector<std::string> args =
@@ -568,6 +590,10 @@ TEST_F(KlctlTest, OutputFlagsAreCheckedBeforeTheCall) {
           << run.err;
     }
   }
+  // Nothing was written before the refusals.
+  EXPECT_EQ(access((grads + "/d_index_query.npy").c_str(), F_OK), -1);
+  EXPECT_EQ(rmdir(key_grad.c_str()), 0);
+  EXPECT_EQ(rmdir(grads.c_str()), 0);
 }
 
 TEST_F(KlctlTest, LossPrintsARequestIdOnlyWhenThereIsOne) {
@@ -993,6 +1019,31 @@ class KlctlShmBenchTest : public ::testing::Test {
   std::string dir_, socket_;
   std::unique_ptr<ServerProcess> server_;
 };
+
+// klctl stopped by Ctrl-C (or SIGTERM) in the middle of a shared-memory
+// bench left its region's file, its pages in memory, in /dev/shm.
+TEST_F(KlctlShmBenchTest, AnInterruptedRunLeavesNoFileInDevShm) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--shared_memory"}));
+  for (const char* signal_name : {"INT", "TERM"}) {
+    std::vector<std::string> args = {"/usr/bin/timeout",
+                                     "-s",
+                                     signal_name,
+                                     "3",
+                                     KLCTL_BIN,
+                                     "bench",
+                                     "--target=unix:" + socket_,
+                                     "--shape=1,16,16",
+                                     "--transport=shm",
+                                     "--duration=60s"};
+    const CommandResult run = RunCommand(args, absl::Seconds(30));
+    EXPECT_EQ(run.exit_code, 124) << run.out << run.err;  // timeout's own
+    const size_t at = run.out.find("region: /dev/shm/");
+    ASSERT_NE(at, std::string::npos) << run.out;
+    const size_t end = run.out.find(',', at);
+    const std::string path = run.out.substr(at + 8, end - at - 8);
+    EXPECT_NE(access(path.c_str(), F_OK), 0) << signal_name << ": " << path;
+  }
+}
 
 TEST_F(KlctlShmBenchTest, ShmNextToInlineAndTheKernel) {
   ASSERT_NO_FATAL_FAILURE(Start({"--shared_memory"}));
