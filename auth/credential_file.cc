@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace klserve {
@@ -87,6 +88,34 @@ absl::StatusOr<std::string> ReadCredentialFile(absl::string_view field,
   if (size == 0) return Unreadable(field, path, "empty");
   content.resize(size);
   return content;
+}
+
+absl::StatusOr<std::string> ReadPemFile(absl::string_view field,
+                                        const std::string& path,
+                                        PemContent content) {
+  absl::StatusOr<std::string> read = ReadCredentialFile(field, path);
+  if (!read.ok()) return read.status();
+  const absl::string_view pem = *read;
+  // A BEGIN line of the kind wanted: "-----BEGIN CERTIFICATE-----", or
+  // "-----BEGIN " ... "PRIVATE KEY-----" (PKCS#8, RSA, EC, encrypted).
+  constexpr absl::string_view kBegin = "-----BEGIN ";
+  for (size_t at = pem.find(kBegin); at != absl::string_view::npos;
+       at = pem.find(kBegin, at + 1)) {
+    const size_t end = pem.find("-----", at + kBegin.size());
+    if (end == absl::string_view::npos) break;
+    const absl::string_view label =
+        pem.substr(at + kBegin.size(), end - at - kBegin.size());
+    if (content == PemContent::kCertificates
+            ? label == "CERTIFICATE"
+            : absl::EndsWith(label, "PRIVATE KEY")) {
+      return read;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": \"", path, "\" holds no PEM ",
+      content == PemContent::kCertificates
+          ? "certificate (a -----BEGIN CERTIFICATE----- block)"
+          : "private key (a -----BEGIN ... PRIVATE KEY----- block)"));
 }
 
 }  // namespace klserve

@@ -27,6 +27,19 @@ absl::StatusOr<std::string> ReadCredentialFile(
     absl::string_view field, const std::string& path,
     size_t max_bytes = kMaxCredentialFileBytes);
 
+// What a PEM file of TLS credentials must hold.
+enum class PemContent {
+  kCertificates,  // one or more "-----BEGIN CERTIFICATE-----" blocks
+  kPrivateKey,    // a "-----BEGIN [...]PRIVATE KEY-----" block
+};
+
+// ReadCredentialFile, and INVALID_ARGUMENT naming `field` and the path when
+// the file holds no PEM block of `content`: gRPC would take it, fail its
+// TLS handshakes, and say only that no address worked.
+absl::StatusOr<std::string> ReadPemFile(absl::string_view field,
+                                        const std::string& path,
+                                        PemContent content);
+
 }  // namespace klserve
 
 #endif  // KLSERVE_AUTH_CREDENTIAL_FILE_H_

@@ -115,6 +115,11 @@ absl::Status CheckTarget(const ClientOptions& options) {
           "tls_* options, not an https:// scheme)"));
     }
   }
+  if (target == "unix:" || target == "unix://") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.target: \"", target,
+                     "\" has no path; give unix:/path/to/klserve.sock"));
+  }
   if (target.find_first_not_of("0123456789") == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ClientOptions.target: \"", target,
@@ -164,16 +169,18 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
         "ClientOptions.tls_cert_file, tls_key_file: set both or neither");
   }
   grpc::SslCredentialsOptions ssl;
-  ASSIGN_OR_RETURN(
-      ssl.pem_root_certs,
-      ReadCredentialFile("ClientOptions.tls_ca_file", options.tls_ca_file));
+  ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                   ReadPemFile("ClientOptions.tls_ca_file", options.tls_ca_file,
+                               PemContent::kCertificates));
   if (!options.tls_cert_file.empty()) {
-    ASSIGN_OR_RETURN(ssl.pem_cert_chain,
-                     ReadCredentialFile("ClientOptions.tls_cert_file",
-                                        options.tls_cert_file));
+    ASSIGN_OR_RETURN(
+        ssl.pem_cert_chain,
+        ReadPemFile("ClientOptions.tls_cert_file", options.tls_cert_file,
+                    PemContent::kCertificates));
     ASSIGN_OR_RETURN(
         ssl.pem_private_key,
-        ReadCredentialFile("ClientOptions.tls_key_file", options.tls_key_file));
+        ReadPemFile("ClientOptions.tls_key_file", options.tls_key_file,
+                    PemContent::kPrivateKey));
   }
   if (!options.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls_server_name);

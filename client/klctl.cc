@@ -36,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -370,7 +371,22 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient(ClientOptions* out) {
     ASSIGN_OR_RETURN(options.auth_token, ReadTokenFile(path));
   }
   if (out != nullptr) *out = options;
-  return Client::Create(std::move(options));
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Create(std::move(options));
+  if (client.ok()) return client;
+  // The library names its options; here they are flags.
+  return absl::Status(
+      client.status().code(),
+      absl::StrReplaceAll(
+          client.status().message(),
+          {{"ClientOptions.tls_ca_file", "--tls_ca"},
+           {"ClientOptions.tls_cert_file", "--tls_cert"},
+           {"ClientOptions.tls_key_file", "--tls_key"},
+           {"ClientOptions.stream_threshold_bytes", "--stream_threshold"},
+           {"ClientOptions.", "--"},  // the others are named alike
+           {", tls_key_file", ", --tls_key"},
+           {", tls_server_name", ", --tls_server_name"},
+           {"need tls_ca_file", "need --tls_ca"}}));
 }
 
 // True when serving; NOT_SERVING is an answer, not an error.

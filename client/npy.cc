@@ -1,5 +1,7 @@
 #include "client/npy.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -369,6 +371,11 @@ absl::StatusOr<v1::Tensor> ReadNpyFile(const std::string& path,
   File file(std::fopen(path.c_str(), "rb"));
   if (file == nullptr) {
     return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));
+  }
+  // A directory opens, and then reads as a file shorter than its header.
+  struct stat st;
+  if (fstat(fileno(file.get()), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::ErrnoToStatus(EISDIR, absl::StrCat(path, ": cannot read"));
   }
   if (std::fseek(file.get(), 0, SEEK_END) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": cannot seek"));

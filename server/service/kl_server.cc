@@ -63,14 +63,16 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TransportCredentials(
       GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
   ASSIGN_OR_RETURN(pair.cert_chain,
-                   ReadCredentialFile("--tls_cert", options.tls_cert_file));
-  ASSIGN_OR_RETURN(pair.private_key,
-                   ReadCredentialFile("--tls_key", options.tls_key_file));
+                   ReadPemFile("--tls_cert", options.tls_cert_file,
+                               PemContent::kCertificates));
+  ASSIGN_OR_RETURN(
+      pair.private_key,
+      ReadPemFile("--tls_key", options.tls_key_file, PemContent::kPrivateKey));
   ssl.pem_key_cert_pairs.push_back(std::move(pair));
   if (!options.tls_client_ca_file.empty()) {
-    ASSIGN_OR_RETURN(
-        ssl.pem_root_certs,
-        ReadCredentialFile("--tls_client_ca", options.tls_client_ca_file));
+    ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                     ReadPemFile("--tls_client_ca", options.tls_client_ca_file,
+                                 PemContent::kCertificates));
     ssl.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }

@@ -96,5 +96,59 @@ TEST(ReadCredentialFileTest, RefusesAFifoWithoutWaitingForAWriter) {
   unlink(path.c_str());
 }
 
+// A file that is not PEM (an .npy, a token, a DER certificate) was taken,
+// and every TLS handshake then failed with "empty address list".
+TEST(ReadPemFileTest, TakesTheBlocksOfTheirKindOnly) {
+  const std::string certificate =
+      "subject=CN = klserve\n-----BEGIN CERTIFICATE-----\nMIIB\n"
+      "-----END CERTIFICATE-----\n";
+  const std::string chain = certificate + certificate;
+  for (const std::string& pem : {certificate, chain}) {
+    const absl::StatusOr<std::string> read = ReadPemFile(
+        "--tls_cert", WriteTemp("cert.pem", pem), PemContent::kCertificates);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(*read, pem);
+  }
+  for (const std::string label : {"PRIVATE KEY", "RSA PRIVATE KEY",
+                                  "EC PRIVATE KEY", "ENCRYPTED PRIVATE KEY"}) {
+    const std::string pem =
+        "-----BEGIN " + label + "-----\nMIIE\n-----END " + label + "-----\n";
+    const absl::StatusOr<std::string> read = ReadPemFile(
+        "--tls_key", WriteTemp("key.pem", pem), PemContent::kPrivateKey);
+    EXPECT_TRUE(read.ok()) << label << ": " << read.status();
+  }
+  const struct {
+    std::string content;
+    PemContent wanted;
+    std::string words;
+  } refused[] = {
+      {"\x93NUMPY\x01\x00", PemContent::kCertificates,
+       "holds no PEM certificate (a -----BEGIN CERTIFICATE----- block)"},
+      {"\x30\x82\x01\x0a", PemContent::kCertificates, "no PEM certificate"},
+      {"-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n",
+       PemContent::kCertificates, "no PEM certificate"},
+      {certificate, PemContent::kPrivateKey,
+       "holds no PEM private key (a -----BEGIN ... PRIVATE KEY----- block)"},
+      {"-----BEGIN ", PemContent::kPrivateKey, "no PEM private key"},
+  };
+  for (const auto& c : refused) {
+    const std::string path = WriteTemp("not.pem", c.content);
+    const absl::StatusOr<std::string> read =
+        ReadPemFile("--tls_x", path, c.wanted);
+    ASSERT_FALSE(read.ok()) << c.words;
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StartsWith(read.status().message(),
+                                 "--tls_x: \"" + path + "\" " + ""))
+        << read.status();
+    EXPECT_TRUE(absl::StrContains(read.status().message(), c.words))
+        << read.status();
+  }
+  // What ReadCredentialFile refuses comes first.
+  const absl::StatusOr<std::string> missing = ReadPemFile(
+      "--tls_x", TempPath("no/such/file"), PemContent::kCertificates);
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "No such file"))
+      << missing.status();
+}
+
 }  // namespace
 }  // namespace klserve

@@ -299,6 +299,16 @@ TEST(Npy, RejectsMalformedFiles) {
   }
 }
 
+// A directory opens, and had read as a file shorter than its header said.
+TEST(Npy, ReadNpyOfADirectorySaysSo) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = dir != nullptr ? dir : "/tmp";
+  absl::StatusOr<v1::Tensor> read = ReadNpy(path);
+  EXPECT_FALSE(read.ok());
+  EXPECT_THAT(std::string(read.status().message()),
+              HasSubstr(path + ": cannot read: Is a directory"));
+}
+
 TEST(Npy, ReadNpyRejectsTruncatedFile) {
   const v1::Tensor tensor = MakeTensor("FP32", {8}, 4);
   absl::StatusOr<std::string> image = SerializeNpy(tensor);

@@ -726,6 +726,7 @@ TEST(KlctlTargetTest, APortOutsideOneTo65535IsRefused) {
                              "1 to 65535"));
   }
   ExpectTargetRefused("[::1]:70000", "has port \"70000\"");
+  ExpectTargetRefused("unix:", "target: \"unix:\" has no path");
   ExpectTargetRefused("dns:///localhost:99999", "has port \"99999\"");
 }
 

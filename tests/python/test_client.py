@@ -430,6 +430,12 @@ def test_a_port_outside_1_to_65535_is_refused(target):
         klserve.Client(target)
 
 
+@pytest.mark.parametrize("target", ["unix:", "unix://"])
+def test_a_unix_target_without_a_path_is_refused(target):
+    with pytest.raises(ValueError, match="has no path; give unix:/path"):
+        klserve.Client(target)
+
+
 @pytest.mark.parametrize("deadline", [0, -1.0, float("inf"), float("nan"),
                                       "5"])
 def test_a_calls_deadline_must_be_a_positive_number(client, deadline):

@@ -163,6 +163,15 @@ def test_bad_security_options_name_the_option(pki, tmp_path):
          "tls_ca_file: .* procfs or sysfs"),
         (dict(tls_ca_file="/proc/self/status"),
          "tls_ca_file: .* procfs or sysfs"),
+        # Not PEM, or not of its kind: gRPC took them and every handshake
+        # failed with "empty address list".
+        (dict(tls_ca_file=str(pki / "client.key")),
+         "tls_ca_file: .* holds no PEM certificate"),
+        (dict(tls_ca_file=str(pki / "ca.pem"),
+              tls_cert_file=str(pki / "client.pem"),
+              tls_key_file=str(pki / "client.pem")),
+         "tls_key_file: .* holds no PEM private key"),
+        (dict(tls_ca_file=__file__), "tls_ca_file: .* holds no PEM"),
         (dict(auth_token=""), "auth_token"),
         (dict(auth_token="new\nline"), "auth_token"),
         (dict(auth_token="caf\u00e9"), "auth_token"),

@@ -8,6 +8,7 @@ import logging
 import numbers
 import os
 import random
+import re
 import stat
 import threading
 import time
@@ -289,6 +290,26 @@ def _read_file(field: str, path: str) -> bytes:
     return data
 
 
+_PEM_BEGIN = re.compile(rb"-----BEGIN ([^-\r\n]*)-----")
+
+
+def _read_pem(field: str, path: str, private_key: bool) -> bytes:
+    """_read_file, and ValueError unless the file holds a PEM block of
+    certificates or, with `private_key`, of a private key (the C++
+    ReadPemFile's rule): gRPC would take any bytes, fail every handshake and
+    say only that no address worked."""
+    pem = _read_file(field, path)
+    for label in _PEM_BEGIN.findall(pem):
+        if (label.endswith(b"PRIVATE KEY") if private_key else
+                label == b"CERTIFICATE"):
+            return pem
+    raise ValueError(
+        "%s: %r holds no PEM %s" % (field, path, "private key (a -----BEGIN "
+                                    "... PRIVATE KEY----- block)"
+                                    if private_key else "certificate (a "
+                                    "-----BEGIN CERTIFICATE----- block)"))
+
+
 def _channel_credentials(ca_file: Optional[str], cert_file: Optional[str],
                          key_file: Optional[str], server_name: Optional[str]
                          ) -> Optional[grpc.ChannelCredentials]:
@@ -301,9 +322,10 @@ def _channel_credentials(ca_file: Optional[str], cert_file: Optional[str],
     if bool(cert_file) != bool(key_file):
         raise ValueError("tls_cert_file, tls_key_file: set both or neither")
     return grpc.ssl_channel_credentials(
-        root_certificates=_read_file("tls_ca_file", ca_file),
-        private_key=_read_file("tls_key_file", key_file) if key_file else None,
-        certificate_chain=(_read_file("tls_cert_file", cert_file)
+        root_certificates=_read_pem("tls_ca_file", ca_file, False),
+        private_key=(_read_pem("tls_key_file", key_file, True)
+                     if key_file else None),
+        certificate_chain=(_read_pem("tls_cert_file", cert_file, False)
                            if cert_file else None))
 
 
@@ -489,6 +511,9 @@ class Client:
                 "target: %r is a URL; gRPC takes host:port, "
                 "dns:///host:port or unix:/path (TLS is set by the tls_* "
                 "arguments, not an https:// scheme)" % (target,))
+        if target.lower() in ("unix:", "unix://"):
+            raise ValueError("target: %r has no path; give "
+                             "unix:/path/to/klserve.sock" % (target,))
         if target.isdigit():
             raise ValueError(
                 "target: %r is a port alone; gRPC takes host:port "
