@@ -185,8 +185,9 @@ ABSL_FLAG(int64_t, recall_k, 0, "loss: k of the top-k recall diagnostic");
 ABSL_FLAG(klserve::Unsettable<double>, index_weight_scale, {},
           "loss, with --query: multiplies index_weights; unset: "
           "1/sqrt(H_I * D_I)");
-ABSL_FLAG(bool, use_relu, true,
-          "loss, with --query: relu on each indexer head's dot product");
+ABSL_FLAG(klserve::Unsettable<bool>, use_relu, {},
+          "loss, with --query: relu on each indexer head's dot product "
+          "(true or false; unset: true)");
 ABSL_FLAG(std::string, grad_out, "",
           "loss: write the gradient here (.npy; BF16 as '<u2'); the gradient "
           "is only requested when this is set. With --query: a directory, "
@@ -590,12 +591,18 @@ absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
   options->set_skip_grad(absl::GetFlag(FLAGS_grad_out).empty());
   options->set_want_row_kl(!absl::GetFlag(FLAGS_row_kl_out).empty());
   options->set_want_diagnostics(absl::GetFlag(FLAGS_diagnostics));
+  if (absl::GetFlag(FLAGS_recall_k) != 0 && !options->want_diagnostics()) {
+    return absl::InvalidArgumentError(
+        "--recall_k: a diagnostic, printed with --diagnostics only");
+  }
   options->set_recall_k(absl::GetFlag(FLAGS_recall_k));
   if (auto scale = absl::GetFlag(FLAGS_index_weight_scale).value) {
     options->set_index_weight_scale(*scale);
   }
-  if (form == RequestForm::kProjections) {
-    options->set_use_relu(absl::GetFlag(FLAGS_use_relu));
+  // Sent as given in either form: the logits form's server refuses it by
+  // name, as it does --index_weight_scale.
+  if (auto relu = absl::GetFlag(FLAGS_use_relu).value) {
+    options->set_use_relu(*relu);
   }
   options->set_topk(absl::GetFlag(FLAGS_topk));
 

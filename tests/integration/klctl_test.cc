@@ -575,6 +575,15 @@ TEST_F(KlctlTest, OutputFlagsAreCheckedBeforeTheCall) {
       {false,
        {"--grad_out=" + OutPath("twice"), "--row_kl_out=" + OutPath("twice")},
        {"INVALID_ARGUMENT", "--grad_out, --row_kl_out: both would write"}},
+      // Flags that had been taken and then ignored.
+      {false,
+       {"--recall_k=3"},
+       {"INVALID_ARGUMENT",
+        "--recall_k: a diagnostic, printed with "
+        "--diagnostics only"}},
+      {false,
+       {"--use_relu=false"},
+       {"INVALID_ARGUMENT", "options.use_relu: only in the projections form"}},
   };
   for (const auto& c : cases) {
     std::vector<std::string> args =
