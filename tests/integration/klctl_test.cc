@@ -153,6 +153,21 @@ class KlctlTest : public ServerTest {
     return path;
   }
 
+  // `loss` with the .npy inputs of a small head-aggregated problem (B = 1,
+  // T = 3, S = 4).
+  std::vector<std::string> SmallLossArgs(const std::string& name,
+                                         uint64_t seed) {
+    ProblemSpec s;
+    s.name = name;
+    s.B = 1, s.T = 3, s.S = 4, s.H = 0;
+    s.seed = seed;
+    const v1::ComputeLossRequest request = MakeRequest(s);
+    return {
+        "loss",
+        "--attention_weights=" + Write("weights", request.attention_weights()),
+        "--indexer_scores=" + Write("scores", request.indexer_scores())};
+  }
+
   CommandResult Klctl(std::vector<std::string> args) {
     args.insert(args.begin(), {KLCTL_BIN});
     args.insert(args.begin() + 2, {"--target=" + server().target(),
@@ -606,15 +621,7 @@ TEST_F(KlctlTest, OutputFlagsAreCheckedBeforeTheCall) {
 }
 
 TEST_F(KlctlTest, LossPrintsARequestIdOnlyWhenThereIsOne) {
-  ProblemSpec s;
-  s.name = "klctl-request-id";
-  s.B = 1, s.T = 3, s.S = 4, s.H = 0;
-  s.seed = 60;
-  const v1::ComputeLossRequest request = MakeRequest(s);
-  std::vector<std::string> args = {
-      "loss",
-      "--attention_weights=" + Write("weights", request.attention_weights()),
-      "--indexer_scores=" + Write("scores", request.indexer_scores())};
+  std::vector<std::string> args = SmallLossArgs("klctl-request-id", 60);
   const CommandResult without = Klctl(args);
   ASSERT_EQ(without.exit_code, 0) << without.err;
   EXPECT_TRUE(absl::StrContains(without.out, "loss: ")) << without.out;
@@ -629,15 +636,7 @@ TEST_F(KlctlTest, LossPrintsARequestIdOnlyWhenThereIsOne) {
 // before the real one; bytes that are not UTF-8 in --run made the server
 // refuse the whole message as unparsable, naming no flag.
 TEST_F(KlctlTest, TextFlagsMustBeUtf8WithoutControlCharacters) {
-  ProblemSpec s;
-  s.name = "klctl-text-flags";
-  s.B = 1, s.T = 3, s.S = 4, s.H = 0;
-  s.seed = 61;
-  const v1::ComputeLossRequest request = MakeRequest(s);
-  const std::vector<std::string> args = {
-      "loss",
-      "--attention_weights=" + Write("weights", request.attention_weights()),
-      "--indexer_scores=" + Write("scores", request.indexer_scores())};
+  const std::vector<std::string> args = SmallLossArgs("klctl-text-flags", 61);
   for (const auto& [flag, words] :
        std::vector<std::pair<std::string, std::string>>{
            {"--request_id=a\nloss: 5",
