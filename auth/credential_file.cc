@@ -96,20 +96,41 @@ absl::StatusOr<std::string> ReadPemFile(absl::string_view field,
   absl::StatusOr<std::string> read = ReadCredentialFile(field, path);
   if (!read.ok()) return read.status();
   const absl::string_view pem = *read;
-  // A BEGIN line of the kind wanted: "-----BEGIN CERTIFICATE-----", or
-  // "-----BEGIN " ... "PRIVATE KEY-----" (PKCS#8, RSA, EC, encrypted).
+  // A BEGIN line of the kind wanted: "-----BEGIN CERTIFICATE-----" (or the
+  // older X509 and TRUSTED labels), or "-----BEGIN " ... "PRIVATE KEY-----"
+  // (PKCS#8, RSA, EC) whose block is not encrypted: gRPC takes no
+  // passphrase, and would refuse it only at the first handshake.
   constexpr absl::string_view kBegin = "-----BEGIN ";
+  bool encrypted = false;
   for (size_t at = pem.find(kBegin); at != absl::string_view::npos;
        at = pem.find(kBegin, at + 1)) {
     const size_t end = pem.find("-----", at + kBegin.size());
     if (end == absl::string_view::npos) break;
     const absl::string_view label =
         pem.substr(at + kBegin.size(), end - at - kBegin.size());
-    if (content == PemContent::kCertificates
-            ? label == "CERTIFICATE"
-            : absl::EndsWith(label, "PRIVATE KEY")) {
-      return read;
+    if (content == PemContent::kCertificates) {
+      if (label == "CERTIFICATE" || label == "X509 CERTIFICATE" ||
+          label == "TRUSTED CERTIFICATE") {
+        return read;
+      }
+      continue;
     }
+    if (!absl::EndsWith(label, "PRIVATE KEY")) continue;
+    const size_t stop = pem.find("-----END", end);
+    const absl::string_view block =
+        pem.substr(end, stop == absl::string_view::npos ? stop : stop - end);
+    if (label == "ENCRYPTED PRIVATE KEY" ||
+        absl::StrContains(block, "Proc-Type: 4,ENCRYPTED")) {
+      encrypted = true;
+      continue;
+    }
+    return read;
+  }
+  if (encrypted) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": \"", path,
+        "\" holds an encrypted private key, and gRPC takes no passphrase: "
+        "decrypt it (openssl pkey -in KEY -out PLAIN)"));
   }
   return absl::InvalidArgumentError(absl::StrCat(
       field, ": \"", path, "\" holds no PEM ",

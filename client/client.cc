@@ -62,6 +62,8 @@ std::optional<absl::string_view> DnsHostPort(absl::string_view target) {
         "passthrough"}) {
     if (scheme == other) return std::nullopt;
   }
+  // A URI of another scheme ("google-c2p-experimental:///x"): gRPC's.
+  if (absl::StrContains(host, "://")) return std::nullopt;
   return host;
 }
 
@@ -134,19 +136,21 @@ absl::Status CheckTarget(const ClientOptions& options) {
         *with_port, " for klserve's default --listen)"));
   }
   // gRPC takes a port past 65535 modulo 65536, a negative one likewise and
-  // one that is not a number as 0, and connects there.
+  // a word as 0 (but "http" and "https" after a name, 80 and 443), and
+  // connects there.
   if (const std::optional<absl::string_view> host = DnsHostPort(target);
       host && !with_port) {
     const size_t colon = host->rfind(':');
     const absl::string_view port =
         colon == absl::string_view::npos ? "" : host->substr(colon + 1);
     int number = 0;
-    if (!port.empty() &&
-        (!std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
-         !absl::SimpleAtoi(port, &number) || number < 1 || number > 65535)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ClientOptions.target: \"", target, "\" has port \"",
-                       port, "\"; a port is a number from 1 to 65535"));
+    const bool a_number =
+        std::all_of(port.begin(), port.end(), absl::ascii_isdigit) &&
+        absl::SimpleAtoi(port, &number) && number >= 1 && number <= 65535;
+    if (!port.empty() && !a_number && port != "http" && port != "https") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ClientOptions.target: \"", target, "\" has port \"", port,
+          "\"; a port is a number from 1 to 65535 (or http, https)"));
     }
   }
   return absl::OkStatus();

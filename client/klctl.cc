@@ -38,6 +38,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "auth/token_file.h"
@@ -55,6 +56,7 @@
 #include "kernels/status_macros.h"
 #include "klserve/v1/klserve.pb.h"
 #include "proto/request_tensors.h"
+#include "proto/utf8.h"
 
 // Connection.
 ABSL_FLAG(std::string, target, "localhost:50051",
@@ -181,13 +183,14 @@ ABSL_FLAG(double, grad_scale, 1,
 ABSL_FLAG(std::string, grad_dtype, "fp32",
           "loss, bench: gradient dtype fp32, bf16 or fp16");
 ABSL_FLAG(bool, diagnostics, false, "loss: ask for entropies and row counts");
-ABSL_FLAG(int64_t, recall_k, 0, "loss: k of the top-k recall diagnostic");
+ABSL_FLAG(int64_t, recall_k, 0,
+          "loss: k of the top-k recall diagnostic (prints the diagnostics, "
+          "as --diagnostics)");
 ABSL_FLAG(klserve::Unsettable<double>, index_weight_scale, {},
           "loss, with --query: multiplies index_weights; unset: "
           "1/sqrt(H_I * D_I)");
-ABSL_FLAG(klserve::Unsettable<bool>, use_relu, {},
-          "loss, with --query: relu on each indexer head's dot product "
-          "(true or false; unset: true)");
+ABSL_FLAG(bool, use_relu, true,
+          "loss, with --query: relu on each indexer head's dot product");
 ABSL_FLAG(std::string, grad_out, "",
           "loss: write the gradient here (.npy; BF16 as '<u2'); the gradient "
           "is only requested when this is set. With --query: a directory, "
@@ -225,7 +228,7 @@ ABSL_FLAG(int64_t, topk, 0,
 ABSL_FLAG(std::string, dtype, "fp32", "bench: input dtype fp32, bf16, fp16");
 ABSL_FLAG(int, concurrency, 1,
           "bench: concurrent requests (one connection and one thread each), "
-          "1 to 1024");
+          "1 to 256");
 ABSL_FLAG(klserve::flags::Duration, duration,
           klserve::flags::Duration{absl::Seconds(10)},
           "bench: stop starting requests after this long (per mode)");
@@ -253,7 +256,7 @@ ABSL_FLAG(bool, kernel, false,
           "the kernels, on --kernel_threads threads, and report each "
           "transport's latency over that");
 ABSL_FLAG(int, kernel_threads, 0,
-          "bench --kernel: CPU threads, up to 1024; 0 is the server's "
+          "bench --kernel: CPU threads, up to 256; 0 is the server's "
           "(GetServerInfo)");
 
 namespace klserve {
@@ -272,9 +275,9 @@ class RegionFileRemovedOnSignal {
     action.sa_handler = &Remove;
     sigemptyset(&action.sa_mask);
     for (size_t i = 0; i < std::size(kSignals); ++i) {
-      sigaction(kSignals[i], &action, &previous_[i]);
-      if (previous_[i].sa_handler == SIG_IGN) {
-        sigaction(kSignals[i], &previous_[i], nullptr);
+      sigaction(kSignals[i], nullptr, &previous_[i]);
+      if (previous_[i].sa_handler != SIG_IGN) {
+        sigaction(kSignals[i], &action, nullptr);
       }
     }
   }
@@ -300,9 +303,10 @@ class RegionFileRemovedOnSignal {
 };
 
 // bench's workers and kernel threads, each a thread (a worker also a
-// connection): far past any CPU's cores, and within the default limits of
-// threads and open files, which a larger number would exhaust mid-run.
-constexpr int kMostBenchThreads = 1024;
+// connection, a descriptor here and one in the server): far past any CPU's
+// cores, and well within the usual soft limit of 1024 open files, which
+// 100000 workers exhausted in klctl and in the server.
+constexpr int kMostBenchThreads = 256;
 
 constexpr char kUsage[] = R"(the command-line client for klserve.
 
@@ -375,19 +379,26 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient(ClientOptions* out) {
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Create(std::move(options));
   if (client.ok()) return client;
-  // The library names its options; here they are flags.
+  // The library names its options, before the first ": "; here they are
+  // flags. What follows (a path, a target) is the caller's and kept.
+  const absl::string_view message = client.status().message();
+  const size_t colon = std::min(message.find(": "), message.size());
+  absl::string_view rest = message.substr(colon);
+  const bool needs_ca = absl::ConsumePrefix(&rest, ": need tls_ca_file");
   return absl::Status(
       client.status().code(),
-      absl::StrReplaceAll(
-          client.status().message(),
-          {{"ClientOptions.tls_ca_file", "--tls_ca"},
-           {"ClientOptions.tls_cert_file", "--tls_cert"},
-           {"ClientOptions.tls_key_file", "--tls_key"},
-           {"ClientOptions.stream_threshold_bytes", "--stream_threshold"},
-           {"ClientOptions.", "--"},  // the others are named alike
-           {", tls_key_file", ", --tls_key"},
-           {", tls_server_name", ", --tls_server_name"},
-           {"need tls_ca_file", "need --tls_ca"}}));
+      absl::StrCat(
+          absl::StrReplaceAll(
+              message.substr(0, colon),
+              {{"ClientOptions.tls_ca_file", "--tls_ca"},
+               {"ClientOptions.tls_cert_file", "--tls_cert"},
+               {"ClientOptions.tls_key_file", "--tls_key"},
+               {"ClientOptions.tls_server_name", "--tls_server_name"},
+               {"ClientOptions.stream_threshold_bytes", "--stream_threshold"},
+               {"ClientOptions.", "--"},  // the others are named alike
+               {"tls_key_file", "--tls_key"},
+               {"tls_server_name", "--tls_server_name"}}),
+          needs_ca ? ": need --tls_ca" : "", rest));
 }
 
 // True when serving; NOT_SERVING is an answer, not an error.
@@ -423,38 +434,6 @@ absl::Status Info() {
               absl::StrJoin(info.grad_dtypes(), ",").c_str());
   std::printf("shared_memory: %s\n", info.shared_memory() ? "true" : "false");
   return absl::OkStatus();
-}
-
-// Whether `text` is well-formed UTF-8 (no overlong form, surrogate or code
-// point past U+10FFFF), as protobuf requires of a string field.
-bool IsUtf8(absl::string_view text) {
-  for (size_t i = 0; i < text.size();) {
-    const unsigned char lead = text[i];
-    if (lead < 0x80) {
-      ++i;
-      continue;
-    }
-    const int more = (lead & 0xE0) == 0xC0   ? 1
-                     : (lead & 0xF0) == 0xE0 ? 2
-                     : (lead & 0xF8) == 0xF0 ? 3
-                                             : 0;
-    if (more == 0 || text.size() - i <= static_cast<size_t>(more)) {
-      return false;
-    }
-    uint32_t code = lead & (0x3F >> more);
-    for (int k = 1; k <= more; ++k) {
-      const unsigned char next = text[i + k];
-      if ((next & 0xC0) != 0x80) return false;
-      code = code << 6 | (next & 0x3F);
-    }
-    constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
-    if (code < kLeast[more] || code > 0x10FFFF ||
-        (code >= 0xD800 && code <= 0xDFFF)) {
-      return false;
-    }
-    i += more + 1;
-  }
-  return true;
 }
 
 // The value of a text flag sent as a string field (--run, --request_id):
@@ -590,19 +569,17 @@ absl::StatusOr<v1::ComputeLossRequest> LossRequestFromFlags() {
   // Without a file to write it to, the gradient would only cost bandwidth.
   options->set_skip_grad(absl::GetFlag(FLAGS_grad_out).empty());
   options->set_want_row_kl(!absl::GetFlag(FLAGS_row_kl_out).empty());
-  options->set_want_diagnostics(absl::GetFlag(FLAGS_diagnostics));
-  if (absl::GetFlag(FLAGS_recall_k) != 0 && !options->want_diagnostics()) {
-    return absl::InvalidArgumentError(
-        "--recall_k: a diagnostic, printed with --diagnostics only");
-  }
+  // The recall is a diagnostic: asking for it prints the diagnostics.
+  options->set_want_diagnostics(absl::GetFlag(FLAGS_diagnostics) ||
+                                absl::GetFlag(FLAGS_recall_k) != 0);
   options->set_recall_k(absl::GetFlag(FLAGS_recall_k));
   if (auto scale = absl::GetFlag(FLAGS_index_weight_scale).value) {
     options->set_index_weight_scale(*scale);
   }
-  // Sent as given in either form: the logits form's server refuses it by
-  // name, as it does --index_weight_scale.
-  if (auto relu = absl::GetFlag(FLAGS_use_relu).value) {
-    options->set_use_relu(*relu);
+  // Sent in the logits form too when it is not the default, for the server
+  // to refuse by name (as --index_weight_scale) rather than go unheard.
+  if (form == RequestForm::kProjections || !absl::GetFlag(FLAGS_use_relu)) {
+    options->set_use_relu(absl::GetFlag(FLAGS_use_relu));
   }
   options->set_topk(absl::GetFlag(FLAGS_topk));
 
@@ -713,10 +690,19 @@ absl::Status CheckOutputDirectory(absl::string_view flag,
       dir);
 }
 
-// Whether two paths name one file: the same file where both exist (through
-// a link, or spelt otherwise), else the same path once normalised.
+// Whether two paths name one regular file: the same file where both exist
+// (through a link, or spelt otherwise), else the same path once normalised.
+// A device (/dev/null, /dev/stdout) may take several outputs.
 bool SameFile(const std::string& a, const std::string& b) {
   std::error_code error;
+  for (const std::string& path : {a, b}) {
+    const std::filesystem::file_status status =
+        std::filesystem::status(path, error);
+    if (std::filesystem::exists(status) &&
+        !std::filesystem::is_regular_file(status)) {
+      return false;
+    }
+  }
   if (std::filesystem::equivalent(a, b, error)) return true;
   const std::filesystem::path canonical_a =
       std::filesystem::weakly_canonical(a, error);
@@ -739,14 +725,13 @@ absl::Status CheckLossOutputs(RequestForm form) {
       outputs.emplace_back("grad_out", grad_out);
     } else {
       RETURN_IF_ERROR(CheckOutputDirectory("grad_out", grad_out));
+      std::error_code error;
+      const bool exists = std::filesystem::is_directory(grad_out, error);
       for (const char* name :
            {"d_index_query", "d_index_key", "d_index_weights"}) {
         const std::string file =
             (std::filesystem::path(grad_out) / name).string() + ".npy";
-        std::error_code error;
-        if (std::filesystem::is_directory(grad_out, error)) {
-          RETURN_IF_ERROR(CheckOutputFile("grad_out", file));
-        }
+        if (exists) RETURN_IF_ERROR(CheckOutputFile("grad_out", file));
         outputs.emplace_back("grad_out", file);
       }
     }

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/utf8.h"
 #include "server/tensorboard/crc32c.h"
 #include "server/tensorboard/run_name.h"
 
@@ -102,43 +103,6 @@ std::string ScalarEvent(absl::string_view tag, int64_t step, float value,
   PutVarint(&event, static_cast<uint64_t>(step));  // int64: two's complement
   PutBytesField(&event, kEventSummary, summary);
   return event;
-}
-
-// Protobuf parsers reject a string field that is not UTF-8, and would drop
-// the whole event with it, so tags are checked before they are written.
-bool IsValidUtf8(absl::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int extra;
-    uint32_t cp;
-    uint32_t min;
-    if ((c & 0xe0) == 0xc0) {
-      extra = 1, cp = c & 0x1f, min = 0x80;
-    } else if ((c & 0xf0) == 0xe0) {
-      extra = 2, cp = c & 0x0f, min = 0x800;
-    } else if ((c & 0xf8) == 0xf0) {
-      extra = 3, cp = c & 0x07, min = 0x10000;
-    } else {
-      return false;
-    }
-    if (s.size() - i <= static_cast<size_t>(extra)) return false;
-    for (int k = 1; k <= extra; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    // Overlong forms, UTF-16 surrogates and code points past U+10FFFF.
-    if (cp < min || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) {
-      return false;
-    }
-    i += extra + 1;
-  }
-  return true;
 }
 
 std::string HostnameForFileName() {
@@ -247,7 +211,7 @@ absl::Status TensorBoardWriter::AddScalar(absl::string_view tag, int64_t step,
   if (tag.empty()) {
     return absl::InvalidArgumentError("tensorboard tag: must not be empty");
   }
-  if (!IsValidUtf8(tag)) {
+  if (!IsUtf8(tag)) {
     return absl::InvalidArgumentError("tensorboard tag: must be valid UTF-8");
   }
   const std::string event =

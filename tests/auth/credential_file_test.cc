@@ -103,14 +103,17 @@ TEST(ReadPemFileTest, TakesTheBlocksOfTheirKindOnly) {
       "subject=CN = klserve\n-----BEGIN CERTIFICATE-----\nMIIB\n"
       "-----END CERTIFICATE-----\n";
   const std::string chain = certificate + certificate;
-  for (const std::string& pem : {certificate, chain}) {
+  const std::string x509 =
+      "-----BEGIN X509 CERTIFICATE-----\nMIIB\n-----END X509 "
+      "CERTIFICATE-----\n";
+  for (const std::string& pem : {certificate, chain, x509}) {
     const absl::StatusOr<std::string> read = ReadPemFile(
         "--tls_cert", WriteTemp("cert.pem", pem), PemContent::kCertificates);
     ASSERT_TRUE(read.ok()) << read.status();
     EXPECT_EQ(*read, pem);
   }
-  for (const std::string label : {"PRIVATE KEY", "RSA PRIVATE KEY",
-                                  "EC PRIVATE KEY", "ENCRYPTED PRIVATE KEY"}) {
+  for (const std::string label :
+       {"PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"}) {
     const std::string pem =
         "-----BEGIN " + label + "-----\nMIIE\n-----END " + label + "-----\n";
     const absl::StatusOr<std::string> read = ReadPemFile(
@@ -130,6 +133,14 @@ TEST(ReadPemFileTest, TakesTheBlocksOfTheirKindOnly) {
       {certificate, PemContent::kPrivateKey,
        "holds no PEM private key (a -----BEGIN ... PRIVATE KEY----- block)"},
       {"-----BEGIN ", PemContent::kPrivateKey, "no PEM private key"},
+      // gRPC takes no passphrase.
+      {"-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIE\n"
+       "-----END ENCRYPTED PRIVATE KEY-----\n",
+       PemContent::kPrivateKey,
+       "holds an encrypted private key, and gRPC takes no passphrase"},
+      {"-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\n"
+       "DEK-Info: AES-128-CBC,00\n\nMIIE\n-----END RSA PRIVATE KEY-----\n",
+       PemContent::kPrivateKey, "holds an encrypted private key"},
   };
   for (const auto& c : refused) {
     const std::string path = WriteTemp("not.pem", c.content);
@@ -137,8 +148,8 @@ TEST(ReadPemFileTest, TakesTheBlocksOfTheirKindOnly) {
         ReadPemFile("--tls_x", path, c.wanted);
     ASSERT_FALSE(read.ok()) << c.words;
     EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_TRUE(absl::StartsWith(read.status().message(),
-                                 "--tls_x: \"" + path + "\" " + ""))
+    EXPECT_TRUE(
+        absl::StartsWith(read.status().message(), "--tls_x: \"" + path + "\" "))
         << read.status();
     EXPECT_TRUE(absl::StrContains(read.status().message(), c.words))
         << read.status();

@@ -590,12 +590,7 @@ TEST_F(KlctlTest, OutputFlagsAreCheckedBeforeTheCall) {
       {false,
        {"--grad_out=" + OutPath("twice"), "--row_kl_out=" + OutPath("twice")},
        {"INVALID_ARGUMENT", "--grad_out, --row_kl_out: both would write"}},
-      // Flags that had been taken and then ignored.
-      {false,
-       {"--recall_k=3"},
-       {"INVALID_ARGUMENT",
-        "--recall_k: a diagnostic, printed with "
-        "--diagnostics only"}},
+      // A flag that had been taken and then ignored.
       {false,
        {"--use_relu=false"},
        {"INVALID_ARGUMENT", "options.use_relu: only in the projections form"}},
@@ -630,6 +625,24 @@ TEST_F(KlctlTest, LossPrintsARequestIdOnlyWhenThereIsOne) {
   const CommandResult with = Klctl(args);
   ASSERT_EQ(with.exit_code, 0) << with.err;
   EXPECT_EQ(KeyValues(with.out)["request_id"], "r-7") << with.out;
+}
+
+// Outputs that are devices, not files, may be the same device.
+TEST_F(KlctlTest, OutputsMayShareADevice) {
+  std::vector<std::string> args = SmallLossArgs("klctl-devices", 63);
+  args.push_back("--grad_out=/dev/null");
+  args.push_back("--row_kl_out=/dev/null");
+  const CommandResult run = Klctl(args);
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+}
+
+// --recall_k alone had printed no recall: it prints the diagnostics.
+TEST_F(KlctlTest, RecallKPrintsTheDiagnostics) {
+  std::vector<std::string> recall = SmallLossArgs("klctl-recall", 62);
+  recall.push_back("--recall_k=3");
+  const CommandResult recalled = Klctl(recall);
+  ASSERT_EQ(recalled.exit_code, 0) << recalled.err;
+  EXPECT_TRUE(KeyValues(recalled.out).contains("topk_recall")) << recalled.out;
 }
 
 // A newline in --request_id printed a `loss:` line of the caller's choosing
@@ -735,6 +748,12 @@ TEST(KlctlTargetTest, APortOutsideOneTo65535IsRefused) {
   }
   ExpectTargetRefused("[::1]:70000", "has port \"70000\"");
   ExpectTargetRefused("unix:", "target: \"unix:\" has no path");
+  // gRPC resolves http and https after a name (a TLS proxy's 443).
+  const CommandResult https =
+      RunCommand({KLCTL_BIN, "health", "--target=localhost:https",
+                  "--deadline=5s", "--max_attempts=1"},
+                 absl::Seconds(30));
+  EXPECT_FALSE(absl::StrContains(https.err, "has port")) << https.err;
   ExpectTargetRefused("dns:///localhost:99999", "has port \"99999\"");
 }
 
@@ -744,12 +763,12 @@ TEST(KlctlTargetTest, APortOutsideOneTo65535IsRefused) {
 TEST_F(KlctlTest, BenchThreadsPastTheirBoundAreRefusedByName) {
   for (const auto& [flag, words] :
        std::vector<std::pair<std::string, std::string>>{
-           {"--concurrency=100000", "--concurrency must be in [1, 1024]"},
-           {"--concurrency=0", "--concurrency must be in [1, 1024]"},
+           {"--concurrency=100000", "--concurrency must be in [1, 256]"},
+           {"--concurrency=0", "--concurrency must be in [1, 256]"},
            {"--kernel_threads=100000",
-            "--kernel_threads: must be in [0, 1024], got 100000"},
+            "--kernel_threads: must be in [0, 256], got 100000"},
            {"--kernel_threads=-1",
-            "--kernel_threads: must be in [0, 1024], got -1"}}) {
+            "--kernel_threads: must be in [0, 256], got -1"}}) {
     const CommandResult run =
         Klctl({"bench", "--shape=1,16,16", "--kernel", "--count=2", flag});
     EXPECT_EQ(run.exit_code, 1) << flag << "\n" << run.err;
@@ -1037,7 +1056,7 @@ TEST_F(KlctlShmBenchTest, AnInterruptedRunLeavesNoFileInDevShm) {
     std::vector<std::string> args = {"/usr/bin/timeout",
                                      "-s",
                                      signal_name,
-                                     "3",
+                                     "8",
                                      KLCTL_BIN,
                                      "bench",
                                      "--target=unix:" + socket_,

@@ -430,6 +430,12 @@ def test_a_port_outside_1_to_65535_is_refused(target):
         klserve.Client(target)
 
 
+def test_http_and_https_are_ports_after_a_name():
+    # gRPC resolves them after a name (a TLS proxy's 443).
+    for target in ("localhost:https", "localhost:http"):
+        klserve.Client(target).close()
+
+
 @pytest.mark.parametrize("target", ["unix:", "unix://"])
 def test_a_unix_target_without_a_path_is_refused(target):
     with pytest.raises(ValueError, match="has no path; give unix:/path"):

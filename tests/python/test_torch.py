@@ -187,22 +187,6 @@ def test_projections_gradient_only_where_required(client):
     assert plain.item() == pytest.approx(loss.item(), rel=1e-6)
 
 
-def test_projections_with_only_the_main_attention_requiring_grad(client):
-    # A frozen indexer beside a main attention in training: the loss has a
-    # grad_fn (query and key require grad), the service is asked for no
-    # gradient, and backward gives query and key none.
-    query, key, *indexer = projections_problem(5)
-    query.requires_grad_()
-    key.requires_grad_()
-    loss = indexer_kl_loss_from_projections(query, key, *indexer,
-                                            causal=True, client=client)
-    assert loss.grad_fn is not None
-    (loss + (query ** 2).sum()).backward()
-    torch.testing.assert_close(query.grad, 2 * query.detach())
-    assert key.grad is None
-    assert loss.grad_fn.result.d_index_query is None
-
-
 class RecordingClient(klserve.Client):
     """The real client, recording what each loss call asked for."""
 
@@ -213,6 +197,23 @@ class RecordingClient(klserve.Client):
     def compute_loss(self, indexer_scores=None, **arguments):
         self.asked.append(arguments)
         return super().compute_loss(indexer_scores, **arguments)
+
+
+def test_projections_with_only_the_main_attention_requiring_grad(server):
+    # A frozen indexer beside a main attention in training: the loss has a
+    # grad_fn (query and key require grad), the service is asked for no
+    # gradient, and backward gives query and key none.
+    query, key, *indexer = projections_problem(5)
+    query.requires_grad_()
+    key.requires_grad_()
+    with RecordingClient(server.target) as recording:
+        loss = indexer_kl_loss_from_projections(query, key, *indexer,
+                                                causal=True, client=recording)
+    assert loss.grad_fn is not None
+    assert [a["want_grad"] for a in recording.asked] == [False]
+    (loss + (query ** 2).sum()).backward()
+    torch.testing.assert_close(query.grad, 2 * query.detach())
+    assert key.grad is None
 
 
 def test_under_no_grad_the_service_is_asked_for_no_gradient(server):

@@ -290,19 +290,35 @@ def _read_file(field: str, path: str) -> bytes:
     return data
 
 
-_PEM_BEGIN = re.compile(rb"-----BEGIN ([^-\r\n]*)-----")
+# A PEM block: its label and what lies up to its END line.
+_PEM_BLOCK = re.compile(rb"-----BEGIN ([^-\r\n]*)-----(.*?)(?=-----END|\Z)",
+                        re.S)
+_CERTIFICATE_LABELS = (b"CERTIFICATE", b"X509 CERTIFICATE",
+                       b"TRUSTED CERTIFICATE")
 
 
 def _read_pem(field: str, path: str, private_key: bool) -> bytes:
     """_read_file, and ValueError unless the file holds a PEM block of
-    certificates or, with `private_key`, of a private key (the C++
-    ReadPemFile's rule): gRPC would take any bytes, fail every handshake and
-    say only that no address worked."""
+    certificates or, with `private_key`, of a private key that is not
+    encrypted (the C++ ReadPemFile's rule): gRPC would take any bytes, fail
+    every handshake and say only that no address worked; it takes no
+    passphrase."""
     pem = _read_file(field, path)
-    for label in _PEM_BEGIN.findall(pem):
-        if (label.endswith(b"PRIVATE KEY") if private_key else
-                label == b"CERTIFICATE"):
-            return pem
+    encrypted = False
+    for label, block in _PEM_BLOCK.findall(pem):
+        if not private_key:
+            if label in _CERTIFICATE_LABELS:
+                return pem
+        elif label.endswith(b"PRIVATE KEY"):
+            if (label == b"ENCRYPTED PRIVATE KEY" or
+                    b"Proc-Type: 4,ENCRYPTED" in block):
+                encrypted = True
+            else:
+                return pem
+    if encrypted:
+        raise ValueError("%s: %r holds an encrypted private key, and gRPC "
+                         "takes no passphrase: decrypt it (openssl pkey -in "
+                         "KEY -out PLAIN)" % (field, path))
     raise ValueError(
         "%s: %r holds no PEM %s" % (field, path, "private key (a -----BEGIN "
                                     "... PRIVATE KEY----- block)"
@@ -388,20 +404,22 @@ def _dns_host_port(target: str) -> Optional[str]:
             host = host[slash + 1:]
     elif host.split(":", 1)[0].lower() in _OTHER_SCHEMES:
         return None
+    elif "://" in host:  # a URI of another scheme: gRPC's
+        return None
     return host
 
 
 def _bad_port(target: str) -> Optional[str]:
     """The port of a DNS-form host:port target when it is not a number
-    from 1 to 65535 (gRPC takes a port past 65535 modulo 65536, and one that
-    is not a number as 0, and connects there); otherwise None."""
+    from 1 to 65535, http or https (gRPC takes a port past 65535 modulo
+    65536, and another word as 0, and connects there); otherwise None."""
     host = _dns_host_port(target)
     if host is None or ":" not in host:
         return None
     port = host.rsplit(":", 1)[1]
     if port.isascii() and port.isdigit() and 1 <= int(port) <= 65535:
         return None
-    return port
+    return None if port in ("http", "https") else port
 
 
 def _with_default_port(target: str) -> Optional[str]:
@@ -427,6 +445,15 @@ def _with_default_port(target: str) -> Optional[str]:
     # port needs the brackets.
     return (target + ":50051" if colons == 0 else
             "%s[%s]:50051" % (prefix, host))
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallDeadline:
+    """One loss call's own deadline (deadline=): its end on the monotonic
+    clock, shared by every RPC the call makes (retries, a region's second
+    try, the fallback inline), and its length, for the error."""
+    end: float
+    seconds: float
 
 
 class Client:
@@ -531,7 +558,8 @@ class Client:
         port = _bad_port(target) if with_port is None else None
         if port is not None:
             raise ValueError("target: %r has port %r; a port is a number "
-                             "from 1 to 65535" % (target, port))
+                             "from 1 to 65535 (or http, https)" %
+                             (target, port))
         if not (deadline > 0 and np.isfinite(deadline)):
             raise ValueError("deadline: must be finite and > 0, got %r" %
                              (deadline,))
@@ -575,13 +603,11 @@ class Client:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
         options.extend(channel_options)
         self._metadata = _token_metadata(auth_token)
-        if credentials is None:
-            self._channel = grpc.insecure_channel(target, options=options)
-        else:
-            self._channel = grpc.secure_channel(target, credentials,
-                                                options=options)
-        self._stub = pb2_grpc.IndexerKlStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._channel_arguments = (credentials, options)
+        self._open_channel()
+        # A forked child's copy of its parent's channel: never used or
+        # closed there (_start_over_after_fork), but kept referenced.
+        self._parents_channel = None
         self._random = random.Random()
         self._closed = False
         self._random_lock = threading.Lock()
@@ -616,6 +642,16 @@ class Client:
         self._finalizer = self._finalize_in_this_process()
         _clients.add(self)
 
+    def _open_channel(self) -> None:
+        credentials, options = self._channel_arguments
+        if credentials is None:
+            self._channel = grpc.insecure_channel(self.target, options=options)
+        else:
+            self._channel = grpc.secure_channel(self.target, credentials,
+                                                options=options)
+        self._stub = pb2_grpc.IndexerKlStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
     def _finalize_in_this_process(self) -> weakref.finalize:
         return weakref.finalize(
             self, _release, os.getpid(), self._channel, self._stub,
@@ -623,13 +659,16 @@ class Client:
 
     def _start_over_after_fork(self) -> None:
         """In a child just forked from the process that made this client.
-        Its regions are the parent's (the same shared memory, which the
-        parent goes on writing into): using them here would mix the two
-        processes' tensors. The child keeps none of them (the parent's
-        finalizer does nothing here) and makes its own on its first call;
-        the caller's regions registered through the client go inline from
-        the child. The locks are new: a parent thread may have held one at
-        the fork."""
+        Its connection and its regions are the parent's: the two processes
+        would read one socket's HTTP/2 stream, and write into the same
+        shared memory, which the parent goes on using. The child opens a
+        channel of its own and makes regions of its own on its first call;
+        it neither uses nor closes the parent's (whose finalizer does
+        nothing here), and the caller's regions registered through the
+        client go inline from the child. The locks are new: a parent thread
+        may have held one at the fork."""
+        self._parents_channel = self._channel
+        self._open_channel()
         self._shm_lock = threading.Lock()
         self._random_lock = threading.Lock()
         self._layouts = self._layouts.empty_copy()
@@ -663,20 +702,21 @@ class Client:
     # -- retries -----------------------------------------------------------
 
     def _with_retries(self, attempt_fn: Callable[[float, _Attempt], _T],
-                      seconds: Optional[float] = None) -> _T:
+                      call_deadline: Optional["_CallDeadline"] = None) -> _T:
         """Runs attempt_fn(timeout_s, attempt) until it returns, raises
         anything but a retriable UNAVAILABLE or a refusal at the server's
-        limit of calls in flight, or attempts or `seconds` (the client's
-        deadline when None) run out."""
+        limit of calls in flight, or attempts or time (`call_deadline`'s,
+        else the client's deadline from now) run out."""
         if self._closed:
             raise KlserveError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "klserve.Client(%r) is closed (close(), or the end of its "
                 "with block): make a new Client" % (self.target,))
-        if seconds is None:
-            seconds = self.deadline
         start = time.monotonic()
-        deadline = start + seconds
+        if call_deadline is None:
+            seconds, deadline = self.deadline, start + self.deadline
+        else:
+            seconds, deadline = call_deadline.seconds, call_deadline.end
         backoff = self.initial_backoff
         tries = 0
         refusals = 0  # at the server's limit of calls in flight
@@ -912,18 +952,20 @@ class Client:
         copy = (self.copy_outputs if call.copy_outputs is None else
                 _number("copy_outputs", bool, call.copy_outputs))
         tags = self._tags(call)
-        seconds = None
+        call_deadline = None
         if call.deadline is not None:
             seconds = _number("deadline", float, call.deadline)
             if not (seconds > 0 and np.isfinite(seconds)):
                 raise invalid_argument("deadline: must be finite and > 0 "
                                        "seconds, got %r" % (call.deadline,))
+            call_deadline = _CallDeadline(time.monotonic() + seconds, seconds)
         total_bytes = sum(arr.nbytes for _, arr in tensors.values())
         stream = call.stream
         if not stream and self._shm_on is not False:
             if self._shared_memory_usable():
                 result = self._compute_shared(tensors, options, tags,
-                                              call.request_id, copy, seconds)
+                                              call.request_id, copy,
+                                              call_deadline)
                 if result is not None:
                     return result
         if stream is None:
@@ -931,9 +973,9 @@ class Client:
                       stream_carries(pb2, options, tensors))
         if stream:
             return self._compute_streaming(tensors, options, tags,
-                                           call.request_id, seconds)
+                                           call.request_id, call_deadline)
         return self._compute_unary(tensors, options, tags, call.request_id,
-                                   seconds)
+                                   call_deadline)
 
     def compute_loss_from_projections(
             self, query: npt.ArrayLike, key: npt.ArrayLike,
@@ -1006,7 +1048,8 @@ class Client:
             return None
         return pb2.Tags(run=call.run or "", **values)
 
-    def _compute_unary(self, tensors, options, tags, request_id, seconds):
+    def _compute_unary(self, tensors, options, tags, request_id,
+                       call_deadline):
         request = pb2.ComputeLossRequest(request_id=request_id,
                                          options=options)
         if tags is not None:
@@ -1015,7 +1058,8 @@ class Client:
             getattr(request, field).CopyFrom(to_tensor(pb2, name, arr))
         response = self._with_retries(
             lambda timeout, _: self._stub.ComputeLoss(
-                request, timeout=timeout, metadata=self._metadata), seconds)
+                request, timeout=timeout, metadata=self._metadata),
+            call_deadline)
         grad = (from_tensor(response.grad, "grad")
                 if response.HasField("grad") and response.grad.dtype else None)
         row_kl = (from_tensor(response.row_kl, "row_kl")
@@ -1029,7 +1073,7 @@ class Client:
         return result
 
     def _compute_shared(self, tensors, options, tags, request_id, copy,
-                        seconds):
+                        call_deadline):
         """The unary call with its tensors in shared memory; None when it
         must go inline instead (shapes too malformed to lay out, which the
         server then names, or shared memory just turned off)."""
@@ -1090,7 +1134,7 @@ class Client:
                 return self._with_retries(
                     lambda timeout, _: self._stub.ComputeLoss(
                         request, timeout=timeout, metadata=self._metadata),
-                    seconds)
+                    call_deadline)
 
             try:
                 response = call()
@@ -1194,7 +1238,7 @@ class Client:
         return view.copy() if copy else view
 
     def _compute_streaming(self, tensors, options, tags, request_id,
-                           seconds):
+                           call_deadline):
         slicer = RequestSlicer(tensors)
         block_rows = slicer.block_rows_for(self.block_bytes)
         header = slicer.make_header(pb2, request_id, tags, options)
@@ -1257,7 +1301,7 @@ class Client:
                                                "d_index_key", writable=False)
             return loss
 
-        return self._with_retries(attempt, seconds)
+        return self._with_retries(attempt, call_deadline)
 
 
 # What RegisterRegion answers a caller that cannot have regions: a server

@@ -40,9 +40,10 @@ class ComputeLossOptions:
     grad_scale: multiplies the returned gradient only, never the loss (an
         upstream factor of the backward pass; default 1).
     grad_dtype: the gradient's dtype: a NumPy or PyTorch dtype, or
-        "fp32", "bf16", "fp16". The JAX and PyTorch wrappers default it to the scores'
-        dtype (float32 for float64 scores); in the projections form to
-        the indexer inputs' dtype when they share one, else float32.
+        "fp32", "bf16", "fp16". The JAX and PyTorch wrappers default it to
+        the scores' dtype (float32 for float64 scores); in the projections
+        form to the indexer inputs' dtype when they share one, else
+        float32.
     index_weight_scale: the projections form only; multiplies
         index_weights in the indexer scores (default H_I^-1/2 * D_I^-1/2,
         for raw weights_proj output as MaxText and DeepSeek apply it;
@@ -59,8 +60,10 @@ class ComputeLossOptions:
     run, step, layer, microbatch: tags the server aggregates per step
         (README.md, "Watching the loss"; a run's steps only go forward).
     request_id: echoed in the answer.
-    deadline: this call's deadline in seconds, retries included; None
-        takes the client's (Client(deadline=)).
+    deadline: this call's deadline in seconds, for all it sends (retries,
+        the fallback inline from shared memory); None takes the client's
+        (Client(deadline=)). A client's first call through shared memory
+        registers its region under the client's deadline.
     stream: None streams when the tensors' bytes exceed the client's
         stream_threshold_bytes; True or False forces it.
     copy_outputs: through shared memory, True copies this call's outputs

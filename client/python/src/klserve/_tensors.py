@@ -84,20 +84,24 @@ def host_array(field, value):
     """`value` as a NumPy array in host memory: a PyTorch tensor detached and
     copied to the host as needed (bfloat16 as ml_dtypes.bfloat16), anything
     else as np.asarray takes it; INVALID_ARGUMENT naming the field when it
-    is neither."""
+    is neither. A device's own error while copying (CUDA's) is raised as
+    it is."""
     torch = sys.modules.get("torch")  # a tensor's module is imported already
-    try:
-        if torch is not None and isinstance(value, torch.Tensor):
-            if value.device.type == "meta":
-                raise invalid_argument(
-                    "%s: a tensor on the 'meta' device holds no values" %
-                    field)
-            tensor = value.detach().cpu().contiguous()
-            if tensor.dtype == torch.bfloat16:
-                return tensor.view(torch.int16).numpy().view(BF16)
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.device.type == "meta":
+            raise invalid_argument(
+                "%s: a tensor on the 'meta' device holds no values" % field)
+        tensor = value.detach().cpu().contiguous()
+        if tensor.dtype == torch.bfloat16:
+            return tensor.view(torch.int16).numpy().view(BF16)
+        try:
             return tensor.numpy()
+        except TypeError as e:  # a dtype NumPy has none of (float8, ...)
+            raise invalid_argument("%s: cannot be read as an array: %s" %
+                                   (field, e)) from e
+    try:
         return np.asarray(value)
-    except (TypeError, ValueError, RuntimeError) as e:
+    except (TypeError, ValueError) as e:
         raise invalid_argument("%s: cannot be read as an array: %s" %
                                (field, e)) from e
 
@@ -147,10 +151,17 @@ def _outside_int32(arr):
     return (arr < np.iinfo(np.int32).min) | (arr > np.iinfo(np.int32).max)
 
 
+def _fits_int32(arr):
+    """Whether every value fits int32, from the extremes alone (no mask of
+    the array's size)."""
+    return not arr.size or (int(arr.min()) >= np.iinfo(np.int32).min and
+                            int(arr.max()) <= np.iinfo(np.int32).max)
+
+
 def int32_input(field, value):
     arr = _integer_array(field, value)
     if arr.dtype != INT32:
-        if arr.size and _outside_int32(arr).any():
+        if not _fits_int32(arr):
             raise invalid_argument("%s: values must fit in int32" % field)
         arr = arr.astype(INT32)
     return "INT32", _little_endian(arr)
@@ -162,7 +173,9 @@ def index_input(field, value):
     int32 is outside [0, S): it goes as -1, the same empty slot, so that an
     int64 table with a sentinel such as int64's max is taken as it is."""
     arr = _integer_array(field, value)
-    if arr.dtype != INT32:
+    if arr.dtype != INT32 and _fits_int32(arr):
+        arr = arr.astype(INT32)
+    elif arr.dtype != INT32:
         outside = _outside_int32(arr)
         arr = arr.astype(INT32)  # wraps where outside, set just below
         arr[outside] = -1

@@ -50,7 +50,7 @@ from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
                                 projections_wrapper_signature, split_arguments,
                                 wrapper_signature)
 from klserve._tensor_table import INDEXER_GRADS
-from klserve._tensors import grad_wire_name, wrapper_grad_name
+from klserve._tensors import grad_wire_name, host_array, wrapper_grad_name
 
 # Wire names of the torch dtypes the service takes and returns.
 _TORCH_WIRE_NAMES = {torch.float32: "FP32", torch.bfloat16: "BF16",
@@ -99,6 +99,13 @@ def _outside_compiled_graphs(fn):
     arrays, gRPC): the graph breaks there, and the call runs eagerly."""
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     return disable(fn) if disable is not None else fn
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """A tensor (any device) or array-like as a NumPy array; bfloat16
+    becomes ml_dtypes.bfloat16. What the client does with each tensor it
+    is given."""
+    return host_array("value", value)
 
 
 def from_numpy(array: np.ndarray, dtype: torch.dtype,
@@ -282,4 +289,4 @@ indexer_kl_loss_from_projections.__signature__ = (  # type: ignore
 
 __all__ = ["IndexerKlLoss", "IndexerKlLossFromProjections",
            "indexer_kl_loss", "indexer_kl_loss_from_projections",
-           "from_numpy"]
+           "to_numpy", "from_numpy"]
