@@ -94,7 +94,8 @@ class ProjectionsComputation {
                          StopCheck stop);
 
   // Rows `rows`, whole tiles, from `data`, outputs from `out` on: in chunks
-  // of a few tiles per thread (the backend asks `stop_` between the steps of each tile).
+  // of a few tiles per thread (the backend asks `stop_` between the steps of
+  // each tile).
   absl::Status ComputeTiles(RowRange rows, const ProjectionsRowData& data,
                             const ProjectionsBlockOutputs& out);
   // One chunk of ComputeTiles.

@@ -139,8 +139,7 @@ __device__ bool PerHeadTarget(const RowKernelParams& p, int64_t i,
       for (int c = 0; c < kChunk; ++c) {
         const int64_t j = j0 + c;
         if (j >= slots.limit) break;
-        const float e =
-            slots.Valid(j) ? expf(scale * (v[c] - scan.max)) : 0.0f;
+        const float e = slots.Valid(j) ? expf(scale * (v[c] - scan.max)) : 0.0f;
         w[j] = h == 0 ? a * e : fmaf(a, e, w[j]);
       }
     });

@@ -25,7 +25,8 @@ TEST(BackendCrossCheck, CudaMatchesCpuOnRandomProblems) {
     const Case c = MakeRandomCase(spec, 5000 + i);
     const LibOutput a = RunLibrary(c, cpu);
     const LibOutput b = RunLibrary(c, cuda);
-    ASSERT_EQ(a.status.code(), b.status.code()) << a.status << " vs " << b.status;
+    ASSERT_EQ(a.status.code(), b.status.code())
+        << a.status << " vs " << b.status;
     if (!a.status.ok()) {
       EXPECT_EQ(a.status.message(), b.status.message());
       continue;
