@@ -277,6 +277,25 @@ def test_errors_surface_through_jax(client, caplog):
                         want_row_kl=True)
 
 
+def test_integer_inputs_are_refused_by_name(client):
+    # As the client (and so the torch wrappers) refuse them: the status and
+    # the field, not a TypeError of the wrapper's own.
+    scores, logits = problem(8)
+    query, key, iq, ik, iw = projections_problem(16)
+    for call, field in (
+            (lambda: indexer_kl_loss(scores.astype(jnp.int32),
+                                     attention_logits=logits, client=client),
+             "indexer_scores"),
+            (lambda: indexer_kl_loss_from_projections(
+                query, key, iq, ik.astype(jnp.int32), iw, client=client),
+             "index_key")):
+        with pytest.raises(klserve.KlserveError) as info:
+            call()
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details.startswith(field + ": dtype must be")
+        assert "int32" in info.value.details
+
+
 def test_an_overload_refusal_keeps_its_mark_through_jax():
     # The wrapper's copy of the client's error dropped .overloaded.
     from conftest import Server, held_stream_slot

@@ -173,12 +173,11 @@ def index_input(field, value):
     int32 is outside [0, S): it goes as -1, the same empty slot, so that an
     int64 table with a sentinel such as int64's max is taken as it is."""
     arr = _integer_array(field, value)
-    if arr.dtype != INT32 and _fits_int32(arr):
-        arr = arr.astype(INT32)
-    elif arr.dtype != INT32:
-        outside = _outside_int32(arr)
+    if arr.dtype != INT32:
+        outside = None if _fits_int32(arr) else _outside_int32(arr)
         arr = arr.astype(INT32)  # wraps where outside, set just below
-        arr[outside] = -1
+        if outside is not None:
+            arr[outside] = -1
     return "INT32", _little_endian(arr)
 
 

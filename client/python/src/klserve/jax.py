@@ -59,7 +59,7 @@ jax = import_framework("jax", "JAX")
 import jax.numpy as jnp  # noqa: E402
 
 from klserve._client import Client, default_client, set_default_client
-from klserve._errors import KlserveError
+from klserve._errors import KlserveError, invalid_argument
 from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
                                 PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
                                 projections_wrapper_signature, split_arguments,
@@ -160,10 +160,14 @@ class _ServiceErrors:
 
 
 def _float_array(name, value):
+    """A differentiable input as a JAX array; any other dtype is refused as
+    the client refuses it (INVALID_ARGUMENT naming the field), as the torch
+    wrappers do by passing it on."""
     array = jnp.asarray(value)
     if not jnp.issubdtype(array.dtype, jnp.floating):
-        raise TypeError("%s: must be a float array, got %s" %
-                        (name, array.dtype))
+        raise invalid_argument(
+            "%s: dtype must be float32, float16 or bfloat16, got %s" %
+            (name, array.dtype))
     return array
 
 
