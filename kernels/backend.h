@@ -43,7 +43,8 @@ struct BlockOutputs {
   int64_t grad_origin_row = 0;    // the row at `grad`
   int64_t grad_batch_stride = 0;  // elements, as in RowView
   int64_t grad_row_stride = 0;
-  // c / N: the gradient is grad_scale * dKL/dI.
+  // c / N * grad_scale (problem.h's GradScale): the gradient is this
+  // factor times dKL/dI.
   double grad_scale = 0;
   // Per-row KL of the block's rows ([rows.size()]), or null.
   double* row_kl = nullptr;

@@ -159,38 +159,34 @@ absl::Status CudaBackend::ComputeRows(const IndexerKlProblem& p,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-bool CudaDeviceUsable(std::string* why) {
+// How many CUDA devices this process can use (at least one), or
+// FAILED_PRECONDITION saying why none.
+absl::StatusOr<int> UsableDeviceCount() {
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess) {
     cudaGetLastError();  // leave no error behind for later calls
-    if (why != nullptr) {
-      // Without any NVIDIA driver the runtime reports "driver version is
-      // insufficient", which reads as "upgrade it": say what it means.
-      *why = error == cudaErrorInsufficientDriver || error == cudaErrorNoDevice
-                 ? absl::StrCat(
-                       "no NVIDIA driver or GPU found (expected on a machine "
-                       "without a GPU; with one, install or update the "
-                       "driver: CUDA says \"",
-                       cudaGetErrorString(error), "\")")
-                 : absl::StrCat("no CUDA device: ", cudaGetErrorString(error));
-    }
-    return false;
+    // Without any NVIDIA driver the runtime reports "driver version is
+    // insufficient", which reads as "upgrade it": say what it means.
+    return absl::FailedPreconditionError(
+        error == cudaErrorInsufficientDriver || error == cudaErrorNoDevice
+            ? absl::StrCat(
+                  "no NVIDIA driver or GPU found (expected on a machine "
+                  "without a GPU; with one, install or update the "
+                  "driver: CUDA says \"",
+                  cudaGetErrorString(error), "\")")
+            : absl::StrCat("no CUDA device: ", cudaGetErrorString(error)));
   }
   if (count == 0) {
-    if (why != nullptr) *why = "no CUDA device: none found";
-    return false;
+    return absl::FailedPreconditionError("no CUDA device: none found");
   }
-  return true;
+  return count;
 }
 
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_ordinal) {
-  std::string why;
-  if (!CudaDeviceUsable(&why)) return absl::FailedPreconditionError(why);
-  int count = 0;
-  cudaGetDeviceCount(&count);
+  ASSIGN_OR_RETURN(const int count, UsableDeviceCount());
   if (device_ordinal < 0 || device_ordinal >= count) {
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA device ", device_ordinal, ": no such device (",

@@ -6,17 +6,11 @@
 // machine they run on.
 
 #include <memory>
-#include <string>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 
 namespace klserve {
-
-// Whether this process can use a CUDA device; when not, `why` (if not null)
-// says why, e.g. "no CUDA device: CUDA driver version is insufficient for
-// CUDA runtime version". Cheap after the first call.
-bool CudaDeviceUsable(std::string* why);
 
 // A backend computing on device `device_ordinal`: same results as the CPU
 // backend to float32 rounding, the same errors with the same messages, and
@@ -25,8 +19,9 @@ bool CudaDeviceUsable(std::string* why);
 // data). ComputeRows may be called from several threads at once; each call
 // gets its own stream and buffers, kept for reuse.
 //
-// FAILED_PRECONDITION when no device is usable ("no CUDA device: <reason>"),
-// the ordinal does not exist, or this build has no code for the device.
+// FAILED_PRECONDITION when no device is usable (no driver or GPU, or CUDA's
+// reason), the ordinal does not exist, or this build has no code for the
+// device.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
     int device_ordinal = 0);
 

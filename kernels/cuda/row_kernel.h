@@ -26,7 +26,8 @@ struct RowKernelParams {
   bool diagnostics = false;
   int64_t recall_k = 0;  // 0: no recall
   float softmax_scale = 1.0f;
-  float grad_scale = 0.0f;  // c / N, as float (the CPU backend's rounding)
+  // c / N * grad_scale, as float (the CPU backend's rounding).
+  float grad_scale = 0.0f;
   DType target_dtype = DType::kFloat32;
   DType scores_dtype = DType::kFloat32;
   DType grad_dtype = DType::kFloat32;
