@@ -20,7 +20,7 @@ import pytest
 
 import klserve
 from conftest import Server
-from klserve._shm_layouts import is_local_target
+from klserve._targets import is_local_target
 from reference import indexer_kl_reference, projections_reference
 from test_stream import big_problem
 

@@ -8,8 +8,6 @@ import logging
 import numbers
 import os
 import random
-import re
-import stat
 import threading
 import time
 import weakref
@@ -25,16 +23,17 @@ import numpy.typing as npt
 # more file to keep in step with gRPC's.
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from klserve._credentials import channel_credentials, token_metadata
 from klserve._errors import (KlserveError, explain_message_limit,
                              explain_unavailable, invalid_argument)
-from klserve._shm_layouts import (Layout, LayoutPool, is_local_target,
-                                  output_specs, plan)
+from klserve._shm_layouts import Layout, LayoutPool, output_specs, plan
 from klserve._signature import (PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
                                 ComputeLossOptions, loss_signature,
                                 projections_parameters, split_arguments)
 from klserve._stream import (ProjectionsAssembler, RequestSlicer,
                              ResponseAssembler, needs_counting_pass,
                              stream_carries)
+from klserve._targets import bad_port, is_local_target, with_default_port
 from klserve._tensor_table import (INDEXER_GRADS, PROJECTIONS, QUERY, SCORES,
                                    TENSORS, Form)
 from klserve._tensors import (WIRE_DTYPES, from_tensor, grad_wire_name,
@@ -234,127 +233,6 @@ class _Attempt:
 _T = TypeVar("_T")
 
 
-# The largest credential file read, as the C++ client's reader bounds it
-# (auth/credential_file.h): a PEM chain of a few dozen certificates.
-_MAX_CREDENTIAL_FILE_BYTES = 1 << 20
-
-
-def _kernel_filesystem(st_dev: int) -> Optional[str]:
-    """Either "proc" or "sysfs" when the device st_dev is a mount of that kernel
-    filesystem (per /proc/self/mountinfo: Python's statvfs has no f_type),
-    else None."""
-    where = "%d:%d" % (os.major(st_dev), os.minor(st_dev))
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8",
-                  errors="replace") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) > 2 and fields[2] == where and " - " in line:
-                    kind = line.split(" - ", 1)[1].split()[0]
-                    if kind in ("proc", "sysfs"):
-                        return kind
-    except OSError:
-        pass  # no procfs to ask: nothing of it to refuse either
-    return None
-
-
-def _read_file(field: str, path: str) -> bytes:
-    """A regular file's bytes (a symlink to one counts), at most
-    _MAX_CREDENTIAL_FILE_BYTES: a path to /dev/zero must not fill the
-    memory, nor one to a FIFO wait for a writer. The C++ reader's rules
-    (auth/credential_file.h), and whitespace alone counts as empty."""
-    def unreadable(why):
-        return ValueError("%s: cannot read %r: %s" % (field, path, why))
-
-    try:
-        # The type before opening, and again once open (the path may have
-        # changed in between).
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise unreadable("not a regular file")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY |
-                     os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            opened = os.fstat(f.fileno())
-            if not stat.S_ISREG(opened.st_mode):
-                raise unreadable("not a regular file")
-            # They pass for regular files, but the kernel writes them.
-            if _kernel_filesystem(opened.st_dev) is not None:
-                raise unreadable("a file of procfs or sysfs")
-            data = f.read(_MAX_CREDENTIAL_FILE_BYTES + 1)
-    except OSError as e:
-        raise unreadable(e) from e
-    if len(data) > _MAX_CREDENTIAL_FILE_BYTES:
-        raise unreadable("larger than %d bytes" % _MAX_CREDENTIAL_FILE_BYTES)
-    if not data.strip():
-        raise ValueError("%s: %r is empty" % (field, path))
-    return data
-
-
-# A PEM block: its label and what lies up to its END line.
-_PEM_BLOCK = re.compile(rb"-----BEGIN ([^-\r\n]*)-----(.*?)(?=-----END|\Z)",
-                        re.S)
-_CERTIFICATE_LABELS = (b"CERTIFICATE", b"X509 CERTIFICATE",
-                       b"TRUSTED CERTIFICATE")
-
-
-def _read_pem(field: str, path: str, private_key: bool) -> bytes:
-    """_read_file, and ValueError unless the file holds a PEM block of
-    certificates or, with `private_key`, of a private key that is not
-    encrypted (the C++ ReadPemFile's rule): gRPC would take any bytes, fail
-    every handshake and say only that no address worked; it takes no
-    passphrase."""
-    pem = _read_file(field, path)
-    encrypted = False
-    for label, block in _PEM_BLOCK.findall(pem):
-        if not private_key:
-            if label in _CERTIFICATE_LABELS:
-                return pem
-        elif label.endswith(b"PRIVATE KEY"):
-            if (label == b"ENCRYPTED PRIVATE KEY" or
-                    b"Proc-Type: 4,ENCRYPTED" in block):
-                encrypted = True
-            else:
-                return pem
-    if encrypted:
-        raise ValueError("%s: %r holds an encrypted private key, and gRPC "
-                         "takes no passphrase: decrypt it (openssl pkey -in "
-                         "KEY -out PLAIN)" % (field, path))
-    raise ValueError(
-        "%s: %r holds no PEM %s" % (field, path, "private key (a -----BEGIN "
-                                    "... PRIVATE KEY----- block)"
-                                    if private_key else "certificate (a "
-                                    "-----BEGIN CERTIFICATE----- block)"))
-
-
-def _channel_credentials(ca_file: Optional[str], cert_file: Optional[str],
-                         key_file: Optional[str], server_name: Optional[str]
-                         ) -> Optional[grpc.ChannelCredentials]:
-    """TLS credentials, or None for plaintext."""
-    if not ca_file:
-        if cert_file or key_file or server_name:
-            raise ValueError("tls_cert_file, tls_key_file, tls_server_name: "
-                             "need tls_ca_file")
-        return None
-    if bool(cert_file) != bool(key_file):
-        raise ValueError("tls_cert_file, tls_key_file: set both or neither")
-    return grpc.ssl_channel_credentials(
-        root_certificates=_read_pem("tls_ca_file", ca_file, False),
-        private_key=(_read_pem("tls_key_file", key_file, True)
-                     if key_file else None),
-        certificate_chain=(_read_pem("tls_cert_file", cert_file, False)
-                           if cert_file else None))
-
-
-def _token_metadata(token: Optional[str]) -> Tuple[Tuple[str, str], ...]:
-    """The call metadata carrying the bearer token (none without one)."""
-    if token is None:
-        return ()
-    # The server's rule for its token file (it goes in a gRPC header).
-    if not token or not all(0x20 <= ord(ch) <= 0x7E for ch in token):
-        raise ValueError("auth_token: must be non-empty printable ASCII")
-    return (("authorization", "Bearer " + token),)
-
-
 def _unregister_quietly(stub, metadata, name: str, timeout: float) -> None:
     """UnregisterRegion, best effort: a server that is gone (or a call
     still using the region) leaves it to the lease."""
@@ -383,68 +261,6 @@ def _release(owner_pid: int, channel, stub, metadata, registered: Set[str],
             break
         _unregister_quietly(stub, metadata, name, left)
     channel.close()
-
-
-# Schemes whose targets gRPC checks itself: a port is the DNS form's only.
-_OTHER_SCHEMES = ("unix", "unix-abstract", "ipv4", "ipv6", "vsock", "xds",
-                  "google-c2p", "passthrough")
-
-
-def _dns_host_port(target: str) -> Optional[str]:
-    """The host[:port] of a target of the DNS form (no scheme, or dns:);
-    None for other schemes."""
-    host = target
-    # grpcio reads schemes in any case (the C++ client's gRPC does not).
-    if host.lower().startswith("dns:"):
-        host = host[len("dns:"):]
-        if host.startswith("//"):
-            slash = host.find("/", 2)
-            if slash < 0:
-                return None
-            host = host[slash + 1:]
-    elif host.split(":", 1)[0].lower() in _OTHER_SCHEMES:
-        return None
-    elif "://" in host:  # a URI of another scheme: gRPC's
-        return None
-    return host
-
-
-def _bad_port(target: str) -> Optional[str]:
-    """The port of a DNS-form host:port target when it is not a number
-    from 1 to 65535, http or https (gRPC takes a port past 65535 modulo
-    65536, and another word as 0, and connects there); otherwise None."""
-    host = _dns_host_port(target)
-    if host is None or ":" not in host:
-        return None
-    port = host.rsplit(":", 1)[1]
-    if port.isascii() and port.isdigit() and 1 <= int(port) <= 65535:
-        return None
-    return None if port in ("http", "https") else port
-
-
-def _with_default_port(target: str) -> Optional[str]:
-    """Where `target` names a host without a port ("localhost", "10.0.0.1",
-    "[::1]", a bare "::1", each also after "dns:" or "dns://authority/"),
-    the host:port to give instead; otherwise None."""
-    host = _dns_host_port(target)
-    if host is None:
-        return None
-    if not host.strip():
-        return None
-    # An empty port ("localhost:", "[::1]:") is none; an IPv6 address may
-    # end in "::" itself.
-    if host.endswith(":") and (host.endswith("]:") or host.count(":") == 1):
-        host, target = host[:-1], target[:-1]
-    prefix = target[:len(target) - len(host)]
-    if host.startswith("["):
-        return None if "]:" in host else target + ":50051"
-    colons = host.count(":")
-    if colons == 1:
-        return None
-    # No colon: a name or an IPv4 address. Several: an IPv6 address, whose
-    # port needs the brackets.
-    return (target + ":50051" if colons == 0 else
-            "%s[%s]:50051" % (prefix, host))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -549,13 +365,13 @@ class Client:
         # A host alone gets gRPC's port, 443 for a name and 0 for an
         # address, where no plaintext klserve listens; over TLS it may well
         # be a proxy's 443.
-        with_port = _with_default_port(target)
+        with_port = with_default_port(target)
         if with_port is not None and tls_ca_file is None:
             raise ValueError(
                 "target: %r has no port, and gRPC would not pick klserve's; "
                 "give host:port (%s for klserve's default --listen)" %
                 (target, with_port))
-        port = _bad_port(target) if with_port is None else None
+        port = bad_port(target) if with_port is None else None
         if port is not None:
             raise ValueError("target: %r has port %r; a port is a number "
                              "from 1 to 65535 (or http, https)" %
@@ -595,14 +411,14 @@ class Client:
             ("grpc.max_reconnect_backoff_ms",
              max(1, int(self.max_backoff * 1000))),
         ]
-        credentials = _channel_credentials(tls_ca_file, tls_cert_file,
+        credentials = channel_credentials(tls_ca_file, tls_cert_file,
                                            tls_key_file, tls_server_name)
         self._tls = tls_ca_file is not None
         self._client_certificate = tls_cert_file is not None
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
         options.extend(channel_options)
-        self._metadata = _token_metadata(auth_token)
+        self._metadata = token_metadata(auth_token)
         self._channel_arguments = (credentials, options)
         self._open_channel()
         # A forked child's copy of its parent's channel: never used or

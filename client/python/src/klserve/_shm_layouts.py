@@ -1,43 +1,17 @@
-"""How Client(shared_memory=True) lays a call out in a region: which
-targets are local, what a call's outputs are, and the pool of regions kept
-for reuse, one per call shape."""
+"""How Client(shared_memory=True) lays a call out in a region: what a
+call's outputs are, and the pool of regions kept for reuse, one per call
+shape."""
 
 import collections
 import dataclasses
-import ipaddress
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from klserve._tensor_table import INDEXER_INPUTS, QUERY, SCORES
+from klserve._tensor_table import BY_NAME, INDEXER_INPUTS, QUERY, SCORES
 from klserve._tensors import FLOAT_DTYPES, FP64, INT32
 from klserve.shared_memory import SharedMemoryRegion, aligned
-
-
-def is_local_target(target: str) -> bool:
-    """Whether a gRPC target reaches this host: a Unix socket, localhost, a
-    loopback address (127.0.0.0/8, ::1), with or without the dns:, ipv4:
-    or ipv6: scheme."""
-    if target.startswith(("unix:", "unix-abstract:")):
-        return True
-    for scheme in ("dns:///", "dns:", "ipv4:", "ipv6:"):
-        if target.startswith(scheme):
-            target = target[len(scheme):]
-            break
-    if target.startswith("["):
-        host = target[1:target.find("]")] if "]" in target else target[1:]
-    elif target.count(":") == 1:
-        host = target.split(":", 1)[0]
-    else:
-        host = target  # a bare host, or a bare IPv6 address
-    host = host.lower().rstrip(".")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # A slot: (byte offset in the region, NumPy dtype, shape).
@@ -58,8 +32,8 @@ def output_specs(tensors: Dict[str, Tuple[str, np.ndarray]], options: Any
     specs: Dict[str, Tuple[str, np.dtype, Tuple[int, ...]]] = {}
     if QUERY in tensors:
         query = tensors[QUERY][1]
-        if query.ndim != 4 or any(name not in tensors
-                                  for name in INDEXER_INPUTS):
+        if query.ndim != len(BY_NAME[QUERY].layout) or any(
+                name not in tensors for name in INDEXER_INPUTS):
             return None
         rows = query.shape[:2]
         if not options.skip_grad:
@@ -69,7 +43,8 @@ def output_specs(tensors: Dict[str, Tuple[str, np.ndarray]], options: Any
         if options.topk > 0:
             specs["topk_indices"] = ("INT32", INT32, rows + (options.topk,))
     else:
-        if SCORES not in tensors or tensors[SCORES][1].ndim != 3:
+        if (SCORES not in tensors or
+                tensors[SCORES][1].ndim != len(BY_NAME[SCORES].layout)):
             return None
         scores = tensors[SCORES][1]
         rows = scores.shape[:2]

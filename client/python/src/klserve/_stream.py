@@ -29,7 +29,7 @@ import grpc
 import numpy as np
 
 from klserve._errors import KlserveError, invalid_argument
-from klserve._tensor_table import QUERY, SCORES, TENSORS, Role
+from klserve._tensor_table import BY_NAME, QUERY, SCORES, TENSORS, Role
 from klserve._tensors import FP64, WIRE_DTYPES, to_spec, to_tensor
 
 # The request's tensors as the client sends them: field -> (wire dtype name,
@@ -71,7 +71,7 @@ class RequestSlicer:
         self._tensors = tensors
         # The tensor that fixes B and T: the scores, or the query.
         source = QUERY if QUERY in tensors else SCORES
-        entry = next(t for t in TENSORS if t.name == source)
+        entry = BY_NAME[source]
         if source not in tensors:
             raise invalid_argument(source + ": must be given")
         first = tensors[source][1]

@@ -86,6 +86,8 @@ TENSORS = (
                   ("B", "T", "H_I"), Form.PROJECTIONS),
 )
 
+BY_NAME = {t.name: t for t in TENSORS}
+
 SCORES = TENSORS[0].name
 # What fixes B and T in the projections form, as the scores do in the logits
 # form.

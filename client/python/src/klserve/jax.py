@@ -65,7 +65,7 @@ from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
                                 projections_wrapper_signature, split_arguments,
                                 wrapper_signature)
 from klserve._tensor_table import INDEXER_GRADS, PROJECTIONS
-from klserve._tensors import (FLOAT_DTYPES, grad_wire_name, wire_name_of_float,
+from klserve._tensors import (FLOAT_DTYPES, wire_name_of_float,
                               wrapper_grad_name)
 
 # Integer tags, which are often traced values (the step inside a jitted
@@ -201,10 +201,7 @@ def indexer_kl_loss(indexer_scores: npt.ArrayLike, *,
     run, operands = _take_operands(options)
     scores = _float_array("indexer_scores", indexer_scores)
     loss_dtype = jnp.result_type(scores.dtype, jnp.float32)
-    grad_name = options.pop("grad_dtype", None)
-    if grad_name is None:
-        grad_name = wrapper_grad_name([wire_name_of_float(scores.dtype)])
-    grad_name = grad_wire_name(grad_name)
+    grad_name = wrapper_grad_name(options, [wire_name_of_float(scores.dtype)])
     grad_dtype = FLOAT_DTYPES[grad_name]
     client = client if client is not None else default_client()
 
@@ -284,11 +281,8 @@ def indexer_kl_loss_from_projections(
             PROJECTIONS, (query, key, index_query, index_key, index_weights)))
     indexer = tuple(indexer)
     loss_dtype = jnp.result_type(*(x.dtype for x in indexer), jnp.float32)
-    grad_name = options.pop("grad_dtype", None)
-    if grad_name is None:
-        grad_name = wrapper_grad_name(
-            [wire_name_of_float(x.dtype) for x in indexer])
-    grad_name = grad_wire_name(grad_name)
+    grad_name = wrapper_grad_name(
+        options, [wire_name_of_float(x.dtype) for x in indexer])
     grad_dtype = FLOAT_DTYPES[grad_name]
     client = client if client is not None else default_client()
 

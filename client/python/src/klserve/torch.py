@@ -50,7 +50,7 @@ from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
                                 projections_wrapper_signature, split_arguments,
                                 wrapper_signature)
 from klserve._tensor_table import INDEXER_GRADS
-from klserve._tensors import grad_wire_name, host_array, wrapper_grad_name
+from klserve._tensors import host_array, wrapper_grad_name
 
 # Wire names of the torch dtypes the service takes and returns.
 _TORCH_WIRE_NAMES = {torch.float32: "FP32", torch.bfloat16: "BF16",
@@ -59,13 +59,10 @@ _TORCH_DTYPES = {name: dtype for dtype, name in _TORCH_WIRE_NAMES.items()}
 
 
 def _grad_name(options, inputs):
-    """The gradient dtype to ask for: the caller's, else
-    wrapper_grad_name's for the differentiable inputs."""
-    name = options.pop("grad_dtype", None)
-    if name is None:
-        name = wrapper_grad_name(
-            [_TORCH_WIRE_NAMES.get(x.dtype) for x in inputs])
-    return grad_wire_name(name)
+    """The gradient dtype to ask for (wrapper_grad_name) for the
+    differentiable tensors `inputs`."""
+    return wrapper_grad_name(options,
+                             [_TORCH_WIRE_NAMES.get(x.dtype) for x in inputs])
 
 
 def _without_gradients(result):
