@@ -57,7 +57,8 @@ enum class RequestForm {
   kProjections,  // query, key, index_query, index_key, index_weights
 };
 
-// The dtypes a tensor may have (the kernels check them).
+// The dtypes a tensor may have. The kernels check them with their own
+// lists; tests/integration/dtype_rules_test.cc holds the two together.
 enum class DTypeRule {
   kFloat,  // FP32, BF16 or FP16
   kFloat32,
