@@ -1,51 +1,47 @@
 #include "client/tensor_util.h"
 
+#include <optional>
+
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/dtype.h"
+#include "kernels/shape_bytes.h"
+#include "kernels/status_macros.h"
 #include "proto/request_tensors.h"
 
 namespace klserve {
 
 absl::StatusOr<int64_t> WireDTypeSize(absl::string_view dtype) {
-  if (dtype == "FP32" || dtype == "INT32") return 4;
-  if (dtype == "BF16" || dtype == "FP16") return 2;
-  if (dtype == "BOOL") return 1;
-  if (dtype == "FP64") return 8;
-  return absl::InvalidArgumentError(
-      absl::StrCat("dtype: must be FP32, BF16, FP16, INT32, BOOL or FP64, "
-                   "got \"",
-                   dtype, "\""));
-}
-
-absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape) {
-  int64_t count = 1;
-  for (int64_t dim : shape) {
-    if (dim < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shape: dimensions must be >= 0, got [",
-                       absl::StrJoin(shape, ","), "]"));
-    }
-    if (__builtin_mul_overflow(count, dim, &count)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shape: element count overflows, got [",
-                       absl::StrJoin(shape, ","), "]"));
-    }
+  for (const DType wire : kWireDTypes) {
+    if (dtype == DTypeName(wire)) return DTypeSize(wire);
   }
-  return count;
+  if (dtype == "FP64") return 8;  // row_kl's, an output only
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dtype: must be ",
+      absl::StrJoin(kWireDTypes, ", ",
+                    [](std::string* out, DType wire) {
+                      out->append(DTypeName(wire));
+                    }),
+      " or FP64, got \"", dtype, "\""));
 }
 
 absl::StatusOr<int64_t> ExpectedTensorBytes(absl::string_view dtype,
                                             absl::Span<const int64_t> shape) {
-  absl::StatusOr<int64_t> element_size = WireDTypeSize(dtype);
-  if (!element_size.ok()) return element_size.status();
-  absl::StatusOr<int64_t> count = NumElements(shape);
-  if (!count.ok()) return count.status();
-  int64_t bytes = 0;
-  if (__builtin_mul_overflow(*count, *element_size, &bytes)) {
-    return absl::InvalidArgumentError("shape: byte count overflows");
+  ASSIGN_OR_RETURN(const int64_t element_size, WireDTypeSize(dtype));
+  if (absl::c_any_of(shape, [](int64_t dim) { return dim < 0; })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape: dimensions must be >= 0, got [",
+                     absl::StrJoin(shape, ","), "]"));
   }
-  return bytes;
+  const std::optional<int64_t> bytes = ShapeBytes(element_size, shape);
+  if (!bytes.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape: the byte count overflows int64, got [",
+                     absl::StrJoin(shape, ","), "]"));
+  }
+  return *bytes;
 }
 
 absl::Status CheckTensorBytes(absl::string_view field,

@@ -16,11 +16,9 @@ namespace klserve {
 // "BOOL", "FP64"). INVALID_ARGUMENT for any other name.
 absl::StatusOr<int64_t> WireDTypeSize(absl::string_view dtype);
 
-// prod(shape) (1 for an empty shape). INVALID_ARGUMENT for a negative
-// dimension or a product that overflows int64.
-absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape);
-
 // prod(shape) * element size: the byte count a tensor's data must have.
+// INVALID_ARGUMENT for an unknown dtype, a negative dimension or a product
+// that overflows int64.
 absl::StatusOr<int64_t> ExpectedTensorBytes(absl::string_view dtype,
                                             absl::Span<const int64_t> shape);
 

@@ -17,11 +17,38 @@ inline constexpr DType kWireDTypes[] = {DType::kFloat32, DType::kBFloat16,
 inline constexpr DType kFloatDTypes[] = {DType::kFloat32, DType::kBFloat16,
                                          DType::kFloat16};
 
-// Bytes per element.
-int64_t DTypeSize(DType dtype);
+// Bytes per element. Defined here, as DTypeName, for the client, which
+// names dtypes without linking the kernels.
+constexpr int64_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      return 2;
+    case DType::kBool:
+      return 1;
+  }
+  return 0;
+}
 
 // Wire name: "FP32", "BF16", "FP16", "INT32", "BOOL".
-const char* DTypeName(DType dtype);
+constexpr const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "FP32";
+    case DType::kBFloat16:
+      return "BF16";
+    case DType::kFloat16:
+      return "FP16";
+    case DType::kInt32:
+      return "INT32";
+    case DType::kBool:
+      return "BOOL";
+  }
+  return "?";
+}
 
 // True for the kFloatDTypes.
 bool IsFloatDType(DType dtype);

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/shape_bytes.h"
 #include "kernels/status_macros.h"
 #include "kernels/tensor_checks.h"
 
@@ -43,15 +44,12 @@ RowView RowsOf(const TensorView& view, int64_t T, int64_t width) {
 // tensors the client never sent.
 absl::Status CheckImpliedLogits(absl::string_view field, absl::string_view x,
                                 int64_t B, int64_t H, int64_t T, int64_t X) {
-  int64_t bytes = sizeof(float);
-  for (const int64_t dim : {B, H, T, X}) {
-    if (__builtin_mul_overflow(bytes, dim, &bytes)) {
-      return Invalid(field,
-                     absl::StrCat("the logits [B, H, T, ", x,
-                                  "] it implies must have a byte size that "
-                                  "fits in 64 bits"),
-                     ShapeString({B, H, T, X}));
-    }
+  if (!ShapeBytes(sizeof(float), {B, H, T, X}).has_value()) {
+    return Invalid(field,
+                   absl::StrCat("the logits [B, H, T, ", x,
+                                "] it implies must have a byte size that "
+                                "fits in 64 bits"),
+                   ShapeString({B, H, T, X}));
   }
   return absl::OkStatus();
 }

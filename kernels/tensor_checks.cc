@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/shape_bytes.h"
 #include "kernels/status_macros.h"
 
 namespace klserve {
@@ -44,7 +45,6 @@ absl::Status CheckLayout(absl::string_view field, const TensorView& view,
     return Invalid(field, absl::StrCat("shape must be ", layout),
                    ShapeString(view.shape));
   }
-  int64_t bytes = DTypeSize(view.dtype);
   for (int64_t dim : view.shape) {
     if (dim <= 0) {
       return Invalid(
@@ -52,10 +52,10 @@ absl::Status CheckLayout(absl::string_view field, const TensorView& view,
           absl::StrCat("every dimension of ", layout, " must be positive"),
           ShapeString(view.shape));
     }
-    if (__builtin_mul_overflow(bytes, dim, &bytes)) {
-      return Invalid(field, "the shape's byte size must fit in 64 bits",
-                     ShapeString(view.shape));
-    }
+  }
+  if (!ShapeBytes(DTypeSize(view.dtype), view.shape).has_value()) {
+    return Invalid(field, "the shape's byte size must fit in 64 bits",
+                   ShapeString(view.shape));
   }
   return absl::OkStatus();
 }

@@ -6,10 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "kernels/shape_bytes.h"
 #include "kernels/status_macros.h"
 #include "kernels/tensor_checks.h"
 #include "proto/request_tensors.h"
@@ -174,18 +176,18 @@ absl::StatusOr<TensorView> ViewOf(absl::string_view field,
       const std::byte* data,
       regions->Input(slice_field, tensor.region(), DTypeSize(view.dtype)));
   // Exactly the shape's bytes, before anything is copied.
-  int64_t bytes = DTypeSize(view.dtype);
-  for (const int64_t d : view.shape) {
-    if (d < 1 || __builtin_mul_overflow(bytes, d, &bytes)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".shape: every dimension >= 1 and the bytes within int64, ",
-          "got ", ShapeString(view.shape)));
-    }
+  const std::optional<int64_t> bytes =
+      ShapeBytes(DTypeSize(view.dtype), view.shape);
+  if (!bytes.has_value() ||
+      absl::c_any_of(view.shape, [](int64_t d) { return d < 1; })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".shape: every dimension >= 1 and the bytes within int64, ",
+        "got ", ShapeString(view.shape)));
   }
   view.byte_size = tensor.region().byte_size();
-  if (view.byte_size != bytes) {
+  if (view.byte_size != *bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        slice_field, ".byte_size: must be ", bytes, " (", tensor.dtype(), " ",
+        slice_field, ".byte_size: must be ", *bytes, " (", tensor.dtype(), " ",
         ShapeString(view.shape), "), got ", view.byte_size));
   }
   // Indices, bounds, segments and masks steer what the kernels index: a

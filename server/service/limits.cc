@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "kernels/row_block.h"
+#include "kernels/shape_bytes.h"
 #include "kernels/status_macros.h"
 #include "proto/request_tensors.h"
 
@@ -73,11 +74,7 @@ absl::Status CheckOutputsFit(std::initializer_list<OutputBytes> outputs,
 
 int64_t OutputByteSize(int64_t element_bytes,
                        std::initializer_list<int64_t> dims) {
-  int64_t bytes = element_bytes;
-  for (const int64_t dim : dims) {
-    if (__builtin_mul_overflow(bytes, dim, &bytes)) return -1;
-  }
-  return bytes;
+  return ShapeBytes(element_bytes, dims).value_or(-1);
 }
 
 absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,
