@@ -293,7 +293,7 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
                                   "max_open_streams", s->metrics_.get());
   s->executor_ =
       std::make_unique<ComputeExecutor>(options.max_concurrent_requests);
-  s->watchdog_ = std::make_unique<StreamWatchdog>(WatchdogPeriod(options));
+  s->watchdog_ = std::make_unique<CallWatchdog>(WatchdogPeriod(options));
   s->unsent_answers_ = std::make_unique<UnsentAnswers>(
       int64_t{options.max_concurrent_requests} * options.max_message_bytes,
       s->metrics_.get());

@@ -12,13 +12,13 @@
 #include "server/service/admission.h"
 #include "server/service/auth.h"
 #include "server/service/backend_selection.h"
+#include "server/service/call_watchdog.h"
 #include "server/service/compute_executor.h"
 #include "server/service/idle_memory_release.h"
 #include "server/service/loss_service.h"
 #include "server/service/open_calls.h"
 #include "server/service/server_options.h"
 #include "server/service/socket_file.h"
-#include "server/service/stream_watchdog.h"
 #include "server/service/unsent_answers.h"
 
 namespace klserve::server {
@@ -70,7 +70,7 @@ class KlServer {
   std::unique_ptr<Admission> requests_;
   std::unique_ptr<Admission> streams_;
   std::unique_ptr<ComputeExecutor> executor_;
-  std::unique_ptr<StreamWatchdog> watchdog_;
+  std::unique_ptr<CallWatchdog> watchdog_;
   std::unique_ptr<UnsentAnswers> unsent_answers_;
   std::unique_ptr<RegionRegistry> regions_;  // null unless shared_memory
   std::unique_ptr<LossService> service_;

@@ -5,9 +5,9 @@
 #include "server/metrics/metrics.h"
 #include "server/service/admission.h"
 #include "server/service/backend_selection.h"
+#include "server/service/call_watchdog.h"
 #include "server/service/compute_executor.h"
 #include "server/service/server_options.h"
-#include "server/service/stream_watchdog.h"
 #include "server/service/unsent_answers.h"
 #include "server/shm/region_registry.h"
 
@@ -19,7 +19,7 @@ struct ServiceContext {
   ComputeExecutor* executor;
   Admission* requests;  // unary ComputeLoss calls computing or queued
   Admission* streams;   // ComputeLossStream and Echo calls open
-  StreamWatchdog* watchdog;
+  CallWatchdog* watchdog;
   UnsentAnswers* unsent_answers;  // unary answers not yet taken
   Metrics* metrics;
   LossReporter* reporter;

@@ -15,8 +15,8 @@
 #include "grpcpp/grpcpp.h"
 #include "server/codec/grpc_status.h"
 #include "server/codec/wire_messages.h"
+#include "server/service/call_watchdog.h"
 #include "server/service/service_context.h"
-#include "server/service/stream_watchdog.h"
 
 namespace klserve::server {
 
@@ -36,7 +36,7 @@ namespace klserve::server {
 template <typename Request>
 class StreamReactorBase
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
-      public StreamWatchdog::Watched {
+      public CallWatchdog::Watched {
  public:
   void OnReadDone(bool ok) final {
     absl::MutexLock lock(&mu_);

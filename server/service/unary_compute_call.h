@@ -9,8 +9,8 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/service/call_watchdog.h"
 #include "server/service/service_context.h"
-#include "server/service/stream_watchdog.h"
 
 namespace klserve::server {
 
@@ -20,7 +20,7 @@ namespace klserve::server {
 // stopped reading, its flow-control window shut) ends the call, which frees
 // its bytes.
 class UnaryComputeCall final : public grpc::ServerUnaryReactor,
-                               public StreamWatchdog::Watched {
+                               public CallWatchdog::Watched {
  public:
   // Watched from here on; deletes itself once done.
   UnaryComputeCall(const ServiceContext& context,

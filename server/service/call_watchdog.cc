@@ -1,13 +1,13 @@
-#include "server/service/stream_watchdog.h"
+#include "server/service/call_watchdog.h"
 
 #include "absl/time/clock.h"
 
 namespace klserve::server {
 
-StreamWatchdog::StreamWatchdog(absl::Duration period)
+CallWatchdog::CallWatchdog(absl::Duration period)
     : period_(period), thread_([this] { Loop(); }) {}
 
-StreamWatchdog::~StreamWatchdog() {
+CallWatchdog::~CallWatchdog() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -15,21 +15,21 @@ StreamWatchdog::~StreamWatchdog() {
   thread_.join();
 }
 
-void StreamWatchdog::Add(Watched* stream) {
+void CallWatchdog::Add(Watched* call) {
   absl::MutexLock lock(&mu_);
-  streams_.insert(stream);
+  calls_.insert(call);
 }
 
-void StreamWatchdog::Remove(Watched* stream) {
+void CallWatchdog::Remove(Watched* call) {
   absl::MutexLock lock(&mu_);
-  streams_.erase(stream);
+  calls_.erase(call);
 }
 
-void StreamWatchdog::Loop() {
+void CallWatchdog::Loop() {
   absl::MutexLock lock(&mu_);
   while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period_)) {
     const absl::Time now = absl::Now();
-    for (Watched* stream : streams_) stream->Check(now);
+    for (Watched* call : calls_) call->Check(now);
   }
 }
 
