@@ -22,9 +22,9 @@ contract is proto/klserve/v1/klserve.proto (its generated stubs are
 """
 
 from klserve._errors import KlserveError
-from klserve._client import (Client, LossResult, RegionList, RegionStatus,
-                             ServerInfo, StepResult, default_client,
-                             set_default_client)
+from klserve._client import Client, default_client, set_default_client
+from klserve._results import (LossResult, RegionList, RegionStatus,
+                              ServerInfo, StepResult)
 from klserve._signature import ComputeLossOptions
 from klserve.shared_memory import SharedMemoryRegion
 

@@ -26,6 +26,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from klserve._credentials import channel_credentials, token_metadata
 from klserve._errors import (KlserveError, explain_message_limit,
                              explain_unavailable, invalid_argument)
+from klserve._results import (LossResult, RegionList, RegionStatus,
+                              ServerInfo, StepResult, loss_result)
 from klserve._shm_layouts import Layout, LayoutPool, output_specs, plan
 from klserve._signature import (PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
                                 ComputeLossOptions, loss_signature,
@@ -129,98 +131,6 @@ def _number(field: str, kind: type, value: Any, bits: int = 64) -> Any:
 def _unset_is(value: Any, default: Any) -> Any:
     """An option passed as None: its default, as if it had not been."""
     return default if value is None else value
-
-
-@dataclasses.dataclass
-class LossResult:
-    """The answer to one compute_loss call."""
-    loss: float            # c * sum_t KL_t / N (0 when N = 0)
-    unscaled_loss: float   # sum_t KL_t / N
-    denominator: int       # N
-    rows_counted: int
-    rows_fully_masked: int
-    rows_zero_target: int
-    # mean_entropy_p, mean_entropy_q (nats) and, with recall_k,
-    # topk_recall; None unless want_diagnostics.
-    diagnostics: Optional[Dict[str, float]]
-    # dL/d indexer_scores, shaped like them, in grad_dtype; None when
-    # want_grad is False.
-    grad: Optional[np.ndarray]
-    # Each row's unscaled KL, float64 [B, T]; None unless want_row_kl.
-    row_kl: Optional[np.ndarray]
-    request_id: str = ""
-    streamed: bool = False  # whether it went through ComputeLossStream
-    # The projections form: dL/d index_query, index_key, index_weights,
-    # shaped like them, in grad_dtype (None when want_grad is False), and
-    # the service's own top-k selection, int32 [B, T, K], when topk was
-    # given. Read-only views of the answer's bytes, which saves a copy of
-    # each; .copy() one to write to it.
-    d_index_query: Optional[np.ndarray] = None
-    d_index_key: Optional[np.ndarray] = None
-    d_index_weights: Optional[np.ndarray] = None
-    topk_indices: Optional[np.ndarray] = None
-    # Whether the call went through shared memory (Client(shared_memory=
-    # True)). Its output arrays (grad, row_kl, d_index_*, topk_indices)
-    # are then writable views of the client's region for this call shape,
-    # which the next call of the same shapes overwrites, unless the client
-    # has copy_outputs=True.
-    shared_memory: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class ServerInfo:
-    """GetServerInfo's answer: what the server runs and its limits."""
-    version: str
-    backend: str
-    device: str
-    threads: int
-    max_message_bytes: int
-    max_tensor_bytes: int
-    max_concurrent_requests: int
-    input_dtypes: Tuple[str, ...]
-    grad_dtypes: Tuple[str, ...]
-    # Streams open at once, and what one stream of the projections form may
-    # hold for its key side (--max_stream_key_bytes).
-    max_open_streams: int
-    max_stream_key_bytes: int
-    # What one compute thread may hold for a tile of a projections-form
-    # request (--max_thread_scratch_bytes).
-    max_thread_scratch_bytes: int
-    # Whether it serves shared-memory regions (--shared_memory), to callers
-    # on its host.
-    shared_memory: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class RegionStatus:
-    """A registered region (ListRegions)."""
-    name: str
-    key: str               # the object, /dev/shm/<key>
-    offset: int
-    byte_size: int
-    users: int             # calls using it now
-    lease_left_seconds: int
-
-
-@dataclasses.dataclass(frozen=True)
-class RegionList:
-    """ListRegions' answer: the regions, by name, and the server's limits
-    on all of them together (--max_regions, --max_region_bytes)."""
-    regions: Tuple[RegionStatus, ...]
-    max_regions: int
-    max_region_bytes: int
-
-
-@dataclasses.dataclass(frozen=True)
-class StepResult:
-    """A published step (FinishStep). already_finished: it had been
-    published before (by another rank's finish_step, the run's next step or
-    the idle timeout); the values are then the published ones when it is
-    the run's last finished step, else NaN (and requests 0)."""
-    indexer_loss: float
-    indexer_loss_unscaled: float
-    requests: int
-    already_finished: bool = False
 
 
 class _Attempt:
@@ -881,7 +791,7 @@ class Client:
         row_kl = (from_tensor(response.row_kl, "row_kl")
                   if response.HasField("row_kl") and response.row_kl.dtype
                   else None)
-        result = _result(response, grad, row_kl, streamed=False)
+        result = loss_result(response, grad, row_kl, streamed=False)
         for field in INDEXER_GRADS + ("topk_indices",):
             if response.HasField(field) and getattr(response, field).dtype:
                 setattr(result, field, from_tensor(getattr(response, field),
@@ -1017,7 +927,7 @@ class Client:
 
     def _shared_result(self, response, layout: Layout,
                        copy: bool) -> LossResult:
-        result = _result(response, None, None, streamed=False)
+        result = loss_result(response, None, None, streamed=False)
         result.shared_memory = True
         for field in _OUTPUTS:
             if not response.HasField(field):
@@ -1105,9 +1015,9 @@ class Client:
                     "before the end")
             if not projections:
                 grad, row_kl = assembler.finish()
-                return _result(result, grad, row_kl, streamed=True)
+                return loss_result(result, grad, row_kl, streamed=True)
             outputs = assembler.finish()
-            loss = _result(result, None, outputs.pop("row_kl", None),
+            loss = loss_result(result, None, outputs.pop("row_kl", None),
                            streamed=True)
             for field, arr in outputs.items():
                 arr.flags.writeable = False  # as the unary call returns them
@@ -1168,25 +1078,6 @@ def _check_form(arrays: Dict[str, Any], call: ComputeLossOptions) -> bool:
     return True
 
 
-def _result(response: Any, grad: Optional[np.ndarray],
-            row_kl: Optional[np.ndarray], streamed: bool) -> LossResult:
-    r = response.result
-    diagnostics = None
-    if r.HasField("diagnostics"):
-        d = r.diagnostics
-        diagnostics = {"mean_entropy_p": d.mean_entropy_p,
-                       "mean_entropy_q": d.mean_entropy_q}
-        if d.HasField("topk_recall"):
-            diagnostics["topk_recall"] = d.topk_recall
-    return LossResult(
-        loss=r.loss, unscaled_loss=r.unscaled_loss,
-        denominator=r.denominator, rows_counted=r.rows_counted,
-        rows_fully_masked=r.rows_fully_masked,
-        rows_zero_target=r.rows_zero_target, diagnostics=diagnostics,
-        grad=grad, row_kl=row_kl, request_id=response.request_id,
-        streamed=streamed)
-
-
 _SELF = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
 Client.compute_loss.__signature__ = loss_signature(  # type: ignore
     [_SELF,
@@ -1236,6 +1127,4 @@ def set_default_client(client: Client) -> None:
         _default_client = client
 
 
-__all__ = ["Client", "LossResult", "RegionList", "RegionStatus",
-           "ServerInfo", "StepResult", "default_client",
-           "set_default_client"]
+__all__ = ["Client", "default_client", "set_default_client"]
