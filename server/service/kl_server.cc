@@ -209,7 +209,7 @@ absl::Status ValidateOptions(const ServerOptions& options) {
 }
 
 // How often the watchdog looks: a small part of the shortest timeout, so a
-// stream ends within an eighth of its timeout of when it should.
+// call ends within an eighth of its timeout of when it should.
 absl::Duration WatchdogPeriod(const ServerOptions& options) {
   return std::clamp(
       std::min(options.stream_idle_timeout, options.max_stream_duration) / 8,

@@ -322,7 +322,7 @@ class Client:
              max(1, int(self.max_backoff * 1000))),
         ]
         credentials = channel_credentials(tls_ca_file, tls_cert_file,
-                                           tls_key_file, tls_server_name)
+                                          tls_key_file, tls_server_name)
         self._tls = tls_ca_file is not None
         self._client_certificate = tls_cert_file is not None
         if tls_server_name:

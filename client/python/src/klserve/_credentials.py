@@ -103,8 +103,8 @@ def _read_pem(field: str, path: str, private_key: bool) -> bytes:
 
 
 def channel_credentials(ca_file: Optional[str], cert_file: Optional[str],
-                         key_file: Optional[str], server_name: Optional[str]
-                         ) -> Optional[grpc.ChannelCredentials]:
+                        key_file: Optional[str], server_name: Optional[str]
+                        ) -> Optional[grpc.ChannelCredentials]:
     """TLS credentials, or None for plaintext."""
     if not ca_file:
         if cert_file or key_file or server_name:

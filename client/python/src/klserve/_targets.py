@@ -68,8 +68,6 @@ def with_default_port(target: str) -> Optional[str]:
             "%s[%s]:50051" % (prefix, host))
 
 
-
-
 def is_local_target(target: str) -> bool:
     """Whether a gRPC target reaches this host: a Unix socket, localhost, a
     loopback address (127.0.0.0/8, ::1), with or without the dns:, ipv4:

@@ -42,7 +42,8 @@ def wrapper_grad_name(options, input_names):
     """The wire name of the gradient dtype a JAX or torch wrapper asks the
     service for: the caller's `grad_dtype` (taken out of `options`), else
     one from the wire names (None for float64) of the inputs it
-    differentiates: theirs when they share FP32 or BF16, else FP32. Not FP16: a wrapper keeps the gradient from the forward pass and
+    differentiates: theirs when they share FP32 or BF16, else FP32. Not
+    FP16: a wrapper keeps the gradient from the forward pass and
     multiplies it by the cotangent only in backward, and fp16 training
     scales the loss there (a GradScaler's 2^16), so an FP16 c / N (q - p)
     would underflow to 0 before the scale could lift it. The wrapper casts

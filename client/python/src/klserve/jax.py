@@ -160,14 +160,15 @@ class _ServiceErrors:
 
 
 def _float_array(name, value):
-    """A differentiable input as a JAX array; any other dtype is refused as
-    the client refuses it (INVALID_ARGUMENT naming the field), as the torch
-    wrappers do by passing it on."""
+    """A float input (the scores, the projections) as a JAX array; any other
+    dtype is refused as the client refuses it (INVALID_ARGUMENT naming the
+    field), as the torch wrappers do by passing it on. The dtype named is
+    the caller's: without x64, jnp.asarray would make an int64 an int32."""
     array = jnp.asarray(value)
     if not jnp.issubdtype(array.dtype, jnp.floating):
         raise invalid_argument(
             "%s: dtype must be float32, float16 or bfloat16, got %s" %
-            (name, array.dtype))
+            (name, getattr(value, "dtype", array.dtype)))
     return array
 
 
