@@ -751,6 +751,11 @@ absl::Status CheckLossOutputs(RequestForm form) {
     RETURN_IF_ERROR(CheckOutputFile("row_kl_out", row_kl_out));
     outputs.emplace_back("row_kl_out", row_kl_out);
   }
+  std::vector<std::pair<absl::string_view, std::string>> inputs;
+  for (const RequestTensor& tensor : kRequestTensors) {
+    ASSIGN_OR_RETURN(std::string input, InputPath(tensor));
+    if (!input.empty()) inputs.emplace_back(tensor.name, std::move(input));
+  }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& [flag, file] = outputs[i];
     for (size_t j = i + 1; j < outputs.size(); ++j) {
@@ -760,12 +765,11 @@ absl::Status CheckLossOutputs(RequestForm form) {
                          ": both would write \"", file, "\""));
       }
     }
-    for (const RequestTensor& tensor : kRequestTensors) {
-      ASSIGN_OR_RETURN(const std::string input, InputPath(tensor));
-      if (!input.empty() && SameFile(file, input)) {
+    for (const auto& [input_flag, input] : inputs) {
+      if (SameFile(file, input)) {
         return absl::InvalidArgumentError(
             absl::StrCat("--", flag, ": \"", file, "\" is the input --",
-                         tensor.name, "; write the outputs elsewhere"));
+                         input_flag, "; write the outputs elsewhere"));
       }
     }
   }

@@ -116,6 +116,13 @@ def _little_endian(arr):
     return np.ascontiguousarray(arr)
 
 
+def not_a_float(field, dtype):
+    """The refusal of a float input given in another dtype."""
+    return invalid_argument(
+        "%s: dtype must be float32, float16 or bfloat16, got %s" %
+        (field, dtype))
+
+
 def float_input(field, value):
     """A float tensor as float32, float16 or bfloat16 (float64 is narrowed to
     float32, the precision the service computes in)."""
@@ -126,9 +133,7 @@ def float_input(field, value):
             arr = arr.astype(FP32)
             name = "FP32"
         else:
-            raise invalid_argument(
-                "%s: dtype must be float32, float16 or bfloat16, got %s" %
-                (field, arr.dtype))
+            raise not_a_float(field, arr.dtype)
     return name, _little_endian(arr)
 
 
@@ -178,10 +183,10 @@ def index_input(field, value):
     int64 table with a sentinel such as int64's max is taken as it is."""
     arr = _integer_array(field, value)
     if arr.dtype != INT32:
-        outside = None if _fits_int32(arr) else _outside_int32(arr)
-        arr = arr.astype(INT32)  # wraps where outside, set just below
-        if outside is not None:
-            arr[outside] = -1
+        given = arr
+        arr = given.astype(INT32)  # wraps where outside, set just below
+        if not _fits_int32(given):
+            arr[_outside_int32(given)] = -1
     return "INT32", _little_endian(arr)
 
 

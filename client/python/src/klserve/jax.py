@@ -59,13 +59,13 @@ jax = import_framework("jax", "JAX")
 import jax.numpy as jnp  # noqa: E402
 
 from klserve._client import Client, default_client, set_default_client
-from klserve._errors import KlserveError, invalid_argument
+from klserve._errors import KlserveError
 from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
                                 PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
                                 projections_wrapper_signature, split_arguments,
                                 wrapper_signature)
 from klserve._tensor_table import INDEXER_GRADS, PROJECTIONS
-from klserve._tensors import (FLOAT_DTYPES, wire_name_of_float,
+from klserve._tensors import (FLOAT_DTYPES, not_a_float, wire_name_of_float,
                               wrapper_grad_name)
 
 # Integer tags, which are often traced values (the step inside a jitted
@@ -166,9 +166,7 @@ def _float_array(name, value):
     the caller's: without x64, jnp.asarray would make an int64 an int32."""
     array = jnp.asarray(value)
     if not jnp.issubdtype(array.dtype, jnp.floating):
-        raise invalid_argument(
-            "%s: dtype must be float32, float16 or bfloat16, got %s" %
-            (name, getattr(value, "dtype", array.dtype)))
+        raise not_a_float(name, getattr(value, "dtype", array.dtype))
     return array
 
 
