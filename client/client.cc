@@ -102,36 +102,38 @@ std::optional<std::string> WithDefaultPort(absl::string_view target) {
 // until the deadline. A host alone ("localhost") gets gRPC's port, 443 for a
 // name and 0 for an address, where no plaintext klserve listens; over TLS it
 // may well be a proxy's 443.
-absl::Status CheckTarget(const ClientOptions& options) {
+absl::Status CheckTarget(const ClientOptions& options,
+                         const ClientOptionNames& names) {
   const std::string& target = options.target;
   if (target.empty()) {
     return absl::InvalidArgumentError(
-        "ClientOptions.target: must not be empty");
+        absl::StrCat(names.target, ": must not be empty"));
   }
   for (absl::string_view scheme :
        {"http://", "https://", "grpc://", "grpcs://", "tcp://"}) {
     if (absl::StartsWithIgnoreCase(target, scheme)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ClientOptions.target: \"", target, "\" is a URL; gRPC takes ",
-          "host:port, dns:///host:port or unix:/path (TLS is set by the "
-          "tls_* options, not an https:// scheme)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(names.target, ": \"", target,
+                       "\" is a URL; gRPC takes host:port, dns:///host:port or "
+                       "unix:/path (TLS is set by ",
+                       names.tls_ca_file, ", not an https:// scheme)"));
     }
   }
   if (target == "unix:" || target == "unix://") {
     return absl::InvalidArgumentError(
-        absl::StrCat("ClientOptions.target: \"", target,
+        absl::StrCat(names.target, ": \"", target,
                      "\" has no path; give unix:/path/to/klserve.sock"));
   }
   if (target.find_first_not_of("0123456789") == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "ClientOptions.target: \"", target,
+        names.target, ": \"", target,
         "\" is a port alone; gRPC takes host:port (localhost:", target,
         "), dns:///host:port or unix:/path"));
   }
   const std::optional<std::string> with_port = WithDefaultPort(target);
   if (with_port && options.tls_ca_file.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "ClientOptions.target: \"", target,
+        names.target, ": \"", target,
         "\" has no port, and gRPC would not pick klserve's; give host:port (",
         *with_port, " for klserve's default --listen)"));
   }
@@ -149,7 +151,7 @@ absl::Status CheckTarget(const ClientOptions& options) {
         absl::SimpleAtoi(port, &number) && number >= 1 && number <= 65535;
     if (!port.empty() && !a_number && port != "http" && port != "https") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "ClientOptions.target: \"", target, "\" has port \"", port,
+          names.target, ": \"", target, "\" has port \"", port,
           "\"; a port is a number from 1 to 65535 (or http, https)"));
     }
   }
@@ -158,33 +160,33 @@ absl::Status CheckTarget(const ClientOptions& options) {
 
 // Plaintext, or TLS with the options' roots (and client certificate).
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
-    const ClientOptions& options, grpc::ChannelArguments& args) {
+    const ClientOptions& options, const ClientOptionNames& names,
+    grpc::ChannelArguments& args) {
   if (options.tls_ca_file.empty()) {
     if (!options.tls_cert_file.empty() || !options.tls_key_file.empty() ||
         !options.tls_server_name.empty()) {
       return absl::InvalidArgumentError(
-          "ClientOptions.tls_cert_file, tls_key_file, tls_server_name: need "
-          "tls_ca_file");
+          absl::StrCat(names.tls_cert_file, ", ", names.tls_key_file, ", ",
+                       names.tls_server_name, ": need ", names.tls_ca_file));
     }
     return grpc::InsecureChannelCredentials();
   }
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
-    return absl::InvalidArgumentError(
-        "ClientOptions.tls_cert_file, tls_key_file: set both or neither");
+    return absl::InvalidArgumentError(absl::StrCat(names.tls_cert_file, ", ",
+                                                   names.tls_key_file,
+                                                   ": set both or neither"));
   }
   grpc::SslCredentialsOptions ssl;
   ASSIGN_OR_RETURN(ssl.pem_root_certs,
-                   ReadPemFile("ClientOptions.tls_ca_file", options.tls_ca_file,
+                   ReadPemFile(names.tls_ca_file, options.tls_ca_file,
                                PemContent::kCertificates));
   if (!options.tls_cert_file.empty()) {
-    ASSIGN_OR_RETURN(
-        ssl.pem_cert_chain,
-        ReadPemFile("ClientOptions.tls_cert_file", options.tls_cert_file,
-                    PemContent::kCertificates));
-    ASSIGN_OR_RETURN(
-        ssl.pem_private_key,
-        ReadPemFile("ClientOptions.tls_key_file", options.tls_key_file,
-                    PemContent::kPrivateKey));
+    ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                     ReadPemFile(names.tls_cert_file, options.tls_cert_file,
+                                 PemContent::kCertificates));
+    ASSIGN_OR_RETURN(ssl.pem_private_key,
+                     ReadPemFile(names.tls_key_file, options.tls_key_file,
+                                 PemContent::kPrivateKey));
   }
   if (!options.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls_server_name);
@@ -277,34 +279,42 @@ Client::Client(ClientOptions options, std::unique_ptr<Stubs> stubs)
 
 Client::~Client() = default;
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
-  const auto invalid = [](absl::string_view what) {
-    return absl::InvalidArgumentError(absl::StrCat("ClientOptions.", what));
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(
+    ClientOptions options, const ClientOptionNames& names) {
+  const auto invalid = [](absl::string_view name, absl::string_view rule) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", rule));
   };
-  RETURN_IF_ERROR(CheckTarget(options));
+  RETURN_IF_ERROR(CheckTarget(options, names));
   if (options.deadline <= absl::ZeroDuration() ||
       options.deadline == absl::InfiniteDuration()) {
-    return invalid(absl::StrCat("deadline: must be finite and > 0, got ",
+    return invalid(names.deadline,
+                   absl::StrCat("must be finite and > 0, got ",
                                 absl::FormatDuration(options.deadline)));
   }
   if (options.max_message_bytes < 1 || options.max_message_bytes > INT_MAX) {
-    return invalid(absl::StrCat("max_message_bytes: must be in [1, ", INT_MAX,
-                                "], got ", options.max_message_bytes));
+    return invalid(names.max_message_bytes,
+                   absl::StrCat("must be in [1, ", INT_MAX, "], got ",
+                                options.max_message_bytes));
   }
   if (options.max_attempts < 1) {
-    return invalid(
-        absl::StrCat("max_attempts: must be >= 1, got ", options.max_attempts));
+    return invalid(names.max_attempts,
+                   absl::StrCat("must be >= 1, got ", options.max_attempts));
   }
   if (options.initial_backoff <= absl::ZeroDuration() ||
       options.max_backoff < options.initial_backoff) {
-    return invalid(
-        "initial_backoff, max_backoff: need 0 < initial_backoff "
-        "<= max_backoff");
+    return invalid(absl::StrCat(names.initial_backoff, ", ", names.max_backoff),
+                   absl::StrCat("need 0 < ", names.initial_backoff,
+                                " <= ", names.max_backoff));
   }
   if (options.stream_threshold_bytes < 0) {
-    return invalid("stream_threshold_bytes: must be >= 0");
+    return invalid(
+        names.stream_threshold_bytes,
+        absl::StrCat("must be >= 0, got ", options.stream_threshold_bytes));
   }
-  if (options.block_bytes < 1) return invalid("block_bytes: must be >= 1");
+  if (options.block_bytes < 1) {
+    return invalid(names.block_bytes,
+                   absl::StrCat("must be >= 1, got ", options.block_bytes));
+  }
 
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
@@ -323,7 +333,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
               static_cast<int>(absl::ToInt64Milliseconds(options.max_backoff)));
 
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
-                   ChannelCredentials(options, args));
+                   ChannelCredentials(options, names, args));
   auto stubs = std::make_unique<Stubs>();
   stubs->channel = grpc::CreateCustomChannel(options.target, credentials, args);
   stubs->kl = v1::IndexerKl::NewStub(stubs->channel);

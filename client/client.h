@@ -76,6 +76,26 @@ struct ClientOptions {
   std::string auth_token;
 };
 
+// What Client::Create's messages call each option it checks: the
+// library's names by default; a program that fills the options from its
+// own flags (klctl) passes the flags' names, so that its users read the
+// names they typed.
+struct ClientOptionNames {
+  absl::string_view target = "ClientOptions.target";
+  absl::string_view deadline = "ClientOptions.deadline";
+  absl::string_view max_message_bytes = "ClientOptions.max_message_bytes";
+  absl::string_view max_attempts = "ClientOptions.max_attempts";
+  absl::string_view initial_backoff = "ClientOptions.initial_backoff";
+  absl::string_view max_backoff = "ClientOptions.max_backoff";
+  absl::string_view stream_threshold_bytes =
+      "ClientOptions.stream_threshold_bytes";
+  absl::string_view block_bytes = "ClientOptions.block_bytes";
+  absl::string_view tls_ca_file = "ClientOptions.tls_ca_file";
+  absl::string_view tls_cert_file = "ClientOptions.tls_cert_file";
+  absl::string_view tls_key_file = "ClientOptions.tls_key_file";
+  absl::string_view tls_server_name = "ClientOptions.tls_server_name";
+};
+
 // Sizes of one Echo message: `payload_bytes` up, `reply_bytes` back.
 struct EchoMessageSize {
   int64_t payload_bytes = 0;
@@ -93,10 +113,11 @@ struct EchoStats {
 // share one channel (one connection, owned by this Client alone).
 class Client {
  public:
-  // Validates `options` (INVALID_ARGUMENT naming the field) and creates the
-  // channel. Connecting is lazy: an unreachable server shows up as
-  // UNAVAILABLE on the first call.
-  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
+  // Validates `options` (INVALID_ARGUMENT naming the option as `names`
+  // does) and creates the channel. Connecting is lazy: an unreachable
+  // server shows up as UNAVAILABLE on the first call.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(
+      ClientOptions options, const ClientOptionNames& names = {});
 
   ~Client();
   Client(const Client&) = delete;

@@ -36,9 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "auth/token_file.h"
@@ -376,29 +374,18 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient(ClientOptions* out) {
     ASSIGN_OR_RETURN(options.auth_token, ReadTokenFile(path));
   }
   if (out != nullptr) *out = options;
-  absl::StatusOr<std::unique_ptr<Client>> client =
-      Client::Create(std::move(options));
-  if (client.ok()) return client;
-  // The library names its options, before the first ": "; here they are
-  // flags. What follows (a path, a target) is the caller's and kept.
-  const absl::string_view message = client.status().message();
-  const size_t colon = std::min(message.find(": "), message.size());
-  absl::string_view rest = message.substr(colon);
-  const bool needs_ca = absl::ConsumePrefix(&rest, ": need tls_ca_file");
-  return absl::Status(
-      client.status().code(),
-      absl::StrCat(
-          absl::StrReplaceAll(
-              message.substr(0, colon),
-              {{"ClientOptions.tls_ca_file", "--tls_ca"},
-               {"ClientOptions.tls_cert_file", "--tls_cert"},
-               {"ClientOptions.tls_key_file", "--tls_key"},
-               {"ClientOptions.tls_server_name", "--tls_server_name"},
-               {"ClientOptions.stream_threshold_bytes", "--stream_threshold"},
-               {"ClientOptions.", "--"},  // the others are named alike
-               {"tls_key_file", "--tls_key"},
-               {"tls_server_name", "--tls_server_name"}}),
-          needs_ca ? ": need --tls_ca" : "", rest));
+  // klctl sets no backoff and no message limit: those keep the library's
+  // names, which its defaults never make it say.
+  return Client::Create(std::move(options),
+                        {.target = "--target",
+                         .deadline = "--deadline",
+                         .max_attempts = "--max_attempts",
+                         .stream_threshold_bytes = "--stream_threshold",
+                         .block_bytes = "--block_bytes",
+                         .tls_ca_file = "--tls_ca",
+                         .tls_cert_file = "--tls_cert",
+                         .tls_key_file = "--tls_key",
+                         .tls_server_name = "--tls_server_name"});
 }
 
 // True when serving; NOT_SERVING is an answer, not an error.

@@ -757,6 +757,35 @@ TEST(KlctlTargetTest, APortOutsideOneTo65535IsRefused) {
   ExpectTargetRefused("dns:///localhost:99999", "has port \"99999\"");
 }
 
+// klctl's refusals of its connection flags name the flags, as typed, not
+// the library's options behind them (ClientOptions.tls_ca_file is --tls_ca).
+TEST(KlctlTargetTest, ConnectionFlagRefusalsNameTheFlags) {
+  const std::string missing = ::testing::TempDir() + "/klctl_no_such.pem";
+  for (const auto& [flags, words] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--tls_server_name=klserve"},
+            "INVALID_ARGUMENT: --tls_cert, --tls_key, --tls_server_name: need "
+            "--tls_ca"},
+           {{"--tls_ca=" + missing, "--tls_cert=" + missing},
+            "INVALID_ARGUMENT: --tls_cert, --tls_key: set both or neither"},
+           {{"--tls_ca=" + missing},
+            "INVALID_ARGUMENT: --tls_ca: cannot read \"" + missing + "\""},
+           {{"--max_attempts=0"},
+            "INVALID_ARGUMENT: --max_attempts: must be >= 1, got 0"},
+           {{"--deadline=0s"},
+            "INVALID_ARGUMENT: --deadline: must be finite and > 0, got 0"},
+           {{"--target=https://localhost:50051"},
+            "(TLS is set by --tls_ca, not an https:// scheme)"}}) {
+    std::vector<std::string> argv = {KLCTL_BIN, "health",
+                                     "--target=127.0.0.1:1"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const CommandResult run = RunCommand(argv, absl::Seconds(30));
+    EXPECT_EQ(run.exit_code, 1) << run.err;
+    EXPECT_TRUE(absl::StrContains(run.err, words)) << run.err;
+    EXPECT_FALSE(absl::StrContains(run.err, "ClientOptions")) << run.err;
+  }
+}
+
 // Each worker is a thread and a connection: 100000 of them exhausted the
 // open files of klctl and of the server; as many kernel threads ended klctl
 // with an uncaught std::system_error.
