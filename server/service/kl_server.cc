@@ -329,6 +329,15 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   builder.AddChannelArgument(
       GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
       static_cast<int>(absl::ToInt64Milliseconds(options.max_stream_duration)));
+  // gRPC 1.51 inflates a compressed message whole before it holds it to
+  // --max_message_bytes, outside the memory quota: 3 MB of gzip held 3.7 GB,
+  // and through health even without the token. With identity alone, a call
+  // that announces another encoding ends at its headers (UNIMPLEMENTED);
+  // tensors of floats barely compress anyway.
+  for (const grpc_compression_algorithm algorithm :
+       {GRPC_COMPRESS_DEFLATE, GRPC_COMPRESS_GZIP}) {
+    builder.SetCompressionAlgorithmSupportStatus(algorithm, false);
+  }
   grpc::ResourceQuota quota("klserve");
   quota.Resize(static_cast<size_t>(options.transport_memory_bytes));
   quota.SetMaxThreads(options.max_reflection_threads);
