@@ -112,7 +112,7 @@ FmaInputs MakeFmaInputs(int64_t n) {
   };
   for (int64_t i = 0; i < n; ++i) {
     float a, b, c;
-    switch (i % 6) {
+    switch (i % 7) {
       case 0:  // anything
         a = any_float(), b = any_float(), c = any_float();
         break;
@@ -136,6 +136,20 @@ FmaInputs MakeFmaInputs(int64_t n) {
         a = b = std::ldexp(1.0f + k * 0x1p-12f, int(rng() % 20) - 10);
         c = std::ldexp(rng() % 2 ? 1.0f : -1.0f,
                        std::ilogb(a * b) - 40 - int(rng() % 60));
+        break;
+      }
+      case 5: {
+        // c a subnormal of an odd step, at least 2^-127, and a product
+        // 2^-150 (1 - x^2) just off half a step: its last bits fall below
+        // double's step at c, so a * b + c rounded to double lands on a
+        // float midpoint that the exact sum is not on.
+        const float x = static_cast<float>(1 + rng() % 64) * 0x1p-23f;
+        const int shift = static_cast<int>(rng() % 40);
+        a = std::ldexp(1.0f + x, -75 - shift);
+        b = std::ldexp(rng() % 2 ? 1.0f - x : x - 1.0f, -75 + shift);
+        c = std::bit_cast<float>(static_cast<uint32_t>(
+            (rng() % 2 ? 0x80000000u : 0u) | 0x00400001u |
+            (static_cast<uint32_t>(rng()) & 0x003ffffeu)));
         break;
       }
       default: {  // products among the subnormals

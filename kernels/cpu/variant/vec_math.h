@@ -18,6 +18,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -240,16 +241,32 @@ inline VecD AddExactProduct(VecD acc, VecD a, VecD b) {
 }
 
 #if !defined(__FMA__)
+// Whether the double `s` lies exactly halfway between two adjacent floats.
+// Among normal floats, the halfway bit is 24 places below s's leading bit;
+// below 2^-126, float's step is 2^-149 whatever s's size, so the halfway
+// bit is 2^-150.
+inline bool OnFloatMidpoint(double s) {
+  const uint64_t bits = std::bit_cast<uint64_t>(s);
+  const int exponent = static_cast<int>((bits >> 52) & 0x7ff) - 1023;
+  // The halfway bit's place in the significand (52 is the leading bit).
+  const int half = std::max(28, -98 - exponent);
+  if (half > 52) return false;  // below 2^-150 (or zero): no midpoint
+  const uint64_t significand =
+      (bits & ((uint64_t{1} << 52) - 1)) | (uint64_t{1} << 52);
+  return (significand & ((uint64_t{2} << half) - 1)) == uint64_t{1} << half;
+}
+
 // The baseline has no FMA instruction, so it rounds a * b + c once the way
 // vfmadd does, from doubles: a float product is exact in double, so
 // s = a * b + c in double is the exact value rounded once, and rounding s to
 // float gives the correctly rounded result unless s landed exactly on a
 // float midpoint (the exact value may lie to either side of it; whatever
 // lands elsewhere rounds to float as the exact value does). Lanes on a
-// midpoint are rare and go to std::fma, which rounds once as well. Among
-// float's subnormals no exact value can round to a midpoint it is not: it
-// would need bits 52 places below the result's top, and a product of two
-// floats has 48.
+// midpoint are rare and go to std::fma, which rounds once as well. A
+// normal float's midpoint shows in s's low 29 bits; a subnormal's sits
+// higher, at 2^-150, and c a subnormal near 2^-127 with a product near
+// 2^-150 does land there (the exact sum spans 70 bits), so every lane
+// whose s is below 2^-126 is looked at one by one.
 inline RegF FmaRegister(RegF a, RegF b, RegF c) {
   const auto half = [&](auto first) {
     constexpr int kFirst = decltype(first)::value;
@@ -260,15 +277,18 @@ inline RegF FmaRegister(RegF a, RegF b, RegF c) {
   const RegD low = half(std::integral_constant<int, 0>{});
   const RegD high = half(std::integral_constant<int, 2>{});
   RegF out = _mm_movelh_ps(_mm_cvtpd_ps(low), _mm_cvtpd_ps(high));
-  // A float midpoint has the 29 bits below float's mantissa at 1000...0.
   const auto awkward = [](RegD s) {
-    return (std::bit_cast<RegL>(s) & 0x1fffffff) == 0x10000000;
+    constexpr double kSmallestNormal = 0x1p-126;
+    return ((std::bit_cast<RegL>(s) & 0x1fffffff) == 0x10000000) |
+           ((s > -kSmallestNormal) & (s < kSmallestNormal) & (s != 0));
   };
   const RegL low_awkward = awkward(low), high_awkward = awkward(high);
   if ((low_awkward[0] | low_awkward[1] | high_awkward[0] | high_awkward[1]) !=
       0) {
     for (int l = 0; l < 4; ++l) {
-      if ((l < 2 ? low_awkward[l] : high_awkward[l - 2]) != 0) {
+      const double s = l < 2 ? low[l] : high[l - 2];
+      if ((l < 2 ? low_awkward[l] : high_awkward[l - 2]) != 0 &&
+          OnFloatMidpoint(s)) {
         out[l] = std::fma(a[l], b[l], c[l]);
       }
     }
