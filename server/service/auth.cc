@@ -54,7 +54,8 @@ grpc::Status TokenAuth::Process(const InputMetadata& metadata,
       path == metadata.end()
           ? absl::string_view()
           : absl::string_view(path->second.data(), path->second.size());
-  if (absl::StartsWith(method, "/grpc.health.v1.Health/")) {
+  if (!health_needs_token_ &&
+      absl::StartsWith(method, "/grpc.health.v1.Health/")) {
     return grpc::Status::OK;
   }
   const absl::Status status = Check(metadata);

@@ -8,8 +8,9 @@
 // of its message is read and before a handler or an admission slot is
 // involved: an unauthenticated peer can make the server hold a call only for
 // the moment its headers are parsed. Every method needs the token except
-// grpc.health.v1.Health (Kubernetes probes carry no secrets); server
-// reflection needs it too. See docs/security.md.
+// grpc.health.v1.Health (Kubernetes probes carry no secrets), unless
+// --health_needs_token; server reflection needs it too. See
+// docs/security.md.
 
 #include <memory>
 #include <string>
@@ -30,9 +31,12 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 class TokenAuth final : public grpc::AuthMetadataProcessor {
  public:
   // `metrics` (not owned, outliving this) counts each refused IndexerKl call
-  // under its method with code UNAUTHENTICATED.
-  TokenAuth(std::string token, Metrics* metrics)
-      : token_(std::move(token)), metrics_(metrics) {}
+  // under its method with code UNAUTHENTICATED. Health calls are let
+  // through without the token unless `health_needs_token`.
+  TokenAuth(std::string token, bool health_needs_token, Metrics* metrics)
+      : token_(std::move(token)),
+        health_needs_token_(health_needs_token),
+        metrics_(metrics) {}
 
   // OK when `metadata` carries `authorization: Bearer <token>`;
   // UNAUTHENTICATED saying what is missing or wrong otherwise (never the
@@ -47,6 +51,7 @@ class TokenAuth final : public grpc::AuthMetadataProcessor {
 
  private:
   const std::string token_;
+  const bool health_needs_token_;
   Metrics* const metrics_;
 };
 

@@ -197,6 +197,11 @@ absl::Status ValidateOptions(const ServerOptions& options) {
         "100ms, or 0 (never), got ",
         absl::FormatDuration(idle)));
   }
+  if (options.health_needs_token && options.auth_token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--health_needs_token: needs --auth_token_file (there is no token "
+        "for health to need)");
+  }
   // gRPC takes the connection age and its grace in int milliseconds.
   constexpr absl::Duration kGrpcMaxMillis = absl::Milliseconds(INT32_MAX);
   if (options.max_connection_age > kGrpcMaxMillis ||
@@ -257,8 +262,8 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
   }
   if (token.has_value()) {
     // The check counts its refusals in the metrics, so it comes after them.
-    s->auth_ =
-        std::make_shared<TokenAuth>(*std::move(token), s->metrics_.get());
+    s->auth_ = std::make_shared<TokenAuth>(
+        *std::move(token), options.health_needs_token, s->metrics_.get());
     credentials->SetAuthMetadataProcessor(s->auth_);
   }
   // Made once the flags, the metrics address and the credentials have

@@ -182,6 +182,10 @@ ABSL_FLAG(std::string, tls_client_ca, Defaults().tls_client_ca_file,
 ABSL_FLAG(std::string, auth_token_file, Defaults().auth_token_file,
           "file holding a bearer token every RPC must send as "
           "'authorization: Bearer <token>' (health is exempt)");
+ABSL_FLAG(bool, health_needs_token, Defaults().health_needs_token,
+          "with --auth_token_file, health needs the token too (probes that "
+          "send it, such as klctl health --auth_token_file; Kubernetes' "
+          "native gRPC probes cannot)");
 
 namespace {
 
@@ -315,6 +319,7 @@ int main(int argc, char** argv) {
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.health_needs_token = absl::GetFlag(FLAGS_health_needs_token);
 
   absl::StatusOr<std::unique_ptr<klserve::server::KlServer>> server =
       klserve::server::KlServer::Start(options);

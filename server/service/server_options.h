@@ -152,6 +152,12 @@ struct ServerOptions {
   // stays open (Kubernetes probes) and server reflection needs the token
   // too. Read once at start.
   std::string auth_token_file;
+  // With auth_token_file: health needs the token too. An unauthenticated
+  // peer then holds nothing past a call's headers; without it, gRPC 1.51
+  // takes a health call's message in whole, up to transport_memory_bytes
+  // (docs/security.md). For probes that can send the token (klctl health
+  // --auth_token_file); Kubernetes' native gRPC probes cannot.
+  bool health_needs_token = false;
 };
 
 }  // namespace klserve::server

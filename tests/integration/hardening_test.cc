@@ -478,6 +478,45 @@ TEST_F(TokenServerTest, AnUploadWithoutTheTokenIsRefusedBeforeItsMessage) {
   }
 }
 
+// gRPC 1.51 takes a message in whole, up to --transport_memory_bytes, before
+// it holds it to --max_message_bytes: health, open without the token, let
+// an unauthenticated peer fill the transport's memory with one call (one
+// announced at 4 GiB held 4.1 GB). With --health_needs_token such a call
+// ends at its headers, as every other method's does.
+TEST(HealthNeedsTokenTest,
+     AHealthUploadWithoutTheTokenIsRefusedBeforeItsMessage) {
+  char dir[] = "/tmp/klserve_health_token_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string token_file = std::string(dir) + "/token";
+  FILE* f = fopen(token_file.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs(kToken, f);
+  fclose(f);
+  ClientOptions probe;
+  probe.auth_token = kToken;
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      {"--auth_token_file=" + token_file, "--health_needs_token"},
+      absl::Seconds(20), probe);
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<RawHttp2>> h2 =
+      RawHttp2::Connect((*server)->port());
+  ASSERT_TRUE(h2.ok()) << h2.status();
+  absl::StatusOr<uint32_t> stream =
+      (*h2)->OpenCall("/grpc.health.v1.Health/Check");
+  ASSERT_TRUE(stream.ok());
+  // 4 GiB - 1 announced, 60 KB sent (within HTTP/2's first window).
+  ASSERT_TRUE((*h2)
+                  ->SendMessage(*stream, std::string(60000, 'x'), 0xffffffffu,
+                                /*end_stream=*/false)
+                  .ok());
+  ASSERT_TRUE((*h2)->Pump(absl::Seconds(3), *stream).ok());
+  EXPECT_TRUE((*h2)->end(*stream).ended)
+      << "the health call waits for its message";
+  std::unique_ptr<Client> client =
+      MakeClient((*server)->target(), 1, kCallDeadline, probe);
+  ExpectServedExactly(*client);
+}
+
 TEST_F(TokenServerTest, RapidResetsLeaveTheServerServingWithBoundedRss) {
   constexpr int kConnections = 20;
   constexpr int kResetsPerConnection = 500;

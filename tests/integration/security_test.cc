@@ -293,6 +293,47 @@ TEST_F(SecurityTest, HealthViaRawStubNeedsNoToken) {
   EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
 }
 
+// --health_needs_token: health is one more method that needs the token, for
+// probes that can send it (klctl health --auth_token_file).
+TEST_F(SecurityTest, HealthNeedsTheTokenWhenAsked) {
+  ASSERT_NO_FATAL_FAILURE(
+      Start({"--auth_token_file=" + Path("token"), "--health_needs_token"},
+            Security("", false, kToken)));
+  std::unique_ptr<Client> anonymous = MakeClient(server_->target());
+  ASSERT_NE(anonymous, nullptr);
+  const absl::StatusOr<bool> refused = anonymous->Health();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated)
+      << Describe(refused.status());
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "authorization"))
+      << refused.status();
+  std::unique_ptr<Client> authorized = MakeClient(
+      server_->target(), 1, kCallDeadline, Security("", false, kToken));
+  ASSERT_NE(authorized, nullptr);
+  const absl::StatusOr<bool> serving = authorized->Health();
+  ASSERT_TRUE(serving.ok()) << Describe(serving.status());
+  EXPECT_TRUE(*serving);
+
+  const std::string target = "--target=" + server_->target();
+  const CommandResult none =
+      RunCommand({KLCTL_BIN, "health", target, "--max_attempts=1"});
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(none.err, "UNAUTHENTICATED")) << none.err;
+  const CommandResult probe = RunCommand(
+      {KLCTL_BIN, "health", target, "--auth_token_file=" + Path("token")});
+  EXPECT_EQ(probe.exit_code, 0) << probe.err;
+  EXPECT_TRUE(absl::StrContains(probe.out, "SERVING")) << probe.out;
+}
+
+TEST_F(SecurityTest, HealthNeedsTokenWithoutATokenIsAStartupError) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({"--health_needs_token"}, absl::Seconds(10));
+  ASSERT_FALSE(server.ok());
+  EXPECT_TRUE(
+      absl::StrContains(server.status().message(),
+                        "--health_needs_token: needs --auth_token_file"))
+      << server.status();
+}
+
 TEST_F(SecurityTest, EmptyTokenFileIsAStartupError) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
       {"--auth_token_file=" + Path("empty_token")}, absl::Seconds(10));
