@@ -395,16 +395,21 @@ TEST(EchoTest, UnreadRepliesAreTimedOutWithBoundedRss) {
 // ---------------------------------------------------------------------------
 // Items 3 and 4: a token server and peers without the token.
 
+// kToken in a file of a new temporary directory, for --auth_token_file.
+void WriteTokenFile(std::string& path) {
+  char dir[] = "/tmp/klserve_hardening_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  path = std::string(dir) + "/token";
+  FILE* f = fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs(kToken, f);
+  fclose(f);
+}
+
 class TokenServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char dir[] = "/tmp/klserve_hardening_XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    token_file_ = std::string(dir) + "/token";
-    FILE* f = fopen(token_file_.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    fputs(kToken, f);
-    fclose(f);
+    ASSERT_NO_FATAL_FAILURE(WriteTokenFile(token_file_));
     absl::StatusOr<std::unique_ptr<ServerProcess>> server =
         ServerProcess::Start({"--auth_token_file=" + token_file_});
     ASSERT_TRUE(server.ok()) << server.status();
@@ -485,13 +490,8 @@ TEST_F(TokenServerTest, AnUploadWithoutTheTokenIsRefusedBeforeItsMessage) {
 // ends at its headers, as every other method's does.
 TEST(HealthNeedsTokenTest,
      AHealthUploadWithoutTheTokenIsRefusedBeforeItsMessage) {
-  char dir[] = "/tmp/klserve_health_token_XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string token_file = std::string(dir) + "/token";
-  FILE* f = fopen(token_file.c_str(), "w");
-  ASSERT_NE(f, nullptr);
-  fputs(kToken, f);
-  fclose(f);
+  std::string token_file;
+  ASSERT_NO_FATAL_FAILURE(WriteTokenFile(token_file));
   ClientOptions probe;
   probe.auth_token = kToken;
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
