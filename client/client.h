@@ -72,7 +72,8 @@ struct ClientOptions {
   // target's host (e.g. connecting by IP to a certificate for a DNS name).
   std::string tls_server_name;
   // Bearer token sent as "authorization: Bearer <token>" on every call
-  // (health included, which does not need it); empty sends none.
+  // (health included, which needs it only on a server started with
+  // --health_needs_token); empty sends none.
   std::string auth_token;
 };
 

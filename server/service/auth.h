@@ -6,11 +6,13 @@
 //
 // The token is checked by gRPC's auth filter on a call's headers, before any
 // of its message is read and before a handler or an admission slot is
-// involved: an unauthenticated peer can make the server hold a call only for
-// the moment its headers are parsed. Every method needs the token except
-// grpc.health.v1.Health (Kubernetes probes carry no secrets), unless
-// --health_needs_token; server reflection needs it too. See
-// docs/security.md.
+// involved: an unauthenticated peer's call of a method that needs the token
+// is held only for the moment its headers are parsed. Every method needs
+// the token except grpc.health.v1.Health (Kubernetes probes carry no
+// secrets), unless --health_needs_token; server reflection needs it too.
+// A health call without the token is received like any call, message and
+// all (gRPC takes a message in whole before it applies the size limit), so
+// that is what the flag is for. See docs/security.md.
 
 #include <memory>
 #include <string>

@@ -317,7 +317,8 @@ absl::StatusOr<std::unique_ptr<KlServer>> KlServer::Start(
       s->metrics_.get(), s->reporter_.get(), &s->options_, s->regions_.get()});
 
   grpc::EnableDefaultHealthCheckService(true);
-  // With a token set, reflection needs it like every method but health.
+  // With a token set, reflection needs it like every method but health
+  // (and health too with --health_needs_token).
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // gRPC binds with SO_REUSEPORT by default: a second klserve on the same

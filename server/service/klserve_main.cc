@@ -181,7 +181,8 @@ ABSL_FLAG(std::string, tls_client_ca, Defaults().tls_client_ca_file,
           "TLS; needs --tls_cert and --tls_key)");
 ABSL_FLAG(std::string, auth_token_file, Defaults().auth_token_file,
           "file holding a bearer token every RPC must send as "
-          "'authorization: Bearer <token>' (health is exempt)");
+          "'authorization: Bearer <token>' (health is exempt unless "
+          "--health_needs_token)");
 ABSL_FLAG(bool, health_needs_token, Defaults().health_needs_token,
           "with --auth_token_file, health needs the token too (probes that "
           "send it, such as klctl health --auth_token_file; Kubernetes' "

@@ -149,8 +149,8 @@ struct ServerOptions {
   // error). When set, every IndexerKl RPC must carry the metadata
   // "authorization: Bearer <token>" or gets UNAUTHENTICATED, checked on
   // the call's headers before its message is read; grpc.health.v1.Health
-  // stays open (Kubernetes probes) and server reflection needs the token
-  // too. Read once at start.
+  // stays open (Kubernetes probes) unless health_needs_token, and server
+  // reflection needs the token too. Read once at start.
   std::string auth_token_file;
   // With auth_token_file: health needs the token too. An unauthenticated
   // peer then holds nothing past a call's headers; without it, gRPC 1.51

@@ -115,7 +115,9 @@ grpc::Status RawUnary(
     grpc_compression_algorithm compression = GRPC_COMPRESS_NONE) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
-  context.set_compression_algorithm(compression);
+  if (compression != GRPC_COMPRESS_NONE) {
+    context.set_compression_algorithm(compression);
+  }
   if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
   grpc::ByteBuffer response;
   return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
@@ -395,6 +397,27 @@ TEST(EchoTest, UnreadRepliesAreTimedOutWithBoundedRss) {
 // ---------------------------------------------------------------------------
 // Items 3 and 4: a token server and peers without the token.
 
+// A call of `method`, on a new connection to `port`, that announces a
+// message of `declared_bytes` and sends 60 KB of it (within HTTP/2's first
+// window): the server must end it within 3 s, without waiting for the
+// rest. `connection` keeps the connection open for the caller.
+void ExpectUploadEndsAtItsHeaders(int port, const std::string& method,
+                                  uint32_t declared_bytes,
+                                  std::unique_ptr<RawHttp2>& connection) {
+  absl::StatusOr<std::unique_ptr<RawHttp2>> h2 = RawHttp2::Connect(port);
+  ASSERT_TRUE(h2.ok()) << h2.status();
+  absl::StatusOr<uint32_t> stream = (*h2)->OpenCall(method);
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE((*h2)
+                  ->SendMessage(*stream, std::string(60000, 'x'),
+                                declared_bytes, /*end_stream=*/false)
+                  .ok());
+  ASSERT_TRUE((*h2)->Pump(absl::Seconds(3), *stream).ok());
+  EXPECT_TRUE((*h2)->end(*stream).ended)
+      << method << " still open: the server waits for the message";
+  connection = *std::move(h2);
+}
+
 // kToken in a file of a new temporary directory, for --auth_token_file.
 void WriteTokenFile(std::string& path) {
   char dir[] = "/tmp/klserve_hardening_XXXXXX";
@@ -463,23 +486,10 @@ TEST_F(TokenServerTest, HeaderOnlyCallsWithoutTheTokenEndAtOnceWithLittleRss) {
 }
 
 TEST_F(TokenServerTest, AnUploadWithoutTheTokenIsRefusedBeforeItsMessage) {
-  std::vector<std::unique_ptr<RawHttp2>> uploads;
-  for (int i = 0; i < 12; ++i) {
-    absl::StatusOr<std::unique_ptr<RawHttp2>> h2 =
-        RawHttp2::Connect(server_->port());
-    ASSERT_TRUE(h2.ok()) << h2.status();
-    absl::StatusOr<uint32_t> stream = (*h2)->OpenCall(kComputeLoss);
-    ASSERT_TRUE(stream.ok());
-    // 60 MiB announced, 60 KB sent (within HTTP/2's first window).
-    ASSERT_TRUE((*h2)
-                    ->SendMessage(*stream, std::string(60000, 'x'), 60u << 20,
-                                  /*end_stream=*/false)
-                    .ok());
-    ASSERT_TRUE((*h2)->Pump(absl::Seconds(3), *stream).ok());
-    const RawHttp2::StreamEnd end = (*h2)->end(*stream);
-    EXPECT_TRUE(end.ended) << "upload " << i
-                           << " still open: the server waits for the message";
-    uploads.push_back(*std::move(h2));
+  std::vector<std::unique_ptr<RawHttp2>> uploads(12);
+  for (std::unique_ptr<RawHttp2>& upload : uploads) {
+    ASSERT_NO_FATAL_FAILURE(ExpectUploadEndsAtItsHeaders(
+        server_->port(), kComputeLoss, 60u << 20, upload));
   }
 }
 
@@ -498,20 +508,9 @@ TEST(HealthNeedsTokenTest,
       {"--auth_token_file=" + token_file, "--health_needs_token"},
       absl::Seconds(20), probe);
   ASSERT_TRUE(server.ok()) << server.status();
-  absl::StatusOr<std::unique_ptr<RawHttp2>> h2 =
-      RawHttp2::Connect((*server)->port());
-  ASSERT_TRUE(h2.ok()) << h2.status();
-  absl::StatusOr<uint32_t> stream =
-      (*h2)->OpenCall("/grpc.health.v1.Health/Check");
-  ASSERT_TRUE(stream.ok());
-  // 4 GiB - 1 announced, 60 KB sent (within HTTP/2's first window).
-  ASSERT_TRUE((*h2)
-                  ->SendMessage(*stream, std::string(60000, 'x'), 0xffffffffu,
-                                /*end_stream=*/false)
-                  .ok());
-  ASSERT_TRUE((*h2)->Pump(absl::Seconds(3), *stream).ok());
-  EXPECT_TRUE((*h2)->end(*stream).ended)
-      << "the health call waits for its message";
+  std::unique_ptr<RawHttp2> upload;
+  ASSERT_NO_FATAL_FAILURE(ExpectUploadEndsAtItsHeaders(
+      (*server)->port(), "/grpc.health.v1.Health/Check", 0xffffffffu, upload));
   std::unique_ptr<Client> client =
       MakeClient((*server)->target(), 1, kCallDeadline, probe);
   ExpectServedExactly(*client);

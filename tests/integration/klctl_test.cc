@@ -689,12 +689,20 @@ TEST_F(KlctlTest, UnreachableServerExitsNonZeroWithUnavailable) {
 
 // `klctl health --target=<target>` fails at once (well within a 60-s
 // deadline), with `words` in its error.
-void ExpectTargetRefused(const std::string& target, const std::string& words) {
-  const CommandResult run =
-      RunCommand({KLCTL_BIN, "health", "--target=" + target, "--deadline=60s"},
-                 absl::Seconds(30));
+// klctl health with `flags` exits 1 with `words` in its error, naming its
+// own flags, never the library's options behind them.
+void ExpectRefused(const std::vector<std::string>& flags,
+                   const std::string& words) {
+  std::vector<std::string> argv = {KLCTL_BIN, "health", "--deadline=60s"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  const CommandResult run = RunCommand(argv, absl::Seconds(30));
   EXPECT_EQ(run.exit_code, 1) << run.err;
   EXPECT_TRUE(absl::StrContains(run.err, words)) << run.err;
+  EXPECT_FALSE(absl::StrContains(run.err, "ClientOptions")) << run.err;
+}
+
+void ExpectTargetRefused(const std::string& target, const std::string& words) {
+  ExpectRefused({"--target=" + target}, words);
 }
 
 // gRPC would resolve "http://localhost:50051" as one DNS name, retrying
@@ -761,29 +769,20 @@ TEST(KlctlTargetTest, APortOutsideOneTo65535IsRefused) {
 // the library's options behind them (ClientOptions.tls_ca_file is --tls_ca).
 TEST(KlctlTargetTest, ConnectionFlagRefusalsNameTheFlags) {
   const std::string missing = ::testing::TempDir() + "/klctl_no_such.pem";
-  for (const auto& [flags, words] :
-       std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"--tls_server_name=klserve"},
-            "INVALID_ARGUMENT: --tls_cert, --tls_key, --tls_server_name: need "
-            "--tls_ca"},
-           {{"--tls_ca=" + missing, "--tls_cert=" + missing},
-            "INVALID_ARGUMENT: --tls_cert, --tls_key: set both or neither"},
-           {{"--tls_ca=" + missing},
-            "INVALID_ARGUMENT: --tls_ca: cannot read \"" + missing + "\""},
-           {{"--max_attempts=0"},
-            "INVALID_ARGUMENT: --max_attempts: must be >= 1, got 0"},
-           {{"--deadline=0s"},
-            "INVALID_ARGUMENT: --deadline: must be finite and > 0, got 0"},
-           {{"--target=https://localhost:50051"},
-            "(TLS is set by --tls_ca, not an https:// scheme)"}}) {
-    std::vector<std::string> argv = {KLCTL_BIN, "health",
-                                     "--target=127.0.0.1:1"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    const CommandResult run = RunCommand(argv, absl::Seconds(30));
-    EXPECT_EQ(run.exit_code, 1) << run.err;
-    EXPECT_TRUE(absl::StrContains(run.err, words)) << run.err;
-    EXPECT_FALSE(absl::StrContains(run.err, "ClientOptions")) << run.err;
-  }
+  const std::string target = "--target=127.0.0.1:1";
+  ExpectRefused({target, "--tls_server_name=klserve"},
+                "INVALID_ARGUMENT: --tls_cert, --tls_key, --tls_server_name: "
+                "need --tls_ca");
+  ExpectRefused({target, "--tls_ca=" + missing, "--tls_cert=" + missing},
+                "INVALID_ARGUMENT: --tls_cert, --tls_key: set both or neither");
+  ExpectRefused({target, "--tls_ca=" + missing},
+                "INVALID_ARGUMENT: --tls_ca: cannot read \"" + missing + "\"");
+  ExpectRefused({target, "--max_attempts=0"},
+                "INVALID_ARGUMENT: --max_attempts: must be >= 1, got 0");
+  ExpectRefused({target, "--deadline=0s"},
+                "INVALID_ARGUMENT: --deadline: must be finite and > 0, got 0");
+  ExpectTargetRefused("https://localhost:50051",
+                      "(TLS is set by --tls_ca, not an https:// scheme)");
 }
 
 // Each worker is a thread and a connection: 100000 of them exhausted the

@@ -2,6 +2,7 @@
 // same bits from every variant this machine runs, primitive by primitive and
 // on whole problems. Variants the CPU cannot run are left out and named.
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -139,17 +140,22 @@ FmaInputs MakeFmaInputs(int64_t n) {
         break;
       }
       case 5: {
-        // c a subnormal of an odd step, at least 2^-127, and a product
-        // 2^-150 (1 - x^2) just off half a step: its last bits fall below
-        // double's step at c, so a * b + c rounded to double lands on a
-        // float midpoint that the exact sum is not on.
-        const float x = static_cast<float>(1 + rng() % 64) * 0x1p-23f;
+        // c a subnormal of an odd step in [2^-(127 + j), 2^-(126 + j)), and
+        // a product 2^-150 (1 - x^2) just off half a step: x^2 2^-150 is
+        // below half of double's step at c, so a * b + c rounded to double
+        // lands on a float midpoint that the exact sum is not on. The
+        // midpoint's bit sits 29 + j places up in the double.
+        const int j = static_cast<int>(rng() % 16);
+        // k^2 < 2^(16 - j) keeps x^2 2^-150 = k^2 2^-196 below 2^-(180 + j).
+        const int k_max = std::max(1, (1 << ((16 - j) / 2)) - 1);
+        const float x = static_cast<float>(1 + rng() % k_max) * 0x1p-23f;
         const int shift = static_cast<int>(rng() % 40);
         a = std::ldexp(1.0f + x, -75 - shift);
         b = std::ldexp(rng() % 2 ? 1.0f - x : x - 1.0f, -75 + shift);
-        c = std::bit_cast<float>(static_cast<uint32_t>(
-            (rng() % 2 ? 0x80000000u : 0u) | 0x00400001u |
-            (static_cast<uint32_t>(rng()) & 0x003ffffeu)));
+        const uint32_t top = uint32_t{1} << (22 - j);
+        c = std::bit_cast<float>(
+            static_cast<uint32_t>((rng() % 2 ? 0x80000000u : 0u) | top | 1u |
+                                  (static_cast<uint32_t>(rng()) & (top - 2))));
         break;
       }
       default: {  // products among the subnormals

@@ -262,11 +262,10 @@ inline bool OnFloatMidpoint(double s) {
 // float gives the correctly rounded result unless s landed exactly on a
 // float midpoint (the exact value may lie to either side of it; whatever
 // lands elsewhere rounds to float as the exact value does). Lanes on a
-// midpoint are rare and go to std::fma, which rounds once as well. A
-// normal float's midpoint shows in s's low 29 bits; a subnormal's sits
-// higher, at 2^-150, and c a subnormal near 2^-127 with a product near
-// 2^-150 does land there (the exact sum spans 70 bits), so every lane
-// whose s is below 2^-126 is looked at one by one.
+// midpoint are rare and go to std::fma, which rounds once as well. Below
+// 2^-126 the midpoints sit higher in s than a normal float's: c a subnormal
+// near 2^-127 with a product near 2^-150 lands on one (the exact sum spans
+// 70 bits).
 inline RegF FmaRegister(RegF a, RegF b, RegF c) {
   const auto half = [&](auto first) {
     constexpr int kFirst = decltype(first)::value;
@@ -277,18 +276,21 @@ inline RegF FmaRegister(RegF a, RegF b, RegF c) {
   const RegD low = half(std::integral_constant<int, 0>{});
   const RegD high = half(std::integral_constant<int, 2>{});
   RegF out = _mm_movelh_ps(_mm_cvtpd_ps(low), _mm_cvtpd_ps(high));
-  const auto awkward = [](RegD s) {
-    constexpr double kSmallestNormal = 0x1p-126;
-    return ((std::bit_cast<RegL>(s) & 0x1fffffff) == 0x10000000) |
-           ((s > -kSmallestNormal) & (s < kSmallestNormal) & (s != 0));
+  // What every lane OnFloatMidpoint takes has, in the 29 bits below
+  // float's mantissa: 1000...0 (a normal float's midpoint), or all zeros
+  // with s below 2^-126 (a subnormal's, whose halfway bit is higher). Most
+  // lanes have neither, and skip the lane-by-lane look.
+  const auto maybe_midpoint = [](RegD s) {
+    constexpr double kSmallestNormal = std::numeric_limits<float>::min();
+    const RegL low_bits = std::bit_cast<RegL>(s) & 0x1fffffff;
+    return (low_bits == 0x10000000) |
+           ((low_bits == 0) & (s > -kSmallestNormal) & (s < kSmallestNormal) &
+            (s != 0));
   };
-  const RegL low_awkward = awkward(low), high_awkward = awkward(high);
-  if ((low_awkward[0] | low_awkward[1] | high_awkward[0] | high_awkward[1]) !=
-      0) {
+  const RegL low_maybe = maybe_midpoint(low), high_maybe = maybe_midpoint(high);
+  if ((low_maybe[0] | low_maybe[1] | high_maybe[0] | high_maybe[1]) != 0) {
     for (int l = 0; l < 4; ++l) {
-      const double s = l < 2 ? low[l] : high[l - 2];
-      if ((l < 2 ? low_awkward[l] : high_awkward[l - 2]) != 0 &&
-          OnFloatMidpoint(s)) {
+      if (OnFloatMidpoint(l < 2 ? low[l] : high[l - 2])) {
         out[l] = std::fma(a[l], b[l], c[l]);
       }
     }
