@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -29,32 +29,28 @@ constexpr char kMagic[] = "\x93NUMPY";
 constexpr int64_t kMagicBytes = 6;
 constexpr int64_t kAlignment = 64;  // NumPy aligns the data to 64 bytes
 
-// The bits of `rules`, for NpyType::takes.
-constexpr uint32_t Takes(std::initializer_list<DTypeRule> rules) {
-  uint32_t bits = 0;
-  for (DTypeRule rule : rules) bits |= 1u << static_cast<int>(rule);
-  return bits;
-}
-
 // The element types klserve reads and writes: the one table of descrs.
 struct NpyType {
   absl::string_view descr;
   absl::string_view dtype;  // the wire name
   absl::string_view name;   // for the list of what a reader takes
-  uint32_t takes;           // the DTypeRules of the request inputs read from it
 };
 
 // The first entry for a dtype is the one written. FP64 is written only
 // (row_kl); no request input takes it.
 constexpr NpyType kNpyTypes[] = {
-    {"<f4", "FP32", "float32", Takes({DTypeRule::kFloat, DTypeRule::kFloat32})},
-    {"<f2", "FP16", "float16", Takes({DTypeRule::kFloat})},
-    {"<u2", "BF16", "bfloat16 as", Takes({DTypeRule::kFloat})},
-    {"<i4", "INT32", "int32", Takes({DTypeRule::kInt32})},
-    {"|b1", "BOOL", "bool", Takes({DTypeRule::kBool})},
-    {"|u1", "BOOL", "uint8", Takes({DTypeRule::kBool})},
-    {"<f8", "FP64", "float64", 0},
+    {"<f4", "FP32", "float32"},     {"<f2", "FP16", "float16"},
+    {"<u2", "BF16", "bfloat16 as"}, {"<i4", "INT32", "int32"},
+    {"|b1", "BOOL", "bool"},        {"|u1", "BOOL", "uint8"},
+    {"<f8", "FP64", "float64"},
 };
+
+// Whether an input whose rule is `rule` is read from `type`.
+bool Takes(DTypeRule rule, const NpyType& type) {
+  return absl::c_any_of(DTypesOf(rule), [&](DType dtype) {
+    return DTypeName(dtype) == type.dtype;
+  });
+}
 
 absl::Status Malformed(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("npy: ", what));
@@ -211,7 +207,7 @@ absl::StatusOr<const NpyType*> FindNpyType(absl::string_view descr,
   std::vector<std::string> wanted;
   bool takes_bf16 = false;
   for (const NpyType& type : kNpyTypes) {
-    if (rule && (type.takes & Takes({*rule})) == 0) continue;
+    if (rule && !Takes(*rule, type)) continue;
     if (descr == type.descr) return &type;
     wanted.push_back(absl::StrCat(type.name, " '", type.descr, "'"));
     takes_bf16 |= type.dtype == "BF16";

@@ -7,7 +7,7 @@
 //   '<f4' FP32, '<f2' FP16, '<i4' INT32, '|b1' or '|u1' BOOL (read; BOOL is
 //   written as '|b1'), '<f8' FP64, and '<u2' BF16.
 // A request input is read only from the descrs its tensor's DTypeRule takes
-// (proto/request_tensors.h): float32, float16 or bfloat16 as '<u2' for the
+// (kernels/input_dtypes.h): float32, float16 or bfloat16 as '<u2' for the
 // float inputs, int32 for indices, bool or uint8 for masks.
 // NumPy has no bfloat16; klserve's convention is to carry bfloat16 bits as
 // uint16 ('<u2'), which `arr.view(np.uint16)` / `.view(ml_dtypes.bfloat16)`

@@ -80,7 +80,7 @@ absl::Status TakeScores(const IndexerKlInputs& in, const ShapeOrigins& origin,
   const TensorView& scores = in.indexer_scores;
   const bool sparse = in.topk_indices.has_value();
   const char* layout = sparse ? "[B, T, K]" : "[B, T, S]";
-  RETURN_IF_ERROR(CheckDType("indexer_scores", scores, kFloatDTypes));
+  RETURN_IF_ERROR(CheckDType("indexer_scores", scores, input_dtype::kScores));
   RETURN_IF_ERROR(CheckLayout("indexer_scores", scores, layout, 3));
   RETURN_IF_ERROR(CheckBytesIfAny("indexer_scores", scores));
   p.B = scores.shape[0];
@@ -94,7 +94,7 @@ absl::Status TakeScores(const IndexerKlInputs& in, const ShapeOrigins& origin,
     }
     p.S = num_keys;
     RETURN_IF_ERROR(CheckTensor("topk_indices", *in.topk_indices,
-                                {DType::kInt32}, "[B, T, K]",
+                                input_dtype::kIndex, "[B, T, K]",
                                 {p.B, p.T, p.row_length}, origin.rows));
     RETURN_IF_ERROR(CheckBytesIfAny("topk_indices", *in.topk_indices));
   } else {
@@ -127,11 +127,12 @@ absl::Status TakeTarget(const IndexerKlInputs& in, const ShapeOrigins& origin,
   if (p.per_head()) {
     const TensorView& logits = *in.attention_logits;
     const char* layout = p.sparse() ? "[B, H, T, K]" : "[B, H, T, S]";
-    RETURN_IF_ERROR(CheckDType("attention_logits", logits, kFloatDTypes));
+    RETURN_IF_ERROR(
+        CheckDType("attention_logits", logits, input_dtype::kScores));
     RETURN_IF_ERROR(CheckLayout("attention_logits", logits, layout, 4));
     p.H = logits.shape[1];
     RETURN_IF_ERROR(
-        CheckTensor("attention_logits", logits, kFloatDTypes, layout,
+        CheckTensor("attention_logits", logits, input_dtype::kScores, layout,
                     {p.B, p.H, p.T, p.row_length},
                     absl::StrCat("H from its own second dimension, the rest ",
                                  origin.rows)));
@@ -150,7 +151,7 @@ absl::Status TakeTarget(const IndexerKlInputs& in, const ShapeOrigins& origin,
     }
     p.H = 1;
     RETURN_IF_ERROR(CheckTensor("attention_weights", *in.attention_weights,
-                                kFloatDTypes,
+                                input_dtype::kScores,
                                 p.sparse() ? "[B, T, K]" : "[B, T, S]",
                                 {p.B, p.T, p.row_length}, origin.rows));
     RETURN_IF_ERROR(
@@ -180,7 +181,7 @@ absl::Status TakeKeyBounds(const IndexerKlInputs& in,
   };
   for (const Bound& bound : {Bound{"key_start", &*in.key_start, true},
                              Bound{"key_end", &*in.key_end, false}}) {
-    RETURN_IF_ERROR(CheckTensor(bound.field, *bound.view, {DType::kInt32},
+    RETURN_IF_ERROR(CheckTensor(bound.field, *bound.view, input_dtype::kIndex,
                                 "[B, T]", {p.B, p.T}, origin.rows));
     RETURN_IF_ERROR(CheckBytes(bound.field, *bound.view));
     const auto* bytes = static_cast<const std::byte*>(bound.view->data);
@@ -211,11 +212,11 @@ absl::Status TakeMasks(const IndexerKlInputs& in, const ShapeOrigins& origin,
   }
   if (in.segment_ids_q) {
     RETURN_IF_ERROR(CheckTensor("segment_ids_q", *in.segment_ids_q,
-                                {DType::kInt32}, "[B, T]", {p.B, p.T},
+                                input_dtype::kIndex, "[B, T]", {p.B, p.T},
                                 origin.rows));
     RETURN_IF_ERROR(CheckBytes("segment_ids_q", *in.segment_ids_q));
     RETURN_IF_ERROR(CheckTensor("segment_ids_kv", *in.segment_ids_kv,
-                                {DType::kInt32}, "[B, S]", {p.B, p.S},
+                                input_dtype::kIndex, "[B, S]", {p.B, p.S},
                                 origin.keys));
     RETURN_IF_ERROR(CheckBytes("segment_ids_kv", *in.segment_ids_kv));
     p.segment_ids_q = static_cast<const std::byte*>(in.segment_ids_q->data);
@@ -223,21 +224,21 @@ absl::Status TakeMasks(const IndexerKlInputs& in, const ShapeOrigins& origin,
   }
   if (in.attention_mask) {
     RETURN_IF_ERROR(CheckTensor("attention_mask", *in.attention_mask,
-                                {DType::kBool}, "[B, T, S]", {p.B, p.T, p.S},
-                                origin.keys));
+                                input_dtype::kMask, "[B, T, S]",
+                                {p.B, p.T, p.S}, origin.keys));
     RETURN_IF_ERROR(CheckBytesIfAny("attention_mask", *in.attention_mask));
     p.has_attention_mask = true;
   }
   if (in.key_padding_mask) {
     RETURN_IF_ERROR(CheckTensor("key_padding_mask", *in.key_padding_mask,
-                                {DType::kBool}, "[B, S]", {p.B, p.S},
+                                input_dtype::kMask, "[B, S]", {p.B, p.S},
                                 origin.keys));
     RETURN_IF_ERROR(CheckBytes("key_padding_mask", *in.key_padding_mask));
     p.key_padding_mask =
         static_cast<const std::byte*>(in.key_padding_mask->data);
   }
   if (in.row_valid) {
-    RETURN_IF_ERROR(CheckTensor("row_valid", *in.row_valid, {DType::kBool},
+    RETURN_IF_ERROR(CheckTensor("row_valid", *in.row_valid, input_dtype::kMask,
                                 "[B, T]", {p.B, p.T}, origin.rows));
     RETURN_IF_ERROR(CheckBytes("row_valid", *in.row_valid));
     p.row_valid = static_cast<const std::byte*>(in.row_valid->data);

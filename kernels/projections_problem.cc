@@ -19,7 +19,7 @@ namespace {
 absl::Status CheckProjection(absl::string_view field, const TensorView& view,
                              absl::string_view layout, size_t rank,
                              bool key_side) {
-  RETURN_IF_ERROR(CheckDType(field, view, kFloatDTypes));
+  RETURN_IF_ERROR(CheckDType(field, view, input_dtype::kProjection));
   RETURN_IF_ERROR(CheckLayout(field, view, layout, rank));
   return key_side ? CheckBytes(field, view) : CheckBytesIfAny(field, view);
 }
@@ -28,8 +28,8 @@ absl::Status CheckShape(absl::string_view field, const TensorView& view,
                         absl::string_view layout,
                         std::initializer_list<int64_t> expected, bool key_side,
                         absl::string_view origin) {
-  RETURN_IF_ERROR(
-      CheckTensor(field, view, kFloatDTypes, layout, expected, origin));
+  RETURN_IF_ERROR(CheckTensor(field, view, input_dtype::kProjection, layout,
+                              expected, origin));
   return key_side ? CheckBytes(field, view) : CheckBytesIfAny(field, view);
 }
 
@@ -145,7 +145,7 @@ absl::StatusOr<ProjectionsProblem> ProjectionsProblem::Create(
   std::optional<TensorView> indices;
   if (in.topk_indices) {
     RETURN_IF_ERROR(
-        CheckDType("topk_indices", *in.topk_indices, {DType::kInt32}));
+        CheckDType("topk_indices", *in.topk_indices, input_dtype::kIndex));
     RETURN_IF_ERROR(
         CheckLayout("topk_indices", *in.topk_indices, "[B, T, K]", 3));
     K = in.topk_indices->shape[2];
@@ -196,7 +196,7 @@ absl::StatusOr<ProjectionsProblem> ProjectionsProblem::Create(
   p.index_weights_dtype = in.index_weights.dtype;
   if (in.lse) {
     RETURN_IF_ERROR(
-        CheckTensor("lse", *in.lse, {DType::kFloat32}, "[B, H, T]", {B, H, T}));
+        CheckTensor("lse", *in.lse, input_dtype::kLse, "[B, H, T]", {B, H, T}));
     RETURN_IF_ERROR(CheckBytesIfAny("lse", *in.lse));
     p.has_lse = true;
   }

@@ -26,7 +26,8 @@ absl::Status Invalid(absl::string_view field, absl::string_view rule,
 }
 
 absl::Status CheckDType(absl::string_view field, const TensorView& view,
-                        absl::Span<const DType> allowed) {
+                        DTypeRule rule) {
+  const absl::Span<const DType> allowed = DTypesOf(rule);
   for (DType dtype : allowed) {
     if (view.dtype == dtype) return absl::OkStatus();
   }
@@ -88,11 +89,10 @@ absl::Status CheckBytesIfAny(absl::string_view field, const TensorView& view) {
 
 // Checks a tensor whose shape the problem already fixes.
 absl::Status CheckTensor(absl::string_view field, const TensorView& view,
-                         absl::Span<const DType> allowed,
-                         absl::string_view layout,
+                         DTypeRule rule, absl::string_view layout,
                          std::initializer_list<int64_t> expected,
                          absl::string_view origin) {
-  RETURN_IF_ERROR(CheckDType(field, view, allowed));
+  RETURN_IF_ERROR(CheckDType(field, view, rule));
   RETURN_IF_ERROR(CheckLayout(field, view, layout, expected.size()));
   if (!std::equal(expected.begin(), expected.end(), view.shape.begin())) {
     return Invalid(

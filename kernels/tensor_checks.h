@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/dtype.h"
+#include "kernels/input_dtypes.h"
 #include "kernels/tensor_view.h"
 
 // The checks of one request tensor that every form's Create applies, each
@@ -25,7 +26,7 @@ absl::Status Invalid(absl::string_view field, absl::string_view rule,
                      absl::string_view got);
 
 absl::Status CheckDType(absl::string_view field, const TensorView& view,
-                        absl::Span<const DType> allowed);
+                        DTypeRule rule);
 
 // Rank, positive dims, and no overflow of the byte size.
 absl::Status CheckLayout(absl::string_view field, const TensorView& view,
@@ -44,8 +45,7 @@ absl::Status CheckBytesIfAny(absl::string_view field, const TensorView& view);
 // given, says in the message where the expected dimensions came from (a
 // wrong tensor elsewhere may have set them).
 absl::Status CheckTensor(absl::string_view field, const TensorView& view,
-                         absl::Span<const DType> allowed,
-                         absl::string_view layout,
+                         DTypeRule rule, absl::string_view layout,
                          std::initializer_list<int64_t> expected,
                          absl::string_view origin = {});
 

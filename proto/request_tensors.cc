@@ -8,6 +8,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 
@@ -82,18 +83,14 @@ const RequestTensor* FindRequestTensor(absl::string_view name) {
   return nullptr;
 }
 
-absl::string_view DTypeRuleText(DTypeRule rule) {
-  switch (rule) {
-    case DTypeRule::kFloat:
-      return "FP32, BF16 or FP16";
-    case DTypeRule::kFloat32:
-      return "FP32";
-    case DTypeRule::kInt32:
-      return "INT32";
-    case DTypeRule::kBool:
-      return "BOOL";
+std::string DTypeRuleText(DTypeRule rule) {
+  const absl::Span<const DType> dtypes = DTypesOf(rule);
+  std::string text = DTypeName(dtypes.front());
+  for (size_t i = 1; i < dtypes.size(); ++i) {
+    absl::StrAppend(&text, i + 1 == dtypes.size() ? " or " : ", ",
+                    DTypeName(dtypes[i]));
   }
-  return "";
+  return text;
 }
 
 RequestForm FormOf(const v1::ComputeLossRequest& request) {

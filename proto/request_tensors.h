@@ -30,6 +30,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "kernels/input_dtypes.h"
 #include "kernels/problem.h"
 #include "kernels/projections_problem.h"
 #include "kernels/tensor_view.h"
@@ -57,15 +58,6 @@ enum class RequestForm {
   kProjections,  // query, key, index_query, index_key, index_weights
 };
 
-// The dtypes a tensor may have. The kernels check them with their own
-// lists; tests/integration/dtype_rules_test.cc holds the two together.
-enum class DTypeRule {
-  kFloat,  // FP32, BF16 or FP16
-  kFloat32,
-  kInt32,
-  kBool,  // one byte per element, nonzero is true
-};
-
 // A tensor's member of one form's inputs struct: none (the form does not
 // take the tensor), optional, or a plain view for a tensor every request of
 // that form must carry.
@@ -81,7 +73,7 @@ struct RequestTensor {
   // fields by this name.
   absl::string_view name;
   TensorRole role;
-  DTypeRule dtype;
+  DTypeRule dtype;  // its rule in kernels/input_dtypes.h
   // Letters as in klserve.proto: B batch, H heads, T query rows, S keys,
   // K top-k slots; in the projections form D the head dimension, H_kv the
   // key heads, H_I and D_I the indexer's heads and their dimension.
@@ -106,7 +98,7 @@ struct RequestTensor {
 inline constexpr RequestTensor kRequestTensors[] = {
     {.name = "attention_logits",
      .role = TensorRole::kPerRow,
-     .dtype = DTypeRule::kFloat,
+     .dtype = input_dtype::kScores,
      .layout = "[B, H, T, S or K]",
      .block_layout = "[H, num_rows, S or K]",
      .per_head = true,
@@ -116,7 +108,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
          [](v1::RowBlock& b) { return b.mutable_attention_logits(); }},
     {.name = "attention_weights",
      .role = TensorRole::kPerRow,
-     .dtype = DTypeRule::kFloat,
+     .dtype = input_dtype::kScores,
      .layout = "[B, T, S or K]",
      .block_layout = "[num_rows, S or K]",
      .per_head = false,
@@ -126,7 +118,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
          [](v1::RowBlock& b) { return b.mutable_attention_weights(); }},
     {.name = "indexer_scores",
      .role = TensorRole::kPerRow,
-     .dtype = DTypeRule::kFloat,
+     .dtype = input_dtype::kScores,
      .layout = "[B, T, S or K]",
      .block_layout = "[num_rows, S or K]",
      .per_head = false,
@@ -136,7 +128,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
          [](v1::RowBlock& b) { return b.mutable_indexer_scores(); }},
     {.name = "topk_indices",
      .role = TensorRole::kPerRow,
-     .dtype = DTypeRule::kInt32,
+     .dtype = input_dtype::kIndex,
      .layout = "[B, T, K]",
      .block_layout = "[num_rows, K]",
      .per_head = false,
@@ -146,7 +138,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
          [](v1::RowBlock& b) { return b.mutable_topk_indices(); }},
     {.name = "attention_mask",
      .role = TensorRole::kPerRow,
-     .dtype = DTypeRule::kBool,
+     .dtype = input_dtype::kMask,
      .layout = "[B, T, S]",
      .block_layout = "[num_rows, S]",
      .per_head = false,
@@ -156,7 +148,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
          [](v1::RowBlock& b) { return b.mutable_attention_mask(); }},
     {.name = "segment_ids_q",
      .role = TensorRole::kSmall,
-     .dtype = DTypeRule::kInt32,
+     .dtype = input_dtype::kIndex,
      .layout = "[B, T]",
      .block_layout = "",
      .per_head = false,
@@ -165,7 +157,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .mutable_block_bytes = nullptr},
     {.name = "segment_ids_kv",
      .role = TensorRole::kSmall,
-     .dtype = DTypeRule::kInt32,
+     .dtype = input_dtype::kIndex,
      .layout = "[B, S]",
      .block_layout = "",
      .per_head = false,
@@ -174,7 +166,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .mutable_block_bytes = nullptr},
     {.name = "key_padding_mask",
      .role = TensorRole::kSmall,
-     .dtype = DTypeRule::kBool,
+     .dtype = input_dtype::kMask,
      .layout = "[B, S]",
      .block_layout = "",
      .per_head = false,
@@ -183,7 +175,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .mutable_block_bytes = nullptr},
     {.name = "row_valid",
      .role = TensorRole::kSmall,
-     .dtype = DTypeRule::kBool,
+     .dtype = input_dtype::kMask,
      .layout = "[B, T]",
      .block_layout = "",
      .per_head = false,
@@ -192,7 +184,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .mutable_block_bytes = nullptr},
     {.name = "key_start",
      .role = TensorRole::kSmall,
-     .dtype = DTypeRule::kInt32,
+     .dtype = input_dtype::kIndex,
      .layout = "[B, T]",
      .block_layout = "",
      .per_head = false,
@@ -201,7 +193,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .mutable_block_bytes = nullptr},
     {.name = "key_end",
      .role = TensorRole::kSmall,
-     .dtype = DTypeRule::kInt32,
+     .dtype = input_dtype::kIndex,
      .layout = "[B, T]",
      .block_layout = "",
      .per_head = false,
@@ -210,7 +202,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .mutable_block_bytes = nullptr},
     {.name = "query",
      .role = TensorRole::kPerRow,
-     .dtype = DTypeRule::kFloat,
+     .dtype = input_dtype::kProjection,
      .layout = "[B, T, H, D]",
      .block_layout = "[num_rows, H, D]",
      .per_head = false,
@@ -219,7 +211,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .mutable_block_bytes = [](v1::RowBlock& b) { return b.mutable_query(); }},
     {.name = "key",
      .role = TensorRole::kKeySide,
-     .dtype = DTypeRule::kFloat,
+     .dtype = input_dtype::kProjection,
      .layout = "[B, S, H_kv, D]",
      .block_layout = "",
      .per_head = false,
@@ -228,7 +220,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .mutable_block_bytes = nullptr},
     {.name = "lse",
      .role = TensorRole::kPerRow,
-     .dtype = DTypeRule::kFloat32,
+     .dtype = input_dtype::kLse,
      .layout = "[B, H, T]",
      .block_layout = "[H, num_rows]",
      .per_head = true,
@@ -237,7 +229,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .mutable_block_bytes = [](v1::RowBlock& b) { return b.mutable_lse(); }},
     {.name = "index_query",
      .role = TensorRole::kPerRow,
-     .dtype = DTypeRule::kFloat,
+     .dtype = input_dtype::kProjection,
      .layout = "[B, T, H_I, D_I]",
      .block_layout = "[num_rows, H_I, D_I]",
      .per_head = false,
@@ -247,7 +239,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
          [](v1::RowBlock& b) { return b.mutable_index_query(); }},
     {.name = "index_key",
      .role = TensorRole::kKeySide,
-     .dtype = DTypeRule::kFloat,
+     .dtype = input_dtype::kProjection,
      .layout = "[B, S, D_I]",
      .block_layout = "",
      .per_head = false,
@@ -256,7 +248,7 @@ inline constexpr RequestTensor kRequestTensors[] = {
      .mutable_block_bytes = nullptr},
     {.name = "index_weights",
      .role = TensorRole::kPerRow,
-     .dtype = DTypeRule::kFloat,
+     .dtype = input_dtype::kProjection,
      .layout = "[B, T, H_I]",
      .block_layout = "[num_rows, H_I]",
      .per_head = false,
@@ -275,7 +267,7 @@ absl::Span<const std::reference_wrapper<const RequestTensor>> PerRowTensors();
 const RequestTensor* FindRequestTensor(absl::string_view name);
 
 // "FP32, BF16 or FP16", "FP32", "INT32" or "BOOL".
-absl::string_view DTypeRuleText(DTypeRule rule);
+std::string DTypeRuleText(DTypeRule rule);
 
 // The form of `request`: the projections form when it carries `query` (in
 // a StreamHeader, its spec).

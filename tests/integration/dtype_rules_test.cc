@@ -1,9 +1,11 @@
-// The tensor table's dtype rules (proto/request_tensors.h), which klctl's
-// help, the clients and the stream slicer read, against the checks the
-// kernels make (kernels/problem.cc, kernels/projections_problem.cc), over the
-// real server: every tensor of every form, sent in each wire dtype, is
-// served when its rule takes the dtype and refused naming the tensor and its
-// dtype when not. A rule changed on one side only fails here.
+// The tensor table's dtype rules (proto/request_tensors.h, from
+// kernels/input_dtypes.h), which klctl's help, the clients and the stream
+// slicer read, against the checks the kernels make (kernels/problem.cc,
+// kernels/projections_problem.cc), over the real server: every tensor of
+// every form, sent in each wire dtype, is served when its rule takes the
+// dtype and refused naming the tensor and its dtype when not. A table entry
+// or a check that names another input's rule fails here, and so does a rule
+// that takes other dtypes than this test's own list says.
 
 #include <gtest/gtest.h>
 
