@@ -1,6 +1,7 @@
 #ifndef KLSERVE_KERNELS_CPU_PROJECTION_TILE_H_
 #define KLSERVE_KERNELS_CPU_PROJECTION_TILE_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -17,6 +18,10 @@ namespace klserve::cpu {
 
 // Keys per step of the dense tile's passes over the keys.
 inline constexpr int64_t kKeyTile = 512;
+// The keys a step's buffers make room for in a problem of S keys: kKeyTile,
+// or S when fewer. The tiles size their buffers by it and their memory bound
+// (ProjectionTileScratchOf) counts them by it, so the bound holds for any S.
+constexpr int64_t KeyTileWidth(int64_t S) { return std::min(kKeyTile, S); }
 // The most a dense tile keeps of its main logits between its two passes
 // over them (docs/PERFORMANCE.md: the working memory).
 inline constexpr int64_t kStoredLogitsBytes = int64_t{32} << 20;

@@ -41,11 +41,6 @@ int64_t RowScratchBytes(int64_t slots, bool sparse) {
                                     : std::numeric_limits<int64_t>::max();
 }
 
-// The keys of one step of the dense passes: kKeyTile, or S when fewer.
-int64_t KeyTile(const ProjectionTileShape& s) {
-  return std::min(kKeyTile, s.S);
-}
-
 // The bytes a tile holds per query row that grow with the row's own widths
 // (H * D, H_I * D_I), not with the keys.
 int64_t QueryRowBytes(const ProjectionTileShape& s) {
@@ -66,9 +61,9 @@ int64_t PerRowBytes(const ProjectionTileShape& s) {
   if (s.K == 0) {
     // w, I, g over the keys ([rows, S] each); the indexer gradient's
     // exponentials of one key tile.
-    b.AddProduct(3 * kFloat, s.S).AddProduct(kFloat, s.H_I, KeyTile(s));
+    b.AddProduct(3 * kFloat, s.S).AddProduct(kFloat, s.H_I, KeyTileWidth(s.S));
     // The float64 sums of the heads' blocks, over one key tile.
-    if (s.H > kHeadsPerFloatSum) b.AddProduct(8, kKeyTile);
+    if (s.H > kHeadsPerFloatSum) b.AddProduct(8, KeyTileWidth(s.S));
   } else {
     // The slots' keys, w, I and g; the indexer's dot products u and the
     // gathered index keys; the d_index_key contributions of the slots.
@@ -76,7 +71,7 @@ int64_t PerRowBytes(const ProjectionTileShape& s) {
     b.AddProduct(2 * kFloat, s.K, s.D_I).AddProduct(kFloat, s.K);
     if (s.server_topk) {
       // The dense scores the selection ranks, and the selection itself.
-      b.AddProduct(kFloat, s.S).AddProduct(kFloat, s.H_I, KeyTile(s));
+      b.AddProduct(kFloat, s.S).AddProduct(kFloat, s.H_I, KeyTileWidth(s.S));
       b.AddProduct(kFloat, s.K);
     }
   }
@@ -87,8 +82,8 @@ int64_t PerRowBytes(const ProjectionTileShape& s) {
 int64_t FixedBytes(const ProjectionTileShape& s) {
   Bytes b;
   // One key tile of key and index_key converted to float.
-  b.AddProduct(kFloat, KeyTile(s), s.H_kv, s.D)
-      .AddProduct(kFloat, KeyTile(s), s.D_I);
+  b.AddProduct(kFloat, KeyTileWidth(s.S), s.H_kv, s.D)
+      .AddProduct(kFloat, KeyTileWidth(s.S), s.D_I);
   if (s.K == 0) {
     // The d_index_key contributions of every key the tile sees; the row
     // code's scratch for rows of S slots.
@@ -134,9 +129,10 @@ ProjectionTileScratch ProjectionTileScratchOf(const ProjectionTileShape& shape,
       block.AddProduct(kFloat, block_floats);
       return all.total() <= budget ? all.total() : block.total();
     };
-    b.Add(store(shape.H, rows * kKeyTile, kStoredLogitsBytes));
-    b.Add(store(1, Bytes().AddProduct(rows, shape.H_I, kKeyTile).total(),
-                kStoredDotsBytes));
+    b.Add(store(shape.H, rows * KeyTileWidth(shape.S), kStoredLogitsBytes));
+    b.Add(store(
+        1, Bytes().AddProduct(rows, shape.H_I, KeyTileWidth(shape.S)).total(),
+        kStoredDotsBytes));
   }
   return {.bytes = b.total(),
           .query_side_bytes =

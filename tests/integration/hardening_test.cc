@@ -1268,6 +1268,36 @@ TEST(ProjectionsAmplificationTest, ManyKeysTakeTilesOfFewRowsAndGiveThemBack) {
       << "RSS grew by " << growth << " KiB";
 }
 
+// A tile's buffers for one step over the keys were kKeyTile (512) keys wide
+// whatever S, while its memory bound counted min(512, S): with S = 1 and
+// 2^18 indexer heads a 4 MB request, let through by a 64 MiB limit, made
+// the one compute thread hold 1.09 GB (the service's selection, and the
+// dense tile's gradients as much). They are now as wide as the bound says.
+TEST(ProjectionsAmplificationTest,
+     FewKeysTakeBuffersAsWideAsTheKeysWithBoundedRss) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({"--threads=1", "--max_thread_scratch_bytes=64MiB"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  absl::StatusOr<int64_t> before = (*server)->RssKiB();
+  ASSERT_TRUE(before.ok());
+  for (const bool select : {false, true}) {
+    ProjectionsSpec spec = ManyKeys(2, 1);
+    spec.H_I = int64_t{1} << 18;
+    if (select) spec.options.set_topk(1);
+    absl::StatusOr<v1::ComputeLossResponse> response =
+        client->ComputeLossUnary(MakeProjectionsRequest(spec));
+    ASSERT_TRUE(response.ok()) << Describe(response.status());
+    EXPECT_TRUE(std::isfinite(response->result().loss()));
+  }
+  absl::StatusOr<int64_t> peak = (*server)->PeakRssKiB();
+  ASSERT_TRUE(peak.ok());
+  // The request and its answer (4 MB each, a few copies of them in gRPC and
+  // the service) and the tile, within its 64 MiB.
+  EXPECT_LT(*peak - *before, 192 * 1024)
+      << "VmHWM " << *peak << " KiB, VmRSS before " << *before << " KiB";
+}
+
 // What a tile would take in each compute thread is weighed before anything
 // is computed, against --max_thread_scratch_bytes, in the unary call and at
 // the stream's header.

@@ -69,9 +69,10 @@ struct DenseScratch {
   FloatBuffer w, I, g;       // [n, L]
   FloatBuffer e;             // one head's exponentials over one key tile
   FloatBuffer shift, scale;  // [n, H]
-  KeyTileStore logits;       // the main logits, [key tile][head][n, kKeyTile]
-  KeyTileStore dots;         // u = q_I k_I^T, [key tile][n * H_I, kKeyTile]
-  GrowingBuffer<double> head_sums;  // [n, kKeyTile], past 64 heads
+  // A key tile's blocks are `width` = KeyTileWidth(S) keys wide.
+  KeyTileStore logits;  // the main logits, [key tile][head][n, width]
+  KeyTileStore dots;    // u = q_I k_I^T, [key tile][n * H_I, width]
+  GrowingBuffer<double> head_sums;  // [n, width], past 64 heads
 };
 thread_local std::unique_ptr<DenseScratch> dense_scratch;
 
@@ -191,16 +192,16 @@ class DenseTile : private TileBase {
     // kStoredLogitsBytes the first pass keeps them; otherwise the second
     // recomputes them, the same products giving the same bits.
     const int64_t key_tiles = (hi_ - lo_ + kKeyTile - 1) / kKeyTile;
-    logits_.Reset(key_tiles, H, n_ * kKeyTile,
+    logits_.Reset(key_tiles, H, n_ * key_tile_width_,
                   p_.has_lse ? 0 : kStoredLogitsBytes);
     const bool stored = logits_.kept();
     const auto logits_of = [&](int64_t s0, int64_t h) {
       return logits_.At((s0 - lo_) / kKeyTile, h);
     };
     // The dot products u again in the gradients' pass.
-    dots_.Reset(key_tiles, 1, n_ * p_.H_I * kKeyTile,
+    dots_.Reset(key_tiles, 1, n_ * p_.H_I * key_tile_width_,
                 tile_.want_grad ? kStoredDotsBytes : 0);
-    float* e = big_.e.Get(kKeyTile);
+    float* e = big_.e.Get(key_tile_width_);
     // P_h = exp(a - shift) * scale, per (i, h) at [i * H + h]: the given
     // lse and 1, or (as the logits form does) the row's max and 1 / sum.
     // The exps carry 2^kSoftmaxHeadroom, and scale takes it back out.
@@ -275,7 +276,7 @@ class DenseTile : private TileBase {
 
     const bool blocked_heads = H > kHeadsPerFloatSum;
     double* head_sums =
-        blocked_heads ? big_.head_sums.Get(n_ * kKeyTile) : nullptr;
+        blocked_heads ? big_.head_sums.Get(n_ * key_tile_width_) : nullptr;
     for (int64_t s0 = lo_; s0 < hi_; s0 += kKeyTile) {
       const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
       const float* keys = stored ? nullptr : KeyTile(s0, s1);
@@ -283,7 +284,7 @@ class DenseTile : private TileBase {
         if (!steps_.Go()) return steps_.status();
         if (h % kHeadsPerFloatSum == 0 && h > 0) {  // a block of heads ended
           for (int64_t i = 0; i < n_; ++i) {
-            FoldHeadBlock(w_ + i * L_ + s0, head_sums + i * kKeyTile, sk,
+            FoldHeadBlock(w_ + i * L_ + s0, head_sums + i * key_tile_width_, sk,
                           /*first=*/h == kHeadsPerFloatSum);
           }
         }
@@ -321,7 +322,7 @@ class DenseTile : private TileBase {
       }
       if (blocked_heads) {
         for (int64_t i = 0; i < n_; ++i) {
-          FinishHeadSums(w_ + i * L_ + s0, head_sums + i * kKeyTile, sk);
+          FinishHeadSums(w_ + i * L_ + s0, head_sums + i * key_tile_width_, sk);
         }
       }
       // The indexer scores of the tile's rows: u = q_I k_I^T, rows (i, j).
@@ -382,7 +383,7 @@ class DenseTile : private TileBase {
     dk.keys.resize(dk.count);
     for (int64_t s = lo_; s < hi_; ++s)
       dk.keys[s - lo_] = static_cast<int32_t>(s);
-    std::vector<float> e(M * kKeyTile);
+    std::vector<float> e(M * key_tile_width_);
     for (int64_t s0 = lo_; s0 < hi_; s0 += kKeyTile) {
       if (!steps_.Go()) return;  // Finish reports the stop
       const int64_t s1 = std::min(s0 + kKeyTile, hi_), sk = s1 - s0;
@@ -409,6 +410,7 @@ class DenseTile : private TileBase {
 
   int64_t lo_ = 0, hi_ = 0;
   int64_t L_ = 0;  // slots per row of w_, I_ and g_
+  const int64_t key_tile_width_ = KeyTileWidth(p_.S);
   DenseScratch& big_ = ThisThreadsScratch();
   float *w_ = nullptr, *I_ = nullptr, *g_ = nullptr;  // [n, L]
   KeyTileStore& logits_ = big_.logits;

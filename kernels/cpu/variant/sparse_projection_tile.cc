@@ -34,7 +34,7 @@ absl::Status SelectTopk(const ProjectionsProblem& p,
   }
   int64_t hi = 0;
   for (const RowValidity& v : tv.rows) hi = std::max(hi, v.limit);
-  std::vector<float> scores(n * p.S, 0.0f), u(n * p.H_I * kKeyTile);
+  std::vector<float> scores(n * p.S, 0.0f), u(n * p.H_I * KeyTileWidth(p.S));
   std::vector<float> index_key_buffer;
   for (int64_t s0 = 0; s0 < hi; s0 += kKeyTile) {
     const int64_t s1 = std::min(s0 + kKeyTile, hi), sk = s1 - s0;
