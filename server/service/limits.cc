@@ -155,6 +155,22 @@ absl::Status CheckOutputBytes(const ProjectionsProblem& p,
       "send the problem with ComputeLossStream", options);
 }
 
+absl::Status CheckKeySideBytes(const ProjectionsProblem& p,
+                               absl::string_view call,
+                               const ServerOptions& options) {
+  const int64_t key_sum_bytes =
+      p.logits.options.want_grad ? p.B * p.S * p.D_I * int64_t{sizeof(double)}
+                                 : 0;
+  const int64_t held = p.key.byte_size + p.index_key.byte_size + key_sum_bytes;
+  if (held <= options.max_stream_key_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "key: the ", call, " would hold ", held, " bytes for its key side (key ",
+      p.key.byte_size, ", index_key ", p.index_key.byte_size,
+      ", the d_index_key sum ", key_sum_bytes, "), over the limit of ",
+      options.max_stream_key_bytes,
+      " (--max_stream_key_bytes); send fewer keys (batch entries) per ", call));
+}
+
 absl::Status CheckThreadScratch(const ProjectionsProblem& problem,
                                 const ServerOptions& options) {
   const cpu::ProjectionTileScratch scratch = problem.thread_scratch();

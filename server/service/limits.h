@@ -68,6 +68,15 @@ absl::Status CheckOutputBytes(const ProjectionsProblem& problem,
                               const v1::OutputRegions& placed,
                               const ServerOptions& options);
 
+// RESOURCE_EXHAUSTED naming `key` when a projections-form call would hold
+// more than --max_stream_key_bytes for its key side: key and index_key, and
+// the float64 sum of d_index_key (8 B S D_I bytes, 4 times a BF16 index_key)
+// when the gradients are asked for. A stream holds them for its life, a
+// unary call while it computes; `call` names which ("stream" or "call").
+absl::Status CheckKeySideBytes(const ProjectionsProblem& problem,
+                               absl::string_view call,
+                               const ServerOptions& options);
+
 // RESOURCE_EXHAUSTED naming the key side when a compute thread would hold
 // more than --max_thread_scratch_bytes for one tile of `problem`.
 absl::Status CheckThreadScratch(const ProjectionsProblem& problem,

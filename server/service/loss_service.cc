@@ -115,6 +115,7 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
                    ProjectionsProblem::Create(inputs, options));
   // Outputs placed in regions are not in the message: CheckResponseFits
   // below weighs what is.
+  RETURN_IF_ERROR(CheckKeySideBytes(problem, "call", *ctx.options));
   RETURN_IF_ERROR(CheckOutputBytes(problem, request.outputs(), *ctx.options));
   RETURN_IF_ERROR(CheckThreadScratch(problem, *ctx.options));
   const IndexerKlOptions& o = problem.logits.options;

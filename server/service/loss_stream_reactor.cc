@@ -185,20 +185,8 @@ absl::Status LossStreamReactor::TakeProjectionsHeader() {
                    ProjectionsProblem::Create(inputs, options));
   const ProjectionsProblem& p = problem;
   const IndexerKlOptions& o = p.logits.options;
-  // What the stream holds until its end: the key side, and the float64 sum
-  // of d_index_key over every row.
-  const int64_t key_sum_bytes =
-      o.want_grad ? p.B * p.S * p.D_I * int64_t{sizeof(double)} : 0;
-  const int64_t held = p.key.byte_size + p.index_key.byte_size + key_sum_bytes;
-  if (held > limits.max_stream_key_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "key: the stream would hold ", held, " bytes for its key side (key ",
-        p.key.byte_size, ", index_key ", p.index_key.byte_size,
-        ", the d_index_key sum ", key_sum_bytes, "), over the limit of ",
-        limits.max_stream_key_bytes,
-        " (--max_stream_key_bytes); send fewer keys (batch entries) per "
-        "stream"));
-  }
+  // What the stream holds until its end.
+  RETURN_IF_ERROR(CheckKeySideBytes(p, "stream", limits));
   {
     // The last message carries d_index_key whole and echoes request_id.
     Response last;
@@ -208,6 +196,11 @@ absl::Status LossStreamReactor::TakeProjectionsHeader() {
     if (o.want_grad) {
       const int64_t bytes = p.B * p.S * p.D_I * DTypeSize(o.grad_dtype);
       RETURN_IF_ERROR(CheckTensorBytes("d_index_key", bytes, limits));
+      // Its bytes alone, before they are allocated to weigh the message
+      // exactly: a header past the limit costs no allocation.
+      RETURN_IF_ERROR(CheckMessageBytes(
+          "d_index_key", bytes, "send fewer keys (batch entries) per stream",
+          limits));
       AllocateTensor(o.grad_dtype, {p.B, p.S, p.D_I},
                      result->mutable_d_index_key());
     }

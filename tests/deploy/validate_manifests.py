@@ -352,16 +352,18 @@ def worst_case_memory(c, args):
     "Resource model"): every open stream 4 messages (3 held and a tile's
     rows) and its key side, every unary call computing its request and
     response and as many answers again waiting for their clients (up to
-    twice --max_concurrent_requests messages), every compute thread its
-    scratch, and gRPC's buffers."""
+    twice --max_concurrent_requests messages) and its key side's
+    d_index_key sum, every compute thread its scratch, and gRPC's
+    buffers."""
     value = lambda name: (last_flag(args, name) or
                           MEMORY_FLAG_DEFAULTS[name])
     message = parse_byte_count(value("max_message_bytes"))
     streams = int(value("max_open_streams"))
     threads = int(value("threads")) or int(c["resources"]["limits"]["cpu"])
-    return (streams * 4 * message +
-            streams * parse_byte_count(value("max_stream_key_bytes")) +
-            int(value("max_concurrent_requests")) * 4 * message +
+    key_side = parse_byte_count(value("max_stream_key_bytes"))
+    calls = int(value("max_concurrent_requests"))
+    return (streams * 4 * message + streams * key_side +
+            calls * 4 * message + calls * key_side +
             threads * parse_byte_count(value("max_thread_scratch_bytes")) +
             parse_byte_count(value("transport_memory_bytes")))
 

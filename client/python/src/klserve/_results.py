@@ -55,8 +55,9 @@ class ServerInfo:
     max_concurrent_requests: int
     input_dtypes: Tuple[str, ...]
     grad_dtypes: Tuple[str, ...]
-    # Streams open at once, and what one stream of the projections form may
-    # hold for its key side (--max_stream_key_bytes).
+    # Streams open at once, and what one call of the projections form (a
+    # stream, or a unary call) may hold for its key side
+    # (--max_stream_key_bytes).
     max_open_streams: int
     max_stream_key_bytes: int
     # What one compute thread may hold for a tile of a projections-form
