@@ -90,6 +90,15 @@ absl::Status ExplainUnavailable(const absl::Status& status, bool tls,
         "SIGTERM, --drain_timeout, ended first; send the call again, to the "
         "replica that replaces it)"));
   }
+  // gRPC's word for a call whose connection closed under it: the call had
+  // started, so the address and TLS were right.
+  if (absl::StrContains(message, "Stream removed")) {
+    return absl::UnavailableError(absl::StrCat(
+        message,
+        " (the connection closed while this call was in flight: the server "
+        "was killed or restarted, or the network between cut it; send the "
+        "call again)"));
+  }
   const bool transport = absl::StrContains(message, "Socket closed") ||
                          absl::StrContains(message, "handshake") ||
                          absl::StrContains(message, "Connection reset") ||

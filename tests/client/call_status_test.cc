@@ -56,6 +56,19 @@ TEST(ExplainUnavailable, ACallCutByTheEndOfADrainSaysSo) {
   EXPECT_NE(s.message().find("--drain_timeout"), absl::string_view::npos) << s;
 }
 
+// The server killed under a stream: the call had started, so neither the
+// address nor TLS was wrong.
+TEST(ExplainUnavailable, AConnectionClosedUnderACallIsNotATlsQuestion) {
+  const absl::Status s = ExplainUnavailable(
+      absl::UnavailableError("Stream removed (Socket closed)"), false, false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StartsWith(s.message(),
+                               "Stream removed (Socket closed) (the connection "
+                               "closed while this call was in flight"))
+      << s;
+  EXPECT_EQ(s.message().find("TLS"), absl::string_view::npos) << s;
+}
+
 // What gRPC reports when nothing listens (TCP, then a Unix socket), and
 // when something does but the connection fails below the call.
 TEST(ExplainUnavailable, NothingListeningIsNotATlsQuestion) {

@@ -622,6 +622,20 @@ def test_a_call_cut_by_the_end_of_a_drain_says_so():
     assert "--drain_timeout" in e.details
 
 
+def test_a_connection_closed_under_a_call_is_not_a_tls_question():
+    # gRPC's words when the server is killed under a stream: the call had
+    # started, so neither the address nor TLS was wrong.
+    e = explain_unavailable(
+        klserve.KlserveError(grpc.StatusCode.UNAVAILABLE,
+                             "Stream removed (Socket closed)"),
+        tls=False, client_certificate=False)
+    assert e.code == grpc.StatusCode.UNAVAILABLE
+    assert e.details.startswith("Stream removed (Socket closed) (the "
+                                "connection closed while this call was in "
+                                "flight")
+    assert "TLS" not in e.details
+
+
 def test_grad_scale_scales_the_gradient_only(client):
     problem = dense_problem(21, batch=2, heads=2, rows=5, keys=9)
     options = dict(causal=True, scaling_factor=0.5)

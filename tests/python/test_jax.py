@@ -296,6 +296,47 @@ def test_integer_inputs_are_refused_by_name(client):
         assert "int32" in info.value.details
 
 
+def test_int64_indices_outside_int32_are_empty_slots_not_wrapped(client):
+    # JAX without x64 keeps an int64 array's low 32 bits: 2**32 + 1 became
+    # key 1, and the loss counted a slot the job had left empty. The
+    # wrappers convert integers as the client does before JAX sees them.
+    assert not jax.config.jax_enable_x64
+    scores, logits = problem(17, keys=3)
+    empty = np.tile(np.array([1, 4, 6], np.int64), (2, 8, 1))
+    empty[:, :, 0] = -1
+    want = indexer_kl_loss(scores, attention_logits=logits,
+                           topk_indices=empty, num_keys=8, client=client)
+    for sentinel in (2**32, 2**32 + 1, np.iinfo(np.int64).min,
+                     np.iinfo(np.int64).max):
+        indices = empty.copy()
+        indices[:, :, 0] = sentinel
+        eager = indexer_kl_loss(scores, attention_logits=logits,
+                                topk_indices=indices, num_keys=8,
+                                client=client)
+        jitted = jax.jit(lambda s, i=indices: indexer_kl_loss(
+            s, attention_logits=logits, topk_indices=i, num_keys=8,
+            client=client))(scores)
+        assert float(eager) == float(want), sentinel
+        assert float(jitted) == float(want), sentinel
+    query, key, iq, ik, iw = projections_problem(17)
+    indices = np.tile(np.array([2**32 + 1, 0, 3], np.int64), (2, 8, 1))
+    got = indexer_kl_loss_from_projections(query, key, iq, ik, iw,
+                                           topk_indices=indices, client=client)
+    indices[:, :, 0] = -1
+    want = indexer_kl_loss_from_projections(query, key, iq, ik, iw,
+                                            topk_indices=indices,
+                                            client=client)
+    assert float(got) == float(want)
+    # Other integers outside int32 are refused by name, as the client does.
+    bounds = np.zeros((2, 8), np.int64)
+    with pytest.raises(klserve.KlserveError) as info:
+        indexer_kl_loss(problem(18)[0], attention_logits=problem(18)[1],
+                        key_start=bounds, key_end=bounds + 2**32,
+                        client=client)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details == "key_end: values must fit in int32"
+
+
 def test_an_overload_refusal_keeps_its_mark_through_jax():
     # The wrapper's copy of the client's error dropped .overloaded.
     from conftest import Server, held_stream_slot

@@ -62,8 +62,70 @@ def test_a_second_derivative_is_refused_not_left_incomplete(client):
     w = torch.tensor(1.5, requires_grad=True)
     loss = indexer_kl_loss(scores, attention_logits=logits, client=client)
     (grad,) = torch.autograd.grad(w * loss, scores, create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable"):
+    with pytest.raises(RuntimeError, match="not its derivatives"):
         grad.square().sum().backward()
+
+
+def test_a_gradient_penalty_through_the_loss_is_refused_not_dropped(client):
+    # A gradient penalty: dL/ds taken with create_graph=True, then a term
+    # built on it differentiated into the parameters that made s. The
+    # incoming gradient (1) needs none, so torch's once_differentiable
+    # returned dL/ds as a constant, and the penalty silently added nothing
+    # to W's gradient.
+    rng = np.random.default_rng(5)
+    W = torch.tensor(rng.standard_normal((8, 7)), dtype=torch.float32,
+                     requires_grad=True)
+    x = torch.tensor(rng.standard_normal((2, 7, 8)), dtype=torch.float32)
+    _, logits = problem(5)
+    loss = indexer_kl_loss(x @ W, attention_logits=logits, client=client)
+    (grad,) = torch.autograd.grad(loss, W, create_graph=True)
+    assert grad.requires_grad
+    with pytest.raises(RuntimeError, match="not its derivatives"):
+        torch.autograd.grad(grad.square().sum(), W)
+    scores = x @ W
+    loss = indexer_kl_loss(scores, attention_logits=logits, client=client)
+    (d_scores,) = torch.autograd.grad(loss, scores, create_graph=True)
+    with pytest.raises(RuntimeError, match="not its derivatives"):
+        (loss + d_scores.square().sum()).backward()
+    query, key, *indexer = projections_problem(6)
+    indexer = [t.requires_grad_() for t in indexer]
+    loss = indexer_kl_loss_from_projections(query, key, *indexer,
+                                            causal=True, client=client)
+    grads = torch.autograd.grad(loss, indexer[1:], create_graph=True)
+    with pytest.raises(RuntimeError, match="not its derivatives"):
+        sum(g.square().sum() for g in grads).backward()
+
+
+def test_create_graph_alone_gives_the_first_derivative(client):
+    # A graph of the backward is no error until something differentiates
+    # the loss's gradient: the first derivative is the one without it.
+    scores, logits = problem(7)
+    got = []
+    for create_graph in (False, True):
+        s = scores.clone().requires_grad_()
+        loss = indexer_kl_loss(s, attention_logits=logits, client=client)
+        (grad,) = torch.autograd.grad(loss, s, create_graph=create_graph)
+        got.append(grad.detach())
+    assert torch.equal(got[0], got[1])
+
+
+def test_scores_as_a_list_or_an_array_give_the_tensors_loss(client):
+    # The client takes anything np.asarray takes; so do the wrappers, whose
+    # loss then needs no gradient and lands on the CPU.
+    scores, logits = problem(8)
+    want = indexer_kl_loss(scores, attention_logits=logits, client=client)
+    for given in (scores.tolist(), scores.numpy()):
+        got = indexer_kl_loss(given, attention_logits=logits.tolist(),
+                              client=client)
+        assert got.dtype == torch.float32 and not got.requires_grad
+        assert got.item() == want.item()
+    query, key, *indexer = projections_problem(8)
+    want = indexer_kl_loss_from_projections(query, key, *indexer,
+                                            client=client)
+    got = indexer_kl_loss_from_projections(
+        query.tolist(), key.numpy(), *(t.tolist() for t in indexer),
+        client=client)
+    assert got.item() == want.item()
 
 
 def test_fp16_scores_keep_a_loss_scaled_gradient(client):

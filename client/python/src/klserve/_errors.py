@@ -141,6 +141,15 @@ def explain_unavailable(error, tls, client_certificate):
             "after SIGTERM, --drain_timeout, ended first; send the call "
             "again, to the replica that replaces it)" % error.details,
             error.debug_error_string)
+    if "Stream removed" in error.details:
+        # gRPC's word for a call whose connection closed under it: the call
+        # had started, so the address and TLS were right.
+        return KlserveError(
+            error.code,
+            "%s (the connection closed while this call was in flight: the "
+            "server was killed or restarted, or the network between cut "
+            "it; send the call again)" % error.details,
+            error.debug_error_string)
     if not any(words in error.details for words in _TRANSPORT_FAILURES):
         return error
     if any(words in error.details for words in _NOTHING_LISTENS):

@@ -64,9 +64,9 @@ from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
                                 PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
                                 projections_wrapper_signature, split_arguments,
                                 wrapper_signature)
-from klserve._tensor_table import INDEXER_GRADS, PROJECTIONS
-from klserve._tensors import (FLOAT_DTYPES, not_a_float, wire_name_of_float,
-                              wrapper_grad_name)
+from klserve._tensor_table import BY_NAME, INDEXER_GRADS, PROJECTIONS
+from klserve._tensors import (FLOAT_DTYPES, host_array, not_a_float,
+                              wire_name_of_float, wrapper_grad_name)
 
 # Integer tags, which are often traced values (the step inside a jitted
 # train step): they always travel through the callback as operands.
@@ -170,6 +170,23 @@ def _float_array(name, value):
     return array
 
 
+def _integers_as_the_client_sends_them(arrays):
+    """`arrays` with every integer one that is not JAX's yet (a NumPy array
+    of int64, a list) converted here as the client converts it: top-k
+    indices outside int32 become -1, an empty slot, and other integers
+    outside int32 are refused naming their field. Without x64, JAX would
+    keep only their low 32 bits, and 2**32 + 1 would be key 1. A JAX array
+    (traced or not) has its dtype already."""
+    converted = {}
+    for name, value in arrays.items():
+        if not isinstance(value, jax.Array):
+            array = host_array(name, value)
+            if array.dtype.kind in "iu":
+                _, value = BY_NAME[name].convert(name, array)
+        converted[name] = value
+    return converted
+
+
 def indexer_kl_loss(indexer_scores: npt.ArrayLike, *,
                     client: Optional[Client] = None,
                     **arguments: Any) -> jax.Array:
@@ -177,8 +194,8 @@ def indexer_kl_loss(indexer_scores: npt.ArrayLike, *,
 
     Keyword arguments as in klserve.Client.compute_loss (the tensors, JAX or
     NumPy arrays, and the fields of klserve.ComputeLossOptions), except
-    want_grad, want_row_kl, want_diagnostics and recall_k, which are
-    decided here; grad_dtype defaults to the scores' dtype, but float32
+    want_grad, want_row_kl, want_diagnostics, recall_k and copy_outputs,
+    which are decided here; grad_dtype defaults to the scores' dtype, but float32
     for float16 and float64 scores (_tensors.wrapper_grad_name: the
     gradient is multiplied by the cotangent, a loss scale say, before it
     is cast to the scores' dtype). `run` is a static string; `step`,
@@ -197,6 +214,7 @@ def indexer_kl_loss(indexer_scores: npt.ArrayLike, *,
     arrays, options = split_arguments(
         "indexer_kl_loss", arguments,
         DECIDED_BY_WRAPPERS | PROJECTIONS_OPTIONS, LOGITS_ARGUMENTS)
+    arrays = _integers_as_the_client_sends_them(arrays)
     run, operands = _take_operands(options)
     scores = _float_array("indexer_scores", indexer_scores)
     loss_dtype = jnp.result_type(scores.dtype, jnp.float32)
@@ -263,7 +281,8 @@ def indexer_kl_loss_from_projections(
     arguments are). Differentiable in index_query, index_key and
     index_weights, with the service's gradients; query, key and every
     other input get zero cotangents. Keywords as there, except want_grad,
-    want_row_kl, want_diagnostics and recall_k, which are decided here;
+    want_row_kl, want_diagnostics, recall_k and copy_outputs, which are
+    decided here;
     grad_dtype defaults to the indexer inputs' dtype when they share
     float32 or bfloat16, else float32 (each gradient is multiplied by the
     cotangent, then cast to its input's dtype). Tags, float options and
@@ -274,6 +293,7 @@ def indexer_kl_loss_from_projections(
     arrays, options = split_arguments(
         "indexer_kl_loss_from_projections", arguments, DECIDED_BY_WRAPPERS,
         PROJECTIONS_ARGUMENTS)
+    arrays = _integers_as_the_client_sends_them(arrays)
     run, operands = _take_operands(options)
     query, key, *indexer = (
         _float_array(name, value) for name, value in zip(

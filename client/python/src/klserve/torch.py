@@ -14,8 +14,10 @@ it; backward multiplies it by the incoming gradient, and autograd frees it
 then (LossResult's copy on the loss's grad_fn.result has its gradients
 left out). Only indexer_scores is differentiable: the target and the masks
 get no gradient, as in the spec, where no gradient flows into p. The
-service returns no second derivative (double backward is refused), and
-the functions are not torch.func transforms' (torch.func.grad, vmap).
+service returns no second derivative: a gradient taken with
+create_graph=True is tied to the loss's inputs, and differentiating it (a
+gradient penalty) raises rather than counting it as a constant. The
+functions are not torch.func transforms' (torch.func.grad, vmap).
 
 With a Client(shared_memory=True) the tensors travel through its
 shared-memory regions; the gradients it returns there (views that its next
@@ -33,6 +35,7 @@ and key get none.
 """
 
 import dataclasses
+import functools
 import warnings
 from typing import Any, Mapping, Optional
 
@@ -42,7 +45,6 @@ import numpy as np
 from klserve._frameworks import import_framework
 
 torch = import_framework("torch", "PyTorch")
-from torch.autograd.function import once_differentiable  # noqa: E402
 
 from klserve._client import Client, default_client
 from klserve._signature import (DECIDED_BY_WRAPPERS, LOGITS_ARGUMENTS,
@@ -60,9 +62,63 @@ _TORCH_DTYPES = {name: dtype for dtype, name in _TORCH_WIRE_NAMES.items()}
 
 def _grad_name(options, inputs):
     """The gradient dtype to ask for (wrapper_grad_name) for the
-    differentiable tensors `inputs`."""
-    return wrapper_grad_name(options,
-                             [_TORCH_WIRE_NAMES.get(x.dtype) for x in inputs])
+    differentiable inputs (tensors, or arrays and lists, which need none)."""
+    return wrapper_grad_name(options, [
+        _TORCH_WIRE_NAMES.get(getattr(x, "dtype", None)) for x in inputs])
+
+
+def _device_of(value):
+    """Where the loss goes for an input `value`: its device, or the CPU's
+    for an array or a list."""
+    return value.device if isinstance(value, torch.Tensor) else None
+
+
+class _SecondDerivativeRefused(torch.autograd.Function):
+    """A gradient of the loss made in a backward that builds a graph
+    (create_graph=True): the identity, tied to the loss's differentiable
+    inputs, whose own backward raises. The service returns no second
+    derivative; without the tie the gradient would be a constant, and a
+    term built on it (a gradient penalty) would silently add nothing."""
+
+    @staticmethod
+    def forward(ctx: Any, gradient: torch.Tensor,
+                *ties: torch.Tensor) -> torch.Tensor:
+        return gradient.clone()
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> Any:
+        raise RuntimeError(
+            "klserve: the service returns the loss's gradient, not its "
+            "derivatives: differentiating a gradient of the indexer KL loss "
+            "(a gradient penalty, or a backward through a gradient taken "
+            "with create_graph=True) is not supported")
+
+
+def _ties_to(inputs, needed):
+    """0-d tensors on the autograd graph of the `inputs` that need a
+    gradient, for _SecondDerivativeRefused, without keeping their values:
+    the sum of an empty slice. Made in forward, where grad mode is off."""
+    with torch.enable_grad():
+        return tuple(x.narrow(0, 0, 0).sum()
+                     for x, need in zip(inputs, needed) if need)
+
+
+def _first_derivative_only(backward):
+    """A Function's backward run under no_grad, as torch's
+    once_differentiable runs it; when a graph of it is being built
+    (create_graph=True), each gradient it returns goes through
+    _SecondDerivativeRefused, tied to ctx.ties and the incoming gradients,
+    so that differentiating it raises."""
+    @functools.wraps(backward)
+    def first_derivative(ctx: Any, *grad_outputs: torch.Tensor) -> Any:
+        with torch.no_grad():
+            grads = backward(ctx, *grad_outputs)
+        if not torch.is_grad_enabled():
+            return grads
+        ties = (*ctx.ties, *grad_outputs)
+        return tuple(None if g is None else
+                     _SecondDerivativeRefused.apply(g, *ties) for g in grads)
+    return first_derivative
 
 
 def _without_gradients(result):
@@ -138,7 +194,8 @@ class IndexerKlLoss(torch.autograd.Function):
     attention_weights, topk_indices, segment ids, masks) as tensors or
     arrays; `client`: a klserve.Client (None: klserve.default_client());
     `options`: dict of fields of klserve.ComputeLossOptions but want_grad,
-    want_row_kl, want_diagnostics and recall_k, which are decided here
+    want_row_kl, want_diagnostics, recall_k and copy_outputs, which are
+    decided here
     (grad_dtype defaults to the scores' dtype, but float32 for float16
     and float64 scores: see _tensors.wrapper_grad_name). The loss is a 0-d
     float32 tensor (float64 for float64 scores) on the scores' device.
@@ -155,23 +212,25 @@ class IndexerKlLoss(torch.autograd.Function):
             client = default_client()
         want_grad = bool(ctx.needs_input_grad[0])
         grad_name = _grad_name(options, [indexer_scores])
+        device = _device_of(indexer_scores)
         # The client takes the tensors to host memory itself.
         result = client.compute_loss(
             indexer_scores, **arrays, grad_dtype=grad_name,
             want_grad=want_grad, copy_outputs=True, **options)
-        loss_dtype = (torch.float64 if indexer_scores.dtype == torch.float64
+        loss_dtype = (torch.float64
+                      if getattr(indexer_scores, "dtype", None) == torch.float64
                       else torch.float32)
         if want_grad:
             # In the service's dtype until backward has multiplied it.
             ctx.save_for_backward(from_numpy(
-                result.grad, _TORCH_DTYPES[grad_name], indexer_scores.device))
+                result.grad, _TORCH_DTYPES[grad_name], device))
             ctx.scores_dtype = indexer_scores.dtype
+        ctx.ties = _ties_to([indexer_scores], [want_grad])
         ctx.result = _without_gradients(result)  # loss, N, for the curious
-        return torch.tensor(result.loss, dtype=loss_dtype,
-                            device=indexer_scores.device)
+        return torch.tensor(result.loss, dtype=loss_dtype, device=device)
 
     @staticmethod
-    @once_differentiable  # the service returns no second derivative
+    @_first_derivative_only  # the service returns no second derivative
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
         (grad,) = ctx.saved_tensors
         return _times(grad, grad_output, ctx.scores_dtype), None, None, None
@@ -184,7 +243,8 @@ def indexer_kl_loss(indexer_scores: torch.Tensor, *,
     """IndexerKlLoss with keyword arguments: as in
     klserve.Client.compute_loss (the tensors and the fields of
     klserve.ComputeLossOptions), except want_grad, want_row_kl,
-    want_diagnostics and recall_k, which are decided here. Without
+    want_diagnostics, recall_k and copy_outputs, which are decided here.
+    Without
     `client`, klserve.default_client() ($KLSERVE_TARGET, else
     localhost:50051)."""
     if client is None:
@@ -236,19 +296,21 @@ class IndexerKlLossFromProjections(torch.autograd.Function):
             # In the service's dtype until backward has multiplied them.
             ctx.save_for_backward(*(
                 from_numpy(getattr(result, field), _TORCH_DTYPES[grad_name],
-                           x.device)
+                           _device_of(x))
                 for field, x in zip(INDEXER_GRADS, indexer)))
-            ctx.indexer_dtypes = tuple(x.dtype for x in indexer)
+            ctx.indexer_dtypes = tuple(getattr(x, "dtype", None) for x in indexer)
         ctx.want_grad = want_grad
+        ctx.ties = _ties_to(indexer, ctx.needs_input_grad[2:5])
         ctx.result = _without_gradients(result)  # loss, N, topk_indices
-        loss_dtype = (torch.float64 if all(x.dtype == torch.float64
-                                           for x in indexer)
+        loss_dtype = (torch.float64
+                      if all(getattr(x, "dtype", None) == torch.float64
+                             for x in indexer)
                       else torch.float32)
         return torch.tensor(result.loss, dtype=loss_dtype,
-                            device=index_query.device)
+                            device=_device_of(index_query))
 
     @staticmethod
-    @once_differentiable  # the service returns no second derivative
+    @_first_derivative_only  # the service returns no second derivative
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
         # Called when only query or key requires a gradient: they get none.
         if not ctx.want_grad:
@@ -268,7 +330,8 @@ def indexer_kl_loss_from_projections(
         client: Optional[Client] = None, **arguments: Any) -> torch.Tensor:
     """IndexerKlLossFromProjections with keyword arguments: as in
     klserve.Client.compute_loss_from_projections, except want_grad,
-    want_row_kl, want_diagnostics and recall_k, which are decided here.
+    want_row_kl, want_diagnostics, recall_k and copy_outputs, which are
+    decided here.
     Without `client`, klserve.default_client()."""
     if client is None:
         client = default_client()
