@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cassert>
+#include <optional>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/tensor_util.h"
+#include "kernels/shape_bytes.h"
 #include "kernels/status_macros.h"
 
 namespace klserve {
@@ -297,10 +300,19 @@ absl::Status ProjectionsResponseAssembler::Add(v1::GradBlock& block) {
                                 t.shape().end());
         absl::StatusOr<int64_t> size = WireDTypeSize(output.dtype);
         if (!size.ok()) return ProtocolError(size.status().message());
-        output.row_bytes = *size;
-        for (const int64_t d : output.row_shape) output.row_bytes *= d;
-        // Reserved, not resized: the blocks append their rows in order.
-        output.data.reserve(total_rows * output.row_bytes);
+        // The server's dimensions, taken only when they give a size that
+        // all the rows' bytes can have.
+        const std::optional<int64_t> row_bytes =
+            ShapeBytes(*size, output.row_shape);
+        if (absl::c_any_of(output.row_shape, [](int64_t d) { return d < 1; }) ||
+            !row_bytes.has_value() ||
+            !ShapeBytes(*row_bytes, {total_rows}).has_value()) {
+          return ProtocolError(
+              absl::StrCat("grad block at row ", next_row_, ": ", output.name,
+                           " has rows shaped [",
+                           absl::StrJoin(output.row_shape, ", "), "]"));
+        }
+        output.row_bytes = *row_bytes;
       }
     }
     if (here != output.present) {
@@ -321,6 +333,9 @@ absl::Status ProjectionsResponseAssembler::Add(v1::GradBlock& block) {
           n * output.row_bytes, " bytes of ", output.dtype, " in ", n,
           " rows, got ", t.data().size(), " bytes of ", t.dtype()));
     }
+    // Reserved once the first block's size is known right, not resized:
+    // the blocks append their rows in order.
+    if (output.data.empty()) output.data.reserve(total_rows * output.row_bytes);
     output.data.append(t.data());
   }
   if (n > 0) seen_rows_ = true;

@@ -542,6 +542,24 @@ TEST(ProjectionsResponseAssembler, RejectsWhatBreaksTheProtocol) {
     short_rows.mutable_d_index_query()->set_shape(0, 1);
     EXPECT_EQ(assembler.Add(short_rows).code(), absl::StatusCode::kInternal);
   }
+  // Row shapes no rows could have: the client had multiplied them unchecked
+  // (a signed overflow) and reserved their product for every row, which
+  // threw out of the library.
+  for (const std::vector<int64_t>& dims : {std::vector<int64_t>{-1, 4},
+                                           {0, 4},
+                                           {int64_t{1} << 40, int64_t{1} << 40},
+                                           {int64_t{1} << 60, 1}}) {
+    ProjectionsResponseAssembler assembler(kB, kT);
+    v1::GradBlock block = ProjectionsGradBlock(0, 2);
+    v1::Tensor* q = block.mutable_d_index_query();
+    q->clear_shape();
+    q->add_shape(2);
+    for (const int64_t d : dims) q->add_shape(d);
+    const absl::Status status = assembler.Add(block);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << dims[0];
+    EXPECT_THAT(std::string(status.message()), HasSubstr("has rows shaped"))
+        << dims[0];
+  }
   {
     ProjectionsResponseAssembler assembler(kB, kT);
     v1::GradBlock block = ProjectionsGradBlock(0, 3);
