@@ -62,7 +62,8 @@ class KeyTileStore {
 };
 
 // The buffers of a dense tile, kept by each thread while it computes the
-// tiles of one request (ReleaseProjectionScratch frees them after). Growing
+// tiles of one backend call, a chunk of a request's tiles
+// (ReleaseProjectionScratch frees them after). Growing
 // buffers rather than vectors made per tile: GCC may also compile a vector's
 // constructor out of line, and for this variant's ISA.
 struct DenseScratch {
