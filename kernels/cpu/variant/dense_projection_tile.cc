@@ -338,9 +338,8 @@ class DenseTile : private TileBase {
         const int64_t limit = TileLimit(v, s0, sk);
         if (const int64_t s = FirstNonFiniteValid(I, s0, limit, v); s >= 0) {
           failed_row = r0_ + i;
-          return OverflowError(
-              "index_query, index_key, index_weights: the indexer score",
-              tile_.b, tile_.t_begin + i, -1, s, I[s - s0]);
+          return IndexerScoreOverflowError(tile_.b, tile_.t_begin + i, s,
+                                           I[s - s0]);
         }
         // Slots no row may use hold 0: the row code checks every slot.
         for (int64_t k = 0; k < sk; ++k) {
@@ -348,24 +347,20 @@ class DenseTile : private TileBase {
         }
       }
     }
-    if (p_.has_lse) return CheckLseMass(mass, failed_row);
+    if (p_.has_lse) return CheckLseMasses(mass, failed_row);
     return absl::OkStatus();
   }
 
-  absl::Status CheckLseMass(const std::vector<double>& mass,
-                            int64_t& failed_row) {
+  absl::Status CheckLseMasses(const std::vector<double>& mass,
+                              int64_t& failed_row) {
     for (int64_t i = 0; i < n_; ++i) {
       if (tv_.rows[i].count == 0) continue;
       for (int64_t h = 0; h < p_.H; ++h) {
-        const double m = mass[i * p_.H + h];
-        if (!(std::abs(m - 1.0) <= kLseMassTolerance)) {
+        absl::Status s = CheckLseMass(mass[i * p_.H + h], tile_.b,
+                                      tile_.t_begin + i, h, "keys");
+        if (!s.ok()) {
           failed_row = r0_ + i;
-          return absl::InvalidArgumentError(absl::StrCat(
-              "lse: head ", h, " of row (b=", tile_.b,
-              ", t=", tile_.t_begin + i, ") gives its valid keys a mass of ", m,
-              ", not 1 within ", kLseMassTolerance,
-              " (the lse must be taken over the row's valid keys in this "
-              "stage)"));
+          return s;
         }
       }
     }

@@ -98,6 +98,26 @@ inline absl::Status OverflowError(const char* what, int64_t b, int64_t t,
       value));
 }
 
+// An indexer score of row (b, t) at key s that is not finite.
+inline absl::Status IndexerScoreOverflowError(int64_t b, int64_t t, int64_t s,
+                                              float value) {
+  return OverflowError(
+      "index_query, index_key, index_weights: the indexer score", b, t, -1, s,
+      value);
+}
+
+// A given lse must leave each head of a row the mass 1 over the row's valid
+// keys (dense) or slots (sparse), `over`; else it was taken over others.
+inline absl::Status CheckLseMass(double mass, int64_t b, int64_t t, int64_t h,
+                                 const char* over) {
+  if (std::abs(mass - 1.0) <= kLseMassTolerance) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "lse: head ", h, " of row (b=", b, ", t=", t, ") gives its valid ", over,
+      " a mass of ", mass, ", not 1 within ", kLseMassTolerance,
+      " (the lse must be taken over the row's valid ", over,
+      " in this stage)"));
+}
+
 // A head whose every valid main logit is -inf in float32 has no softmax.
 inline absl::Status AllLogitsMinusInfError(int64_t b, int64_t t, int64_t h) {
   return absl::InvalidArgumentError(absl::StrCat(

@@ -59,9 +59,7 @@ absl::Status SelectTopk(const ProjectionsProblem& p,
       if (!IsValidSlot(v, s)) continue;
       if (!std::isfinite(I[s])) {
         failed_row = r0 + i;
-        return OverflowError(
-            "index_query, index_key, index_weights: the indexer score", tile.b,
-            tile.t_begin + i, -1, s, I[s]);
+        return IndexerScoreOverflowError(tile.b, tile.t_begin + i, s, I[s]);
       }
       ranked.emplace_back(I[s], static_cast<int32_t>(s));
     }
@@ -207,13 +205,12 @@ class SparseTile : private TileBase {
           mass = WithoutSoftmaxHeadroom(ExpRow<false, kSoftmaxHeadroom>(
               a, nv, nullptr, shift, 1.0f, a, none));
         }
-        if (p_.has_lse && !(std::abs(mass - 1.0) <= kLseMassTolerance)) {
-          failed_row = r;
-          return absl::InvalidArgumentError(absl::StrCat(
-              "lse: head ", h, " of row (b=", tile_.b, ", t=", t,
-              ") gives its valid slots a mass of ", mass, ", not 1 within ",
-              kLseMassTolerance,
-              " (the lse must be taken over the row's valid slots)"));
+        if (p_.has_lse) {
+          absl::Status s = CheckLseMass(mass, tile_.b, t, h, "slots");
+          if (!s.ok()) {
+            failed_row = r;
+            return s;
+          }
         }
         const float inv = static_cast<float>(
             WithoutSoftmaxHeadroom(p_.has_lse ? 1.0 : 1.0 / mass));
@@ -248,9 +245,7 @@ class SparseTile : private TileBase {
       if (!IsValidSlot(v, j)) continue;
       if (!std::isfinite(scores[x])) {
         failed_row = r;
-        return OverflowError(
-            "index_query, index_key, index_weights: the indexer score", tile_.b,
-            t, -1, keys[x], scores[x]);
+        return IndexerScoreOverflowError(tile_.b, t, keys[x], scores[x]);
       }
       w[j] = head_w[x];
       I[j] = scores[x];
