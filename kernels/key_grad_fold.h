@@ -33,7 +33,7 @@ class KeyGradFold {
   // Waits until every tile before `tile` has folded, adds `partial` (unless
   // null: a tile that contributes nothing) into batch entry b's keys, and
   // passes the turn on. Tiles are numbered in row order from 0; each takes
-  // its turn once.
+  // its turn once. Without a sum (size 0) it returns at once.
   void Fold(int64_t tile, int64_t b, const KeyGradPartial* partial);
 
   // The sum, rounded to `dtype` (FP32, BF16 or FP16).
