@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/fold_rows.h"
 #include "kernels/non_finite.h"
+#include "kernels/row_rules.h"
 #include "kernels/status_macros.h"
 
 namespace klserve {
@@ -156,7 +157,7 @@ std::array<ProjectionsComputation::HeldTensor, 6> HeldBuffers(
        {"topk_indices", p.sparse() && !p.server_topk
                             ? rows * p.K * int64_t{sizeof(int32_t)}
                             : 0},
-       {"attention_mask", p.has_attention_mask ? rows * p.S : 0}}};
+       {"attention_mask", p.logits.has_attention_mask ? rows * p.S : 0}}};
 }
 
 // MEAN_VALID's N where a row's keys follow from the causal cut and the key
@@ -178,10 +179,7 @@ std::optional<int64_t> RowsWithKeysInClosedForm(const ProjectionsProblem& pp) {
       while (first < p.S && padding[first] == std::byte{0}) ++first;
     }
     if (first >= p.S) continue;
-    // Causal: CausalEnd(t) > first, i.e. t + q_offset >= first.
-    const int64_t none_before =
-        p.options.causal ? std::clamp<int64_t>(first - p.q_offset, 0, p.T) : 0;
-    count += p.T - none_before;
+    count += p.T - CausalFirstRow(p.options.causal, first, p.q_offset, p.T);
   }
   return count;
 }
@@ -230,7 +228,7 @@ void ProjectionsComputation::MakeRoomToHold() {
 }
 
 bool ProjectionsComputation::counts_without_rows() const {
-  return !problem_->has_attention_mask &&
+  return !problem_->logits.has_attention_mask &&
          (!problem_->sparse() || problem_->server_topk);
 }
 

@@ -200,7 +200,6 @@ absl::StatusOr<ProjectionsProblem> ProjectionsProblem::Create(
     RETURN_IF_ERROR(CheckBytesIfAny("lse", *in.lse));
     p.has_lse = true;
   }
-  p.has_attention_mask = in.attention_mask.has_value();
   return p;
 }
 
@@ -246,7 +245,7 @@ absl::StatusOr<ProjectionsRowData> WholeProjectionsRows(
     ASSIGN_OR_RETURN(rows.indices,
                      whole("topk_indices", *in.topk_indices, p.K));
   }
-  if (p.has_attention_mask) {
+  if (p.logits.has_attention_mask) {
     ASSIGN_OR_RETURN(rows.mask,
                      whole("attention_mask", *in.attention_mask, p.S));
   }
@@ -308,8 +307,9 @@ absl::StatusOr<ProjectionsRowData> BlockProjectionsRows(
       block("topk_indices", p.sparse() && !p.server_topk, DType::kInt32,
             bytes.topk_indices, bytes.topk_indices_bytes, p.K));
   ASSIGN_OR_RETURN(
-      out.mask, block("attention_mask", p.has_attention_mask, DType::kBool,
-                      bytes.attention_mask, bytes.attention_mask_bytes, p.S));
+      out.mask,
+      block("attention_mask", p.logits.has_attention_mask, DType::kBool,
+            bytes.attention_mask, bytes.attention_mask_bytes, p.S));
   return out;
 }
 

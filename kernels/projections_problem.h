@@ -110,7 +110,6 @@ class ProjectionsProblem {
   DType index_query_dtype = DType::kFloat32;
   DType index_weights_dtype = DType::kFloat32;
   bool has_lse = false;
-  bool has_attention_mask = false;
 
   bool sparse() const { return K > 0; }
   int64_t num_rows() const { return B * T; }

@@ -45,6 +45,15 @@ KLSERVE_HOST_DEVICE inline int64_t CausalEnd(bool causal, int64_t t,
   return end < 0 ? 0 : (end > S ? S : end);
 }
 
+// The first row whose causal cut lies past `key`, so that it may see it: the
+// inverse of CausalEnd, within [0, T]. 0 when the problem is not causal.
+KLSERVE_HOST_DEVICE inline int64_t CausalFirstRow(bool causal, int64_t key,
+                                                  int64_t q_offset, int64_t T) {
+  if (!causal) return 0;
+  const int64_t first = key - q_offset;  // t + q_offset + 1 > key
+  return first < 0 ? 0 : (first > T ? T : first);
+}
+
 // Whether the row whose row_valid byte is row_valid[i] counts in the loss:
 // the byte is nonzero, or the problem has no row_valid (null).
 template <typename Byte>
