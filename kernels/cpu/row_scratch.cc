@@ -43,6 +43,13 @@ int64_t RowScratch::BytesFor(int64_t slots, bool sparse) {
          slots * kPerSlotBytes + (sparse ? RowKeySet::MaxBytesFor(slots) : 0);
 }
 
+int64_t RowScratch::BytesFor(const IndexerKlProblem& problem) {
+  const int64_t head_sums = problem.H > kHeadsPerFloatSum
+                                ? problem.row_length * int64_t{sizeof(double)}
+                                : 0;
+  return BytesFor(problem.row_length, problem.sparse()) + head_sums;
+}
+
 void RowScratch::Reserve(const IndexerKlProblem& problem) {
   if (problem.row_length > slots_) {
     slots_ = problem.row_length;

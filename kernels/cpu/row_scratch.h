@@ -58,8 +58,12 @@ class RowScratch {
   // What the buffers hold, in bytes.
   int64_t bytes() const;
   // At most what they grow to for rows of `slots` slots, with the sparse
-  // duplicate check's key set or without (the dense stage has none).
+  // duplicate check's key set or without (the dense stage has none), and
+  // without the heads' float64 sums.
   static int64_t BytesFor(int64_t slots, bool sparse);
+  // At most what they grow to for `problem`'s rows, the heads' sums
+  // included (past kHeadsPerFloatSum heads).
+  static int64_t BytesFor(const IndexerKlProblem& problem);
 
  private:
   void Reserve(const IndexerKlProblem& problem);

@@ -8,8 +8,8 @@ namespace klserve::cpu {
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = UsableCpus();
-  workers_.reserve(num_threads - 1);
-  for (int i = 1; i < num_threads; ++i) {
+  workers_.reserve(num_threads);
+  for (int i = 0; i < num_threads; ++i) {
     workers_.emplace_back([this] { WorkerLoop(); });
   }
 }
@@ -58,16 +58,12 @@ void ThreadPool::WorkerLoop() {
 
 void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> task,
                              absl::FunctionRef<void()> finish) {
-  if (n <= 1 || workers_.empty()) {
-    for (int64_t i = 0; i < n; ++i) task(i);
-    if (n > 0) finish();
-    return;
-  }
+  if (n <= 0) return;
   Job job{task, finish, n};
   absl::MutexLock lock(&mu_);
   jobs_.push_back(&job);
-  RunTasks(job);
-  // Other threads may still run tasks of this job; it lives on our stack.
+  // The workers run the tasks; the job lives on our stack until they are
+  // done.
   mu_.Await(absl::Condition(
       +[](Job* j) { return j->finished == j->n; }, &job));
 }

@@ -12,19 +12,21 @@
 namespace klserve::cpu {
 
 // A fixed set of threads created once. ParallelFor runs tasks 0..n-1 on the
-// pool and on the calling thread, and returns when all are done. Several
-// threads may call ParallelFor at once; their tasks share the workers.
+// pool's threads and returns when all are done. Several threads may call
+// ParallelFor at once (a server's calls, each on a thread of its own); their
+// tasks share the workers, and a caller only waits. So at most num_threads
+// threads compute, however many calls there are, and only they grow the
+// thread-local scratch that --max_thread_scratch_bytes bounds per thread.
 class ThreadPool {
  public:
   // num_threads <= 0 means one per CPU this process may use (UsableCpus:
-  // its affinity and its cgroup's quota). The caller counts as one of them,
-  // so num_threads - 1 workers are started.
+  // its affinity and its cgroup's quota).
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+  int num_threads() const { return static_cast<int>(workers_.size()); }
 
   // Runs task(0..n-1); then `finish` runs on each thread that ran any of
   // them, after its last one and before ParallelFor returns: the point where

@@ -98,9 +98,9 @@ ABSL_FLAG(Duration, max_stream_duration,
           "the longest a stream may stay open");
 ABSL_FLAG(Duration, max_compute_duration,
           Duration{Defaults().max_compute_duration},
-          "the longest a unary projections-form ComputeLoss may compute "
-          "(DEADLINE_EXCEEDED after); it also stops when its client cancels "
-          "or its deadline passes");
+          "the longest a unary projections-form ComputeLoss, or one block of "
+          "a projections-form stream, may compute (DEADLINE_EXCEEDED after); "
+          "it also stops when its client cancels or its deadline passes");
 ABSL_FLAG(int, max_streams_per_connection,
           Defaults().max_streams_per_connection,
           "HTTP/2 streams (calls) one connection may have open at once");
@@ -123,9 +123,9 @@ ABSL_FLAG(ByteCount, max_stream_key_bytes,
           "index_key bytes plus 8 * B * S * D_I for the d_index_key sum");
 ABSL_FLAG(ByteCount, max_thread_scratch_bytes,
           ByteCount{Defaults().max_thread_scratch_bytes},
-          "what one compute thread may hold for a tile of a projections-form "
-          "request (it grows with S and the head sizes); --threads times it "
-          "in all");
+          "what one compute thread may hold for a logits-form row (about 41 "
+          "bytes a slot) or a tile of a projections-form request (it grows "
+          "with S and the head sizes); --threads times it in all");
 ABSL_FLAG(bool, shared_memory, Defaults().shared_memory,
           "serve shared-memory regions (RegisterRegion) to callers on this "
           "host (a Unix socket or loopback); docs/shared-memory.md");

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "kernels/cpu/row_scratch.h"
 #include "kernels/row_block.h"
 #include "kernels/shape_bytes.h"
 #include "kernels/status_macros.h"
@@ -169,6 +170,16 @@ absl::Status CheckKeySideBytes(const ProjectionsProblem& p,
       ", the d_index_key sum ", key_sum_bytes, "), over the limit of ",
       options.max_stream_key_bytes,
       " (--max_stream_key_bytes); send fewer keys (batch entries) per ", call));
+}
+
+absl::Status CheckThreadScratch(const IndexerKlProblem& problem,
+                                const ServerOptions& options) {
+  const int64_t bytes = cpu::RowScratch::BytesFor(problem);
+  if (bytes <= options.max_thread_scratch_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "indexer_scores: a row of ", problem.row_length, " slots needs ", bytes,
+      " bytes in each compute thread, over the limit of ",
+      options.max_thread_scratch_bytes, " (--max_thread_scratch_bytes)"));
 }
 
 absl::Status CheckThreadScratch(const ProjectionsProblem& problem,

@@ -77,6 +77,12 @@ absl::Status CheckKeySideBytes(const ProjectionsProblem& problem,
                                absl::string_view call,
                                const ServerOptions& options);
 
+// RESOURCE_EXHAUSTED naming indexer_scores when a compute thread would hold
+// more than --max_thread_scratch_bytes for one row of `problem` (about 41
+// bytes a slot, from as few as 4 bytes of input a slot).
+absl::Status CheckThreadScratch(const IndexerKlProblem& problem,
+                                const ServerOptions& options);
+
 // RESOURCE_EXHAUSTED naming the key side when a compute thread would hold
 // more than --max_thread_scratch_bytes for one tile of `problem`.
 absl::Status CheckThreadScratch(const ProjectionsProblem& problem,

@@ -64,6 +64,7 @@ absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
   RETURN_IF_ERROR(CheckInputBytes(inputs, *ctx.options));
   ASSIGN_OR_RETURN(const IndexerKlProblem problem,
                    IndexerKlProblem::Create(inputs, options));
+  RETURN_IF_ERROR(CheckThreadScratch(problem, *ctx.options));
   ASSIGN_OR_RETURN(const RowData rows, WholeRowData(problem, inputs));
   // Outputs placed in regions are not in the message: CheckResponseFits
   // below weighs what is.

@@ -153,6 +153,7 @@ absl::Status LossStreamReactor::TakeHeader() {
   ASSIGN_OR_RETURN(IndexerKlProblem problem,
                    IndexerKlProblem::Create(inputs, options));
   RETURN_IF_ERROR(CheckOneRowFits(problem, *context_.options));
+  RETURN_IF_ERROR(CheckThreadScratch(problem, *context_.options));
   if (problem.options.want_grad || problem.options.want_row_kl) {
     // The answer to a one-row block, with the widest row_begin, measured as
     // ComputeLogitsBlock measures it (its raw bytes passed the limits above,
@@ -361,19 +362,38 @@ absl::Status LossStreamReactor::ComputeProjectionsBlock(const Block& block,
   const ProjectionsProblem& p = *projections_problem_;
   const IndexerKlOptions& o = p.logits.options;
   const ServerOptions& limits = *context_.options;
+  // A block computes on the threads unary calls compute on, for up to
+  // --max_compute_duration as a unary call may: its work grows with its
+  // rows times S (the first block's counting pass with all T), from bytes
+  // that grow with their sum.
+  block_deadline_ns_.store(
+      absl::ToUnixNanos(absl::Now() + limits.max_compute_duration),
+      std::memory_order_relaxed);
   if (!projections_) {
     // The unary call's backend, so that both give the same bits.
     // A block's tiles stop once the call is ending: a block of many rows
     // against a long key side may compute for longer than the stream may
     // live, and its client may be gone. The call already ends with its own
-    // status; this one only stops the work.
+    // status; this one only stops the work. They stop too once the block
+    // has computed for --max_compute_duration, which ends the call.
     ASSIGN_OR_RETURN(
         ProjectionsComputation computation,
         ProjectionsComputation::Create(
-            context_.backends->ForProjections(), p, [this]() -> absl::Status {
-              return Ending() ? absl::CancelledError(
-                                    "ComputeLossStream: the call is ending")
-                              : absl::OkStatus();
+            context_.backends->ForProjections(), p,
+            [this, limit = limits.max_compute_duration]() -> absl::Status {
+              if (Ending()) {
+                return absl::CancelledError(
+                    "ComputeLossStream: the call is ending");
+              }
+              if (absl::ToUnixNanos(absl::Now()) >
+                  block_deadline_ns_.load(std::memory_order_relaxed)) {
+                return absl::DeadlineExceededError(absl::StrCat(
+                    "ComputeLossStream: a block computing for more than ",
+                    absl::FormatDuration(limit),
+                    " (--max_compute_duration); send smaller blocks, or the "
+                    "problem to a server with a longer limit"));
+              }
+              return absl::OkStatus();
             }));
     projections_.emplace(std::move(computation));
     if (projections_->needs_counting()) {

@@ -1,6 +1,7 @@
 #ifndef KLSERVE_SERVER_SERVICE_LOSS_STREAM_REACTOR_H_
 #define KLSERVE_SERVER_SERVICE_LOSS_STREAM_REACTOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -107,6 +108,10 @@ class LossStreamReactor final
   // Created and used by the computation in flight, finished under mu_ once
   // nothing is in flight.
   std::optional<ProjectionsComputation> projections_;
+  // When the projections block in flight must have finished computing
+  // (--max_compute_duration after it started; Unix nanoseconds), for the
+  // computation's stop check, which the compute threads ask.
+  std::atomic<int64_t> block_deadline_ns_ = 0;
   // The projections form: the row the next block must begin at (the order
   // is checked as blocks arrive, before they wait to be computed).
   int64_t next_block_row_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1298,6 +1298,79 @@ TEST(ProjectionsAmplificationTest,
       << "VmHWM " << *peak << " KiB, VmRSS before " << *before << " KiB";
 }
 
+// A call computed part of its tiles on its own thread, one per call in
+// flight, besides the pool's --threads: each grew a thread's scratch, so 8
+// calls of tiles just under a 64 MiB limit held 353 MB with --threads=1.
+// The calls now only wait, and the pool's threads alone compute.
+TEST(ProjectionsAmplificationTest,
+     ConcurrentCallsComputeOnTheThreadsAloneWithBoundedRss) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      {"--threads=1", "--max_thread_scratch_bytes=64MiB",
+       "--max_concurrent_requests=8", "--release_memory_after_idle=0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<int64_t> before = (*server)->RssKiB();
+  ASSERT_TRUE(before.ok());
+  ProjectionsSpec spec = ManyKeys(64, int64_t{1} << 18);
+  spec.options.set_causal(true);
+  spec.options.set_skip_grad(true);
+  const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  std::vector<std::thread> calls;
+  std::vector<absl::Status> statuses(8);
+  for (absl::Status& status : statuses) {
+    calls.emplace_back([&] {
+      status =
+          MakeClient((*server)->target())->ComputeLossUnary(request).status();
+    });
+  }
+  for (std::thread& call : calls) call.join();
+  for (const absl::Status& status : statuses) {
+    EXPECT_TRUE(status.ok()) << Describe(status);
+  }
+  absl::StatusOr<int64_t> peak = (*server)->PeakRssKiB();
+  ASSERT_TRUE(peak.ok());
+  // One thread's tiles (64 MiB) and eight 2 MB requests with their copies.
+  EXPECT_LT(*peak - *before, 160 * 1024)
+      << "VmHWM " << *peak << " KiB, VmRSS before " << *before << " KiB";
+}
+
+// The logits form's row scratch is about 41 bytes a slot in each compute
+// thread, from as few as 4 bytes of input a slot: a 64 MB request of one row
+// took 432 MB, with no flag over it. A row now takes at most
+// --max_thread_scratch_bytes, in the unary call and at the stream's header.
+TEST(LogitsAmplificationTest, ARowOverTheThreadScratchLimitIsRefused) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({"--max_thread_scratch_bytes=64MiB"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<Client> client = MakeClient((*server)->target());
+  std::unique_ptr<v1::IndexerKl::Stub> stub = MakeStub((*server)->target());
+  ProblemSpec wide;
+  wide.name = "WideRow";
+  wide.T = 1, wide.S = int64_t{1} << 21, wide.H = 0;
+  wide.target_dtype = wide.scores_dtype = "BF16";
+  const v1::ComputeLossRequest request = MakeRequest(wide);
+  const absl::Status unary = client->ComputeLossUnary(request).status();
+  EXPECT_TRUE(HasCode(unary, absl::StatusCode::kResourceExhausted,
+                      "indexer_scores: a row of 2097152 slots needs "))
+      << unary;
+  EXPECT_TRUE(absl::StrContains(unary.message(),
+                                "over the limit of 67108864 "
+                                "(--max_thread_scratch_bytes)"))
+      << unary;
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << slicer.status();
+  const grpc::Status stream = StreamWithHeader(*stub, slicer->MakeHeader(), 1);
+  EXPECT_EQ(stream.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << stream.error_message();
+  EXPECT_TRUE(absl::StartsWith(stream.error_message(),
+                               "indexer_scores: a row of 2097152 slots"))
+      << stream.error_message();
+  // A row of a quarter of the slots fits.
+  wide.S /= 4;
+  absl::StatusOr<v1::ComputeLossResponse> fits =
+      client->ComputeLossUnary(MakeRequest(wide));
+  EXPECT_TRUE(fits.ok()) << Describe(fits.status());
+}
+
 // What a tile would take in each compute thread is weighed before anything
 // is computed, against --max_thread_scratch_bytes, in the unary call and at
 // the stream's header.

@@ -371,7 +371,8 @@ TEST_F(ServerTest, ProjectionsResponseIsHeldToTheMessageLimit) {
 }
 
 // A projections problem's work grows with T * S from a message that grows
-// with T + S: a unary computation stops at --max_compute_duration
+// with T + S: a unary computation, and each block of a stream (which
+// computes on the same threads), stops at --max_compute_duration
 // (DEADLINE_EXCEEDED naming the flag), which leaves the logits form alone.
 TEST_F(ServerTest, ProjectionsComputationStopsAtItsTimeLimit) {
   ASSERT_NO_FATAL_FAILURE(StartServer({"--max_compute_duration=1us"}));
@@ -379,6 +380,16 @@ TEST_F(ServerTest, ProjectionsComputationStopsAtItsTimeLimit) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(absl::StrContains(status.message(), "(--max_compute_duration)"))
       << Describe(status);
+  ProjectionsSpec spec;
+  spec.name = "StreamTimeLimit";
+  const absl::Status streamed =
+      client().ComputeLossStreaming(MakeProjectionsRequest(spec)).status();
+  EXPECT_EQ(streamed.code(), absl::StatusCode::kDeadlineExceeded)
+      << Describe(streamed);
+  EXPECT_TRUE(absl::StrContains(streamed.message(),
+                                "a block computing for more than 1us "
+                                "(--max_compute_duration)"))
+      << Describe(streamed);
   ProblemSpec logits;
   logits.name = "LogitsForm";
   EXPECT_TRUE(client().ComputeLossUnary(MakeRequest(logits)).ok());

@@ -60,8 +60,8 @@ class ServerInfo:
     # (--max_stream_key_bytes).
     max_open_streams: int
     max_stream_key_bytes: int
-    # What one compute thread may hold for a tile of a projections-form
-    # request (--max_thread_scratch_bytes).
+    # What one compute thread may hold for a logits-form row or a tile of a
+    # projections-form request (--max_thread_scratch_bytes).
     max_thread_scratch_bytes: int
     # Whether it serves shared-memory regions (--shared_memory), to callers
     # on its host.
