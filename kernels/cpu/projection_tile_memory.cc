@@ -59,19 +59,23 @@ int64_t PerRowBytes(const ProjectionTileShape& s) {
   Bytes b;
   b.Add(QueryRowBytes(s));
   if (s.K == 0) {
-    // w, I, g over the keys ([rows, S] each); the indexer gradient's
-    // exponentials of one key tile.
-    b.AddProduct(3 * kFloat, s.S).AddProduct(kFloat, s.H_I, KeyTileWidth(s.S));
+    // w, I, g over the keys ([rows, S] each), and the keys' validity bytes;
+    // the indexer gradient's exponentials of one key tile.
+    b.AddProduct(3 * kFloat + 1, s.S)
+        .AddProduct(kFloat, s.H_I, KeyTileWidth(s.S));
     // The float64 sums of the heads' blocks, over one key tile.
     if (s.H > kHeadsPerFloatSum) b.AddProduct(8, KeyTileWidth(s.S));
   } else {
-    // The slots' keys, w, I and g; the indexer's dot products u and the
-    // gathered index keys; the d_index_key contributions of the slots.
-    b.AddProduct(4 * kFloat, s.K).AddProduct(kFloat, s.H_I, s.K);
+    // The slots' keys, w, I and g, and their validity bytes; the indexer's
+    // dot products u and the gathered index keys; the d_index_key
+    // contributions of the slots.
+    b.AddProduct(4 * kFloat + 1, s.K).AddProduct(kFloat, s.H_I, s.K);
     b.AddProduct(2 * kFloat, s.K, s.D_I).AddProduct(kFloat, s.K);
     if (s.server_topk) {
-      // The dense scores the selection ranks, and the selection itself.
-      b.AddProduct(kFloat, s.S).AddProduct(kFloat, s.H_I, KeyTileWidth(s.S));
+      // The dense scores the selection ranks and the keys' validity bytes,
+      // and the selection itself.
+      b.AddProduct(kFloat + 1, s.S)
+          .AddProduct(kFloat, s.H_I, KeyTileWidth(s.S));
       b.AddProduct(kFloat, s.K);
     }
   }

@@ -26,7 +26,7 @@ int64_t ProjectionTileRows(const ProjectionTileShape& shape);
 
 // The buffers that grow with a tile's rows stay within this where one row's
 // fit: with the benchmark's heads, 32 MiB holds 128 dense rows up to S of
-// about 19K, 41 rows at S = 64K and one from S = 2^21 on.
+// about 18K, 38 rows at S = 64K and one from S = 2^21 on.
 inline constexpr int64_t kTileRowsBytes = int64_t{32} << 20;
 
 // What one compute thread holds for a tile of `rows` query rows.

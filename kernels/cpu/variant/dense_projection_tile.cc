@@ -371,8 +371,8 @@ class DenseTile : private TileBase {
   // contributions to d_index_key.
   void Gradients() {
     const int64_t M = n_ * p_.H_I;
-    std::vector<float> dq(M * p_.D_I, 0.0f);
-    std::vector<double> dw(M);  // not (M, 0.0): see `sum` above
+    std::vector<float> dq(M * p_.D_I);  // zeros; not (M, 0.0f): see `sum`
+    std::vector<double> dw(M);          // not (M, 0.0): see `sum` above
     KeyGradPartial& dk = *out_.key_grad;
     dk.count = hi_ - lo_;
     dk.rows.resize(dk.count * p_.D_I);

@@ -34,7 +34,7 @@ absl::Status SelectTopk(const ProjectionsProblem& p,
   }
   int64_t hi = 0;
   for (const RowValidity& v : tv.rows) hi = std::max(hi, v.limit);
-  std::vector<float> scores(n * p.S, 0.0f), u(n * p.H_I * KeyTileWidth(p.S));
+  std::vector<float> scores(n * p.S), u(n * p.H_I * KeyTileWidth(p.S));
   std::vector<float> index_key_buffer;
   for (int64_t s0 = 0; s0 < hi; s0 += kKeyTile) {
     const int64_t s1 = std::min(s0 + kKeyTile, hi), sk = s1 - s0;
@@ -256,8 +256,8 @@ class SparseTile : private TileBase {
 
   void Gradients() {
     const int64_t K = p_.K;
-    std::vector<float> dq(n_ * p_.H_I * p_.D_I, 0.0f);
-    // Value-initialised, not (n, 0.0): see dense_projection_tile.cc.
+    // Value-initialised (zeros), not (n, 0.0): see dense_projection_tile.cc.
+    std::vector<float> dq(n_ * p_.H_I * p_.D_I);
     std::vector<double> dw(n_ * p_.H_I);
     KeyGradPartial& dk = *out_.key_grad;
     int64_t total = 0;
