@@ -186,6 +186,19 @@ std::optional<int64_t> RowsWithKeysInClosedForm(const ProjectionsProblem& pp) {
 
 }  // namespace
 
+absl::Status CheckNextBlock(int64_t next_row, int64_t row_begin,
+                            int64_t num_rows, int64_t total_rows) {
+  if (row_begin == next_row && num_rows >= 1 &&
+      num_rows <= total_rows - next_row) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "row_begin, num_rows: blocks must come in order without gaps within "
+      "the B*T = ",
+      total_rows, " rows; expected row ", next_row, ", got [", row_begin, ", +",
+      num_rows, ")"));
+}
+
 absl::StatusOr<ProjectionsComputation> ProjectionsComputation::Create(
     Backend& backend, const ProjectionsProblem& problem, StopCheck stop) {
   RETURN_IF_ERROR(CheckKeySide(problem));
@@ -250,13 +263,8 @@ absl::StatusOr<RowRange> ProjectionsComputation::Compute(
     RowRange rows, const ProjectionsRowData& data,
     const ProjectionsBlockOutputs& out) {
   const ProjectionsProblem& p = *problem_;
-  if (rows.begin != next_row_ || rows.size() < 1 || rows.end > p.num_rows()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "row_begin, num_rows: blocks must come in order without gaps within "
-        "the B*T = ",
-        p.num_rows(), " rows; expected row ", next_row_, ", got [", rows.begin,
-        ", ", rows.end, ")"));
-  }
+  RETURN_IF_ERROR(
+      CheckNextBlock(next_row_, rows.begin, rows.size(), p.num_rows()));
   if (!denominator_) {
     return absl::FailedPreconditionError(
         "ProjectionsComputation: N must be counted before the rows");

@@ -40,6 +40,13 @@ struct ProjectionsBlockOutputs {
   int64_t capacity_rows = 0;
 };
 
+// INVALID_ARGUMENT unless a block of `num_rows` rows from `row_begin` comes
+// next: at `next_row`, with at least one row and none past `total_rows` (the
+// blocks of a problem come in order without gaps). The stream asks it as
+// blocks arrive, Compute again as it takes them.
+absl::Status CheckNextBlock(int64_t next_row, int64_t row_begin,
+                            int64_t num_rows, int64_t total_rows);
+
 class ProjectionsComputation {
  public:
   // Checks the key side's values (NaN or infinities are INVALID_ARGUMENT

@@ -266,15 +266,9 @@ absl::Status LossStreamReactor::TakeBlock() {
           "counting: the projections form has no counting pass (its N needs "
           "no rows), got true");
     }
-    const int64_t num_rows = projections_problem_->num_rows();
-    if (block.row_begin() != next_block_row_ || block.num_rows() < 1 ||
-        block.num_rows() > num_rows - next_block_row_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "row_begin, num_rows: blocks must come in order without gaps "
-          "within the B*T = ",
-          num_rows, " rows; expected row ", next_block_row_, ", got [",
-          block.row_begin(), ", +", block.num_rows(), ")"));
-    }
+    RETURN_IF_ERROR(CheckNextBlock(next_block_row_, block.row_begin(),
+                                   block.num_rows(),
+                                   projections_problem_->num_rows()));
     admitted.rows = {block.row_begin(), block.row_begin() + block.num_rows()};
     next_block_row_ = admitted.rows.end;
   } else {
