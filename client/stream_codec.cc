@@ -333,9 +333,8 @@ absl::Status ProjectionsResponseAssembler::Add(v1::GradBlock& block) {
           n * output.row_bytes, " bytes of ", output.dtype, " in ", n,
           " rows, got ", t.data().size(), " bytes of ", t.dtype()));
     }
-    // Reserved once the first block's size is known right, not resized:
-    // the blocks append their rows in order.
-    if (output.data.empty()) output.data.reserve(total_rows * output.row_bytes);
+    // Appended, not reserved for every row: the row size is the server's
+    // word, and a wrong one must not make the client allocate for it.
     output.data.append(t.data());
   }
   if (n > 0) seen_rows_ = true;

@@ -124,14 +124,17 @@ ProjectionTileScratch ProjectionTileScratchOf(const ProjectionTileShape& shape,
     // The main logits ([rows, key tile] per head) and the dot products
     // ([rows * H_I, key tile]) of every key tile, kept between passes when
     // they fit their budgets, else one block that each key tile overwrites
-    // (KeyTileStore).
+    // (KeyTileStore). A tile keeps its own key tiles, which may be fewer
+    // than S's (a causal tile's keys end at its last row): when S's do not
+    // fit, a tile's may still fill the budget.
     const int64_t key_tiles = (shape.S + kKeyTile - 1) / kKeyTile;
     const auto store = [&](int64_t slices, int64_t block_floats,
                            int64_t budget) {
       Bytes all, block;
       all.AddProduct(kFloat, key_tiles, slices, block_floats);
       block.AddProduct(kFloat, block_floats);
-      return all.total() <= budget ? all.total() : block.total();
+      return all.total() <= budget ? all.total()
+                                   : std::max(block.total(), budget);
     };
     b.Add(store(shape.H, rows * KeyTileWidth(shape.S), kStoredLogitsBytes));
     b.Add(store(

@@ -1,7 +1,5 @@
 #include "kernels/cpu/thread_pool.h"
 
-#include <algorithm>
-
 #include "kernels/cpu/usable_cpus.h"
 
 namespace klserve::cpu {
@@ -23,23 +21,27 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::RunTasks(Job& job) {
-  while (job.next < job.n) {
+  while (true) {
+    // One task; the job goes to the back of the queue while it has more, so
+    // that the jobs waiting take turns.
+    jobs_.pop_front();
     const int64_t index = job.next++;
-    if (job.next == job.n) {
-      // Nothing left to hand out: stop offering the job to other workers.
-      jobs_.erase(std::find(jobs_.begin(), jobs_.end(), &job));
-    }
+    if (job.next < job.n) jobs_.push_back(&job);
     mu_.Unlock();
     job.task(index);
     mu_.Lock();
-    if (job.next == job.n) {
-      // This thread gets no more of the job's tasks. Before the count below
-      // lets ParallelFor return: the job lives on its caller's stack.
-      mu_.Unlock();
-      job.finish();
-      mu_.Lock();
+    if (!jobs_.empty() && jobs_.front() == &job) {
+      ++job.finished;  // its next task is this thread's again
+      continue;
     }
+    // This thread leaves the job: none of its tasks are left, or another
+    // job's turn has come. Before the count below lets ParallelFor return:
+    // the job lives on its caller's stack.
+    mu_.Unlock();
+    job.finish();
+    mu_.Lock();
     ++job.finished;
+    return;
   }
 }
 

@@ -28,9 +28,12 @@ class ThreadPool {
 
   int num_threads() const { return static_cast<int>(workers_.size()); }
 
-  // Runs task(0..n-1); then `finish` runs on each thread that ran any of
-  // them, after its last one and before ParallelFor returns: the point where
-  // that thread may drop what the tasks grew in its thread-local state.
+  // Runs task(0..n-1). The jobs of several callers take turns, a task at a
+  // time, so that a short one is not held behind a long one. `finish` runs
+  // on a thread each time it leaves the job (the job has no task left for
+  // it, or another job's turn has come), before ParallelFor returns: the
+  // point where that thread may drop what the tasks grew in its
+  // thread-local state.
   void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> task,
                    absl::FunctionRef<void()> finish);
 
@@ -44,8 +47,8 @@ class ThreadPool {
   };
 
   void WorkerLoop();
-  // Runs tasks of `job` until none are left. Called with mu_ held; drops it
-  // while a task runs.
+  // Runs tasks of `job`, the front of jobs_, while it stays this thread's
+  // turn. Called with mu_ held; drops it while a task runs.
   void RunTasks(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;

@@ -118,9 +118,9 @@ ABSL_FLAG(ByteCount, max_tensor_bytes, ByteCount{Defaults().max_tensor_bytes},
           "one at a time)");
 ABSL_FLAG(ByteCount, max_stream_key_bytes,
           ByteCount{Defaults().max_stream_key_bytes},
-          "what one projections-form call (a stream for its life, a unary "
-          "call while it computes) may hold for its key side: key and "
-          "index_key bytes plus 8 * B * S * D_I for the d_index_key sum");
+          "what one projections-form stream may hold for its key side: key "
+          "and index_key bytes plus 8 * B * S * D_I for the d_index_key sum; "
+          "a unary call is held to it for the sum alone");
 ABSL_FLAG(ByteCount, max_thread_scratch_bytes,
           ByteCount{Defaults().max_thread_scratch_bytes},
           "what one compute thread may hold for a logits-form row (about 41 "

@@ -156,30 +156,40 @@ absl::Status CheckOutputBytes(const ProjectionsProblem& p,
       "send the problem with ComputeLossStream", options);
 }
 
-absl::Status CheckKeySideBytes(const ProjectionsProblem& p,
-                               absl::string_view call,
+absl::Status CheckKeySideBytes(const ProjectionsProblem& p, bool stream,
                                const ServerOptions& options) {
   const int64_t key_sum_bytes =
       p.logits.options.want_grad ? p.B * p.S * p.D_I * int64_t{sizeof(double)}
                                  : 0;
-  const int64_t held = p.key.byte_size + p.index_key.byte_size + key_sum_bytes;
-  if (held <= options.max_stream_key_bytes) return absl::OkStatus();
+  const int64_t key_bytes =
+      stream ? p.key.byte_size + p.index_key.byte_size : 0;
+  if (key_bytes + key_sum_bytes <= options.max_stream_key_bytes) {
+    return absl::OkStatus();
+  }
+  const char* call = stream ? "stream" : "call";
   return absl::ResourceExhaustedError(absl::StrCat(
-      "key: the ", call, " would hold ", held, " bytes for its key side (key ",
-      p.key.byte_size, ", index_key ", p.index_key.byte_size,
-      ", the d_index_key sum ", key_sum_bytes, "), over the limit of ",
+      "key: the ", call, " would hold ", key_bytes + key_sum_bytes,
+      " bytes for its key side (",
+      stream ? absl::StrCat("key ", p.key.byte_size, ", index_key ",
+                            p.index_key.byte_size, ", ")
+             : "",
+      "the d_index_key sum ", key_sum_bytes, "), over the limit of ",
       options.max_stream_key_bytes,
       " (--max_stream_key_bytes); send fewer keys (batch entries) per ", call));
 }
 
 absl::Status CheckThreadScratch(const IndexerKlProblem& problem,
+                                const Backend& backend,
                                 const ServerOptions& options) {
+  if (backend.name() != "cpu") return absl::OkStatus();
   const int64_t bytes = cpu::RowScratch::BytesFor(problem);
   if (bytes <= options.max_thread_scratch_bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       "indexer_scores: a row of ", problem.row_length, " slots needs ", bytes,
       " bytes in each compute thread, over the limit of ",
-      options.max_thread_scratch_bytes, " (--max_thread_scratch_bytes)"));
+      options.max_thread_scratch_bytes,
+      " (--max_thread_scratch_bytes); a stream's blocks carry whole rows, "
+      "so only a higher limit serves it"));
 }
 
 absl::Status CheckThreadScratch(const ProjectionsProblem& problem,

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "kernels/backend.h"
 #include "kernels/problem.h"
 #include "kernels/projections_problem.h"
 #include "klserve/v1/klserve.pb.h"
@@ -69,18 +70,19 @@ absl::Status CheckOutputBytes(const ProjectionsProblem& problem,
                               const ServerOptions& options);
 
 // RESOURCE_EXHAUSTED naming `key` when a projections-form call would hold
-// more than --max_stream_key_bytes for its key side: key and index_key, and
-// the float64 sum of d_index_key (8 B S D_I bytes, 4 times a BF16 index_key)
-// when the gradients are asked for. A stream holds them for its life, a
-// unary call while it computes; `call` names which ("stream" or "call").
-absl::Status CheckKeySideBytes(const ProjectionsProblem& problem,
-                               absl::string_view call,
+// more than --max_stream_key_bytes for its key side: the float64 sum of
+// d_index_key (8 B S D_I bytes, 4 times a BF16 index_key) when the gradients
+// are asked for, and for a stream, which holds them for its life, key and
+// index_key too (a unary call's lie in its message or a region).
+absl::Status CheckKeySideBytes(const ProjectionsProblem& problem, bool stream,
                                const ServerOptions& options);
 
-// RESOURCE_EXHAUSTED naming indexer_scores when a compute thread would hold
-// more than --max_thread_scratch_bytes for one row of `problem` (about 41
-// bytes a slot, from as few as 4 bytes of input a slot).
+// RESOURCE_EXHAUSTED naming indexer_scores when a compute thread of
+// `backend` would hold more than --max_thread_scratch_bytes for one row of
+// `problem` (on the CPU about 41 bytes a slot, from as few as 4 bytes of
+// input a slot; the CUDA backend keeps no row scratch on the host).
 absl::Status CheckThreadScratch(const IndexerKlProblem& problem,
+                                const Backend& backend,
                                 const ServerOptions& options);
 
 // RESOURCE_EXHAUSTED naming the key side when a compute thread would hold

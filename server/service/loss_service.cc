@@ -64,7 +64,8 @@ absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
   RETURN_IF_ERROR(CheckInputBytes(inputs, *ctx.options));
   ASSIGN_OR_RETURN(const IndexerKlProblem problem,
                    IndexerKlProblem::Create(inputs, options));
-  RETURN_IF_ERROR(CheckThreadScratch(problem, *ctx.options));
+  RETURN_IF_ERROR(
+      CheckThreadScratch(problem, ctx.backends->For(problem), *ctx.options));
   ASSIGN_OR_RETURN(const RowData rows, WholeRowData(problem, inputs));
   // Outputs placed in regions are not in the message: CheckResponseFits
   // below weighs what is.
@@ -114,9 +115,9 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
   RETURN_IF_ERROR(CheckInputBytes(inputs, *ctx.options));
   ASSIGN_OR_RETURN(const ProjectionsProblem problem,
                    ProjectionsProblem::Create(inputs, options));
+  RETURN_IF_ERROR(CheckKeySideBytes(problem, /*stream=*/false, *ctx.options));
   // Outputs placed in regions are not in the message: CheckResponseFits
   // below weighs what is.
-  RETURN_IF_ERROR(CheckKeySideBytes(problem, "call", *ctx.options));
   RETURN_IF_ERROR(CheckOutputBytes(problem, request.outputs(), *ctx.options));
   RETURN_IF_ERROR(CheckThreadScratch(problem, *ctx.options));
   const IndexerKlOptions& o = problem.logits.options;

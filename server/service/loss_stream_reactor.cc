@@ -153,7 +153,8 @@ absl::Status LossStreamReactor::TakeHeader() {
   ASSIGN_OR_RETURN(IndexerKlProblem problem,
                    IndexerKlProblem::Create(inputs, options));
   RETURN_IF_ERROR(CheckOneRowFits(problem, *context_.options));
-  RETURN_IF_ERROR(CheckThreadScratch(problem, *context_.options));
+  RETURN_IF_ERROR(CheckThreadScratch(problem, context_.backends->For(problem),
+                                     *context_.options));
   if (problem.options.want_grad || problem.options.want_row_kl) {
     // The answer to a one-row block, with the widest row_begin, measured as
     // ComputeLogitsBlock measures it (its raw bytes passed the limits above,
@@ -187,7 +188,7 @@ absl::Status LossStreamReactor::TakeProjectionsHeader() {
   const ProjectionsProblem& p = problem;
   const IndexerKlOptions& o = p.logits.options;
   // What the stream holds until its end.
-  RETURN_IF_ERROR(CheckKeySideBytes(p, "stream", limits));
+  RETURN_IF_ERROR(CheckKeySideBytes(p, /*stream=*/true, limits));
   {
     // The last message carries d_index_key whole and echoes request_id.
     Response last;

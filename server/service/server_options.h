@@ -80,13 +80,15 @@ struct ServerOptions {
   // What one ComputeLossStream of the projections form may hold for its key
   // side, for the stream's whole life: key and index_key (sent whole in the
   // StreamHeader) and the float64 sum of d_index_key (8 * B * S * D_I
-  // bytes). Past it the stream is RESOURCE_EXHAUSTED naming key. Every open
-  // stream may hold this much at once (--max_open_streams).
+  // bytes); and what a unary call may hold for its sum while it computes.
+  // Past it the call is RESOURCE_EXHAUSTED naming key. Every open stream
+  // and every unary call may hold this much at once.
   int64_t max_stream_key_bytes = int64_t{1} << 30;
-  // What one compute thread may hold to compute a tile of a projections-form
-  // request (ProjectionsProblem::thread_scratch: it grows with S, or K,
-  // and the head sizes, not with the request's bytes); past it the request
-  // is RESOURCE_EXHAUSTED before it computes. The compute threads together
+  // What one compute thread may hold to compute a logits-form row on the CPU
+  // (RowScratch::BytesFor) or a tile of a projections-form request
+  // (ProjectionsProblem::thread_scratch: it grows with S, or K, and the head
+  // sizes, not with the request's bytes); past it the request is
+  // RESOURCE_EXHAUSTED before it computes. The compute threads together
   // hold at most --threads times this.
   int64_t max_thread_scratch_bytes = int64_t{1} << 30;
   // Shared-memory regions (docs/shared-memory.md): RegisterRegion serves

@@ -352,8 +352,7 @@ def worst_case_memory(c, args):
     "Resource model"): every open stream 4 messages (3 held and a tile's
     rows) and its key side, every unary call computing its request and
     response and as many answers again waiting for their clients (up to
-    twice --max_concurrent_requests messages) and its key side's
-    d_index_key sum, every compute thread its scratch, and gRPC's
+    twice --max_concurrent_requests messages) and its d_index_key sum, every compute thread its scratch, and gRPC's
     buffers."""
     value = lambda name: (last_flag(args, name) or
                           MEMORY_FLAG_DEFAULTS[name])

@@ -256,7 +256,7 @@ TEST_F(ServerTest, ProjectionsStreamRefusesATileOverTheMessageLimit) {
       << Describe(streamed.status());
 }
 
-TEST_F(ServerTest, ProjectionsCallsHoldTheirKeySideToTheFlag) {
+TEST_F(ServerTest, ProjectionsStreamHoldsItsKeySideToTheFlag) {
   // key [1, 6, 2, 8] FP32: 384 bytes; index_key [1, 6, 4]: 96; the
   // d_index_key sum 8 * 6 * 4 = 192: 672 in all, 480 without the gradient.
   ASSERT_NO_FATAL_FAILURE(StartServer({"--max_stream_key_bytes=600"}));
@@ -273,23 +273,35 @@ TEST_F(ServerTest, ProjectionsCallsHoldTheirKeySideToTheFlag) {
   EXPECT_TRUE(
       absl::StrContains(streamed.status().message(), "--max_stream_key_bytes"))
       << Describe(streamed.status());
-  // A unary call holds the same while it computes: its key side came in
-  // the message, and the d_index_key sum is as large.
-  const absl::Status unary = client().ComputeLossUnary(request).status();
-  EXPECT_EQ(unary.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(absl::StartsWith(
-      unary.message(),
-      "key: the call would hold 672 bytes for its key side (key 384, "
-      "index_key 96, the d_index_key sum 192), over the limit of 600 "
-      "(--max_stream_key_bytes)"))
-      << Describe(unary);
+  // A unary call's key side lies in its message (or a region): it holds
+  // the d_index_key sum alone, 192 bytes.
+  EXPECT_TRUE(client().ComputeLossUnary(request).ok());
   v1::ComputeLossRequest loss_only = request;
   loss_only.mutable_options()->set_skip_grad(true);
   absl::StatusOr<v1::ComputeLossResponse> fits =
       client().ComputeLossStreaming(loss_only);
   EXPECT_TRUE(fits.ok()) << Describe(fits.status());
-  fits = client().ComputeLossUnary(loss_only);
-  EXPECT_TRUE(fits.ok()) << Describe(fits.status());
+}
+
+TEST_F(ServerTest, UnaryProjectionsCallsHoldTheirKeyGradientSumToTheFlag) {
+  // The d_index_key sum, 8 * 6 * 4 = 192 bytes, had no flag over it in a
+  // unary call (up to 4 GiB from a region's BF16 index_key).
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_stream_key_bytes=150"}));
+  ProjectionsSpec spec;
+  spec.name = "KeySumLimit";
+  spec.H_I = 3, spec.D_I = 4;
+  const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  const absl::Status unary = client().ComputeLossUnary(request).status();
+  EXPECT_EQ(unary.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(unary.message(),
+            "key: the call would hold 192 bytes for its key side (the "
+            "d_index_key sum 192), over the limit of 150 "
+            "(--max_stream_key_bytes); send fewer keys (batch entries) per "
+            "call")
+      << Describe(unary);
+  v1::ComputeLossRequest loss_only = request;
+  loss_only.mutable_options()->set_skip_grad(true);
+  EXPECT_TRUE(client().ComputeLossUnary(loss_only).ok());
 }
 
 TEST_F(ServerTest, ProjectionsStreamRefusesAKeyGradientOverTheMessageLimit) {

@@ -51,6 +51,15 @@ TEST(ProjectionTileRows, SparseTilesHaveAtMostSixteenRows) {
   EXPECT_EQ(ProjectionTileRows(sparse), 1);
 }
 
+// A causal tile keeps its own key tiles' logits and dot products when they
+// fit their budgets (32 and 16 MiB), though S's would not: the bound counts
+// the budgets then, where it had counted one key tile's block.
+TEST(ProjectionTileScratch, CountsTheKeptLogitsWhenSsWouldNotFit) {
+  // 38 rows x 16 heads x 65536 keys x 4 bytes: 152 MiB, past 32 MiB.
+  EXPECT_GE(ProjectionTileScratchOf(Dense(65536), 38).bytes,
+            38 * 65536 * 13 + (int64_t{48} << 20));
+}
+
 TEST(ProjectionTileScratch, GrowsWithTheKeysAndTheHeads) {
   const int64_t small = ProjectionTileScratchOf(Dense(4096), 128).bytes;
   // The tile's [128, 4096] floats three times over, at least.

@@ -296,6 +296,20 @@ def test_integer_inputs_are_refused_by_name(client):
         assert "int32" in info.value.details
 
 
+def test_a_gradient_of_the_gradient_raises(client):
+    # The service returns the gradient, not its derivatives: differentiating
+    # the gradient (a gradient penalty) must raise, not count it constant.
+    scores, logits = problem(19)
+
+    def penalty(s):
+        grad = jax.grad(lambda x: indexer_kl_loss(
+            x, attention_logits=logits, client=client))(s)
+        return jnp.sum(grad ** 2)
+
+    with pytest.raises(ValueError, match="do not support JVP"):
+        jax.grad(penalty)(scores)
+
+
 def test_int64_indices_outside_int32_are_empty_slots_not_wrapped(client):
     # JAX without x64 keeps an int64 array's low 32 bits: 2**32 + 1 became
     # key 1, and the loss counted a slot the job had left empty. The

@@ -55,8 +55,8 @@ class ServerInfo:
     max_concurrent_requests: int
     input_dtypes: Tuple[str, ...]
     grad_dtypes: Tuple[str, ...]
-    # Streams open at once, and what one call of the projections form (a
-    # stream, or a unary call) may hold for its key side
+    # Streams open at once, and what one stream of the projections form may
+    # hold for its key side, a unary call for its d_index_key sum
     # (--max_stream_key_bytes).
     max_open_streams: int
     max_stream_key_bytes: int
