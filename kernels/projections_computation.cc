@@ -211,10 +211,8 @@ ProjectionsComputation::ProjectionsComputation(
       problem_(&problem),
       stop_(std::move(stop)),
       denominator_(problem.logits.denominator),
-      key_grad_(std::make_unique<KeyGradFold>(
-          problem.logits.options.want_grad ? problem.B * problem.S * problem.D_I
-                                           : 0,
-          problem.S, problem.D_I)) {}
+      key_grad_(std::make_unique<KeyGradFold>(problem.key_grad_sum_size(),
+                                              problem.S, problem.D_I)) {}
 
 ProjectionsComputation::HeldBytes ProjectionsComputation::MaxHeldBytes(
     const ProjectionsProblem& p) {

@@ -113,6 +113,11 @@ class ProjectionsProblem {
 
   bool sparse() const { return K > 0; }
   int64_t num_rows() const { return B * T; }
+  // The float64 d_index_key sum's elements (KeyGradFold): B S D_I with the
+  // gradients, else none.
+  int64_t key_grad_sum_size() const {
+    return logits.options.want_grad ? B * S * D_I : 0;
+  }
   // The tile holding row r: [begin, end).
   RowRange TileOf(int64_t r) const;
 

@@ -158,9 +158,7 @@ absl::Status CheckOutputBytes(const ProjectionsProblem& p,
 
 absl::Status CheckKeySideBytes(const ProjectionsProblem& p, bool stream,
                                const ServerOptions& options) {
-  const int64_t key_sum_bytes =
-      p.logits.options.want_grad ? p.B * p.S * p.D_I * int64_t{sizeof(double)}
-                                 : 0;
+  const int64_t key_sum_bytes = p.key_grad_sum_size() * int64_t{sizeof(double)};
   const int64_t key_bytes =
       stream ? p.key.byte_size + p.index_key.byte_size : 0;
   if (key_bytes + key_sum_bytes <= options.max_stream_key_bytes) {

@@ -256,14 +256,20 @@ TEST_F(ServerTest, ProjectionsStreamRefusesATileOverTheMessageLimit) {
       << Describe(streamed.status());
 }
 
+// key [1, 6, 2, 8] FP32, index_key [1, 6, 4], and a d_index_key sum of
+// 8 * 6 * 4 bytes.
+v1::ComputeLossRequest KeySideRequest(const std::string& name) {
+  ProjectionsSpec spec;
+  spec.name = name;
+  spec.H_I = 3, spec.D_I = 4;
+  return MakeProjectionsRequest(spec);
+}
+
 TEST_F(ServerTest, ProjectionsStreamHoldsItsKeySideToTheFlag) {
   // key [1, 6, 2, 8] FP32: 384 bytes; index_key [1, 6, 4]: 96; the
   // d_index_key sum 8 * 6 * 4 = 192: 672 in all, 480 without the gradient.
   ASSERT_NO_FATAL_FAILURE(StartServer({"--max_stream_key_bytes=600"}));
-  ProjectionsSpec spec;
-  spec.name = "KeyLimit";
-  spec.H_I = 3, spec.D_I = 4;
-  const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  const v1::ComputeLossRequest request = KeySideRequest("KeyLimit");
   absl::StatusOr<v1::ComputeLossResponse> streamed =
       client().ComputeLossStreaming(request);
   ASSERT_FALSE(streamed.ok());
@@ -287,10 +293,7 @@ TEST_F(ServerTest, UnaryProjectionsCallsHoldTheirKeyGradientSumToTheFlag) {
   // The d_index_key sum, 8 * 6 * 4 = 192 bytes, had no flag over it in a
   // unary call (up to 4 GiB from a region's BF16 index_key).
   ASSERT_NO_FATAL_FAILURE(StartServer({"--max_stream_key_bytes=150"}));
-  ProjectionsSpec spec;
-  spec.name = "KeySumLimit";
-  spec.H_I = 3, spec.D_I = 4;
-  const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  const v1::ComputeLossRequest request = KeySideRequest("KeySumLimit");
   const absl::Status unary = client().ComputeLossUnary(request).status();
   EXPECT_EQ(unary.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(unary.message(),

@@ -176,13 +176,14 @@ def _integers_as_the_client_sends_them(arrays):
     indices outside int32 become -1, an empty slot, and other integers
     outside int32 are refused naming their field. Without x64, JAX would
     keep only their low 32 bits, and 2**32 + 1 would be key 1. A JAX array
-    (traced or not) has its dtype already."""
+    (traced or not) has its dtype already. The others go on as the host
+    arrays read here, so that nothing reads them twice."""
     converted = {}
     for name, value in arrays.items():
         if not isinstance(value, jax.Array):
-            array = host_array(name, value)
-            if array.dtype.kind in "iu":
-                _, value = BY_NAME[name].convert(name, array)
+            value = host_array(name, value)
+            if value.dtype.kind in "iu":
+                _, value = BY_NAME[name].convert(name, value)
         converted[name] = value
     return converted
 
@@ -195,8 +196,8 @@ def indexer_kl_loss(indexer_scores: npt.ArrayLike, *,
     Keyword arguments as in klserve.Client.compute_loss (the tensors, JAX or
     NumPy arrays, and the fields of klserve.ComputeLossOptions), except
     want_grad, want_row_kl, want_diagnostics, recall_k and copy_outputs,
-    which are decided here; grad_dtype defaults to the scores' dtype, but float32
-    for float16 and float64 scores (_tensors.wrapper_grad_name: the
+    which are decided here; grad_dtype defaults to the scores' dtype, but
+    float32 for float16 and float64 scores (_tensors.wrapper_grad_name: the
     gradient is multiplied by the cotangent, a loss scale say, before it
     is cast to the scores' dtype). `run` is a static string; `step`,
     `layer` and `microbatch` may be Python ints or traced integer scalars,
