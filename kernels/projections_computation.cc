@@ -8,11 +8,14 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "kernels/fold_rows.h"
 #include "kernels/non_finite.h"
 #include "kernels/row_rules.h"
@@ -23,23 +26,34 @@ namespace {
 
 // "<field>: <rule>, got <found> at (b=.., t=.., ...)": element i of a
 // tensor of shape `dims`, whose letters name its dimensions.
-absl::Status ValueError(absl::string_view field, const char* letters,
-                        std::initializer_list<int64_t> dims, int64_t i,
+absl::Status ValueError(absl::string_view field, absl::string_view letters,
+                        absl::Span<const int64_t> dims, int64_t i,
                         absl::string_view rule, const char* found) {
   std::vector<int64_t> index(dims.size());
-  const int64_t* dim = dims.end();
   for (int64_t d = static_cast<int64_t>(dims.size()) - 1; d >= 0; --d) {
-    --dim;
-    index[d] = i % *dim;
-    i /= *dim;
+    index[d] = i % dims[d];
+    i /= dims[d];
   }
   std::string where;
   for (size_t d = 0; d < index.size(); ++d) {
-    absl::StrAppend(&where, d == 0 ? "" : ", ", std::string(1, letters[d]), "=",
+    absl::StrAppend(&where, d == 0 ? "" : ", ", letters.substr(d, 1), "=",
                     index[d]);
   }
   return absl::InvalidArgumentError(
       absl::StrCat(field, ": ", rule, ", got ", found, " at (", where, ")"));
+}
+
+// The letters and dimensions of a per-row tensor [B, T, row...].
+struct RowsLayout {
+  std::string letters;
+  std::vector<int64_t> dims;
+};
+
+RowsLayout RowsLayoutOf(const ProjectionsProblem& p, const RowShape& row) {
+  RowsLayout layout{absl::StrCat("bt", row.letters), {p.B, p.T}};
+  layout.dims.insert(layout.dims.end(), row.dims.begin(),
+                     row.dims.begin() + row.rank());
+  return layout;
 }
 
 constexpr char kFiniteRule[] = "every value must be finite";
@@ -49,38 +63,25 @@ constexpr char kNonFinite[] = "NaN or infinity";
 // no NaN (+inf is the usual value on rows without a valid key).
 absl::Status CheckQueryRows(const ProjectionsProblem& p,
                             const ProjectionsRowData& data, RowRange rows) {
-  const int64_t n = rows.size();
-  const int64_t r = rows.begin;
-  const struct {
-    const char* field;
-    const RowView& view;
-    int64_t width;
-    const char* letters;
-    std::initializer_list<int64_t> dims;
-  } tensors[] = {
-      {"query", data.query, p.H * p.D, "bthd", {p.B, p.T, p.H, p.D}},
-      {"index_query",
-       data.index_query,
-       p.H_I * p.D_I,
-       "bthd",
-       {p.B, p.T, p.H_I, p.D_I}},
-      {"index_weights", data.index_weights, p.H_I, "bth", {p.B, p.T, p.H_I}},
-  };
-  for (const auto& [field, view, width, letters, dims] : tensors) {
+  for (const ProjectionsRowTensor& tensor : ProjectionsRowTensors(p)) {
+    if (!tensor.projection) continue;
+    const RowView& view = data.*tensor.rows;
+    const int64_t width = tensor.row.elements();
     // Rows of one block or one batch entry lie together; scan per entry.
-    for (int64_t begin = r; begin < rows.end;) {
+    for (int64_t begin = rows.begin; begin < rows.end;) {
       const int64_t end = std::min(rows.end, (begin / p.T + 1) * p.T);
       const int64_t i = FirstNonFinite(view.dtype, view.Row(begin, p.T),
                                        (end - begin) * width, false);
       if (i >= 0) {
-        return ValueError(field, letters, dims, begin * width + i, kFiniteRule,
-                          kNonFinite);
+        const RowsLayout layout = RowsLayoutOf(p, tensor.row);
+        return ValueError(tensor.field, layout.letters, layout.dims,
+                          begin * width + i, kFiniteRule, kNonFinite);
       }
       begin = end;
     }
   }
   if (p.has_lse) {
-    for (int64_t row = r; row < r + n; ++row) {
+    for (int64_t row = rows.begin; row < rows.end; ++row) {
       for (int64_t h = 0; h < p.H; ++h) {
         if (FirstNonFinite(DType::kFloat32, data.lse.Row(row, p.T, h), 1,
                            true) == 0) {
@@ -102,13 +103,7 @@ absl::Status CheckKeySide(const ProjectionsProblem& p) {
     const int64_t i = FirstNonFinite(
         view->dtype, static_cast<const std::byte*>(view->data), n, false);
     if (i < 0) continue;
-    std::vector<int64_t> dims(view->shape.begin(), view->shape.end());
-    return dims.size() == 4
-               ? ValueError(field, letters,
-                            {dims[0], dims[1], dims[2], dims[3]}, i,
-                            kFiniteRule, kNonFinite)
-               : ValueError(field, letters, {dims[0], dims[1], dims[2]}, i,
-                            kFiniteRule, kNonFinite);
+    return ValueError(field, letters, view->shape, i, kFiniteRule, kNonFinite);
   }
   return absl::OkStatus();
 }
@@ -120,8 +115,8 @@ absl::Status CheckKeySide(const ProjectionsProblem& p) {
 // otherwise go back as an infinity with an OK status.
 absl::Status CheckGradient(absl::string_view field, DType dtype,
                            const std::byte* data, int64_t first, int64_t n,
-                           const char* letters,
-                           std::initializer_list<int64_t> dims) {
+                           absl::string_view letters,
+                           absl::Span<const int64_t> dims) {
   const int64_t i = FirstNonFinite(dtype, data, n, false);
   if (i < 0) return absl::OkStatus();
   return ValueError(
@@ -143,21 +138,19 @@ void CopyRows(const RowView& from, int64_t r, int64_t T, int64_t n,
 }
 
 // The held rows' buffers for a whole tile, in the order of
-// ProjectionsComputation's members: query, index_query, index_weights, lse,
-// the client's topk_indices, attention_mask (0 bytes for a tensor the
-// problem has not).
+// ProjectionsRowTensors (0 bytes for a tensor the problem has not).
 std::array<ProjectionsComputation::HeldTensor, 6> HeldBuffers(
     const ProjectionsProblem& p) {
-  const int64_t rows = p.max_tile_rows();
-  return {
-      {{"query", rows * p.H * p.D * DTypeSize(p.query_dtype)},
-       {"index_query", rows * p.H_I * p.D_I * DTypeSize(p.index_query_dtype)},
-       {"index_weights", rows * p.H_I * DTypeSize(p.index_weights_dtype)},
-       {"lse", p.has_lse ? p.H * rows * int64_t{sizeof(float)} : 0},
-       {"topk_indices", p.sparse() && !p.server_topk
-                            ? rows * p.K * int64_t{sizeof(int32_t)}
-                            : 0},
-       {"attention_mask", p.logits.has_attention_mask ? rows * p.S : 0}}};
+  const std::array<ProjectionsRowTensor, 6> tensors = ProjectionsRowTensors(p);
+  std::array<ProjectionsComputation::HeldTensor, 6> held;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ProjectionsRowTensor& tensor = tensors[i];
+    held[i] = {tensor.field, tensor.used
+                                 ? p.max_tile_rows() * tensor.row.elements() *
+                                       DTypeSize(tensor.dtype)
+                                 : 0};
+  }
+  return held;
 }
 
 // MEAN_VALID's N where a row's keys follow from the causal cut and the key
@@ -185,6 +178,61 @@ std::optional<int64_t> RowsWithKeysInClosedForm(const ProjectionsProblem& pp) {
 }
 
 }  // namespace
+
+std::byte* ProjectionsRowOutputTensor::BytesIn(
+    const ProjectionsBlockOutputs& outputs) const {
+  return std::visit(
+      [&](auto member) {
+        return reinterpret_cast<std::byte*>(outputs.*member);
+      },
+      output);
+}
+
+void ProjectionsRowOutputTensor::SetIn(ProjectionsBlockOutputs& outputs,
+                                       std::byte* bytes) const {
+  std::visit(
+      [&](auto member) {
+        using Pointer = std::remove_reference_t<decltype(outputs.*member)>;
+        outputs.*member = reinterpret_cast<Pointer>(bytes);
+      },
+      output);
+}
+
+std::array<ProjectionsRowOutputTensor, 4> ProjectionsRowOutputTensors(
+    const ProjectionsProblem& p) {
+  const IndexerKlOptions& o = p.logits.options;
+  using Out = ProjectionsBlockOutputs;
+  return {{
+      {.field = "d_index_query",
+       .wanted = o.want_grad,
+       .gradient = true,
+       .dtype_name = DTypeName(o.grad_dtype),
+       .element_bytes = DTypeSize(o.grad_dtype),
+       .row = {{p.H_I, p.D_I}, "hd"},
+       .output = &Out::d_index_query},
+      {.field = "d_index_weights",
+       .wanted = o.want_grad,
+       .gradient = true,
+       .dtype_name = DTypeName(o.grad_dtype),
+       .element_bytes = DTypeSize(o.grad_dtype),
+       .row = {{p.H_I, 1}, "h"},
+       .output = &Out::d_index_weights},
+      {.field = "topk_indices",
+       .wanted = p.server_topk,
+       .gradient = false,
+       .dtype_name = DTypeName(DType::kInt32),
+       .element_bytes = sizeof(int32_t),
+       .row = {{p.K, 1}, "k"},
+       .output = &Out::topk_indices},
+      {.field = "row_kl",
+       .wanted = o.want_row_kl,
+       .gradient = false,
+       .dtype_name = "FP64",
+       .element_bytes = sizeof(double),
+       .row = {{1, 1}, ""},
+       .output = &Out::row_kl},
+  }};
+}
 
 absl::Status CheckNextBlock(int64_t next_row, int64_t row_begin,
                             int64_t num_rows, int64_t total_rows) {
@@ -230,12 +278,9 @@ ProjectionsComputation::HeldBytes ProjectionsComputation::MaxHeldBytes(
 
 void ProjectionsComputation::MakeRoomToHold() {
   const std::array<HeldTensor, 6> buffers = HeldBuffers(*problem_);
-  held_query_.resize(buffers[0].bytes);
-  held_index_query_.resize(buffers[1].bytes);
-  held_index_weights_.resize(buffers[2].bytes);
-  held_lse_.resize(buffers[3].bytes);
-  held_indices_.resize(buffers[4].bytes);
-  held_mask_.resize(buffers[5].bytes);
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    held_bytes_[i].resize(buffers[i].bytes);
+  }
 }
 
 bool ProjectionsComputation::counts_without_rows() const {
@@ -303,15 +348,13 @@ absl::StatusOr<RowRange> ProjectionsComputation::Compute(
 
 ProjectionsBlockOutputs ProjectionsComputation::Skip(
     const ProjectionsBlockOutputs& out, int64_t rows) const {
-  const ProjectionsProblem& p = *problem_;
   ProjectionsBlockOutputs rest = out;
-  const int64_t grad_size = DTypeSize(p.logits.options.grad_dtype);
-  if (rest.d_index_query != nullptr) {
-    rest.d_index_query += rows * p.H_I * p.D_I * grad_size;
-    rest.d_index_weights += rows * p.H_I * grad_size;
+  for (const ProjectionsRowOutputTensor& tensor :
+       ProjectionsRowOutputTensors(*problem_)) {
+    if (std::byte* bytes = tensor.BytesIn(rest); bytes != nullptr) {
+      tensor.SetIn(rest, bytes + rows * tensor.row_bytes());
+    }
   }
-  if (rest.topk_indices != nullptr) rest.topk_indices += rows * p.K;
-  if (rest.row_kl != nullptr) rest.row_kl += rows;
   rest.capacity_rows -= rows;
   return rest;
 }
@@ -354,14 +397,14 @@ absl::Status ProjectionsComputation::ComputeChunk(
   results_.assign(rows.size(), RowResult());
   RETURN_IF_ERROR(backend_->ComputeProjectionRows(
       p, data, rows, row_outputs, results_.data(), *key_grad_, stop_));
-  if (options.want_grad) {
-    RETURN_IF_ERROR(CheckGradient("d_index_query", options.grad_dtype,
-                                  out.d_index_query, rows.begin * p.H_I * p.D_I,
-                                  rows.size() * p.H_I * p.D_I, "bthd",
-                                  {p.B, p.T, p.H_I, p.D_I}));
+  for (const ProjectionsRowOutputTensor& tensor :
+       ProjectionsRowOutputTensors(p)) {
+    if (!tensor.gradient || !tensor.wanted) continue;
+    const int64_t width = tensor.row.elements();
+    const RowsLayout layout = RowsLayoutOf(p, tensor.row);
     RETURN_IF_ERROR(CheckGradient(
-        "d_index_weights", options.grad_dtype, out.d_index_weights,
-        rows.begin * p.H_I, rows.size() * p.H_I, "bth", {p.B, p.T, p.H_I}));
+        tensor.field, options.grad_dtype, tensor.BytesIn(out),
+        rows.begin * width, rows.size() * width, layout.letters, layout.dims));
   }
   FoldRows(p.logits, rows.begin, results_, out.row_kl, accumulator_);
   return absl::OkStatus();
@@ -370,25 +413,25 @@ absl::Status ProjectionsComputation::ComputeChunk(
 void ProjectionsComputation::Hold(RowRange rows,
                                   const ProjectionsRowData& data) {
   const ProjectionsProblem& p = *problem_;
-  if (held_query_.empty()) MakeRoomToHold();
-  const int64_t at = rows.begin - held_.begin;  // rows already held
-  const int64_t n = rows.size();
-  const auto copy = [&](const RowView& from, int64_t width,
-                        std::vector<std::byte>& to) {
-    if (to.empty()) return;
-    CopyRows(from, rows.begin, p.T, n, width,
-             to.data() + at * width * DTypeSize(from.dtype));
-  };
-  copy(data.query, p.H * p.D, held_query_);
-  copy(data.index_query, p.H_I * p.D_I, held_index_query_);
-  copy(data.index_weights, p.H_I, held_index_weights_);
-  copy(data.indices, p.K, held_indices_);
-  copy(data.mask, p.S, held_mask_);
-  if (p.has_lse) {  // [H, p.max_tile_rows()]
+  if (held_bytes_[0].empty()) MakeRoomToHold();  // the query's, never empty
+  const int64_t at = rows.begin - held_.begin;   // rows already held
+  const std::array<ProjectionsRowTensor, 6> tensors = ProjectionsRowTensors(p);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const ProjectionsRowTensor& tensor = tensors[t];
+    if (!tensor.used) continue;
+    const RowView& from = data.*tensor.rows;
+    std::byte* to = held_bytes_[t].data();
+    const int64_t size = DTypeSize(tensor.dtype);
+    if (!tensor.head_major) {
+      CopyRows(from, rows.begin, p.T, rows.size(), tensor.row.elements(),
+               to + at * tensor.row.elements() * size);
+      continue;
+    }
+    // [H, p.max_tile_rows()]: a head's rows together, room for a tile.
     for (int64_t h = 0; h < p.H; ++h) {
-      for (int64_t i = 0; i < n; ++i) {
-        std::memcpy(held_lse_.data() + (h * p.max_tile_rows() + at + i) * 4,
-                    data.lse.Row(rows.begin + i, p.T, h), 4);
+      for (int64_t i = 0; i < rows.size(); ++i) {
+        std::memcpy(to + (h * p.max_tile_rows() + at + i) * size,
+                    from.Row(rows.begin + i, p.T, h), size);
       }
     }
   }
@@ -398,23 +441,14 @@ void ProjectionsComputation::Hold(RowRange rows,
 absl::StatusOr<ProjectionsRowData> ProjectionsComputation::HeldRows() const {
   const ProjectionsProblem& p = *problem_;
   ProjectionsBlockBytes bytes;
-  const int64_t n = held_rows();
-  const auto part = [&](const std::vector<std::byte>& held, int64_t width,
-                        DType dtype, const void*& data, int64_t& size) {
-    if (held.empty()) return;
-    data = held.data();
-    size = n * width * DTypeSize(dtype);
-  };
-  part(held_query_, p.H * p.D, p.query_dtype, bytes.query, bytes.query_bytes);
-  part(held_index_query_, p.H_I * p.D_I, p.index_query_dtype, bytes.index_query,
-       bytes.index_query_bytes);
-  part(held_index_weights_, p.H_I, p.index_weights_dtype, bytes.index_weights,
-       bytes.index_weights_bytes);
-  part(held_indices_, p.K, DType::kInt32, bytes.topk_indices,
-       bytes.topk_indices_bytes);
-  part(held_mask_, p.S, DType::kBool, bytes.attention_mask,
-       bytes.attention_mask_bytes);
-  part(held_lse_, p.H, DType::kFloat32, bytes.lse, bytes.lse_bytes);
+  const std::array<ProjectionsRowTensor, 6> tensors = ProjectionsRowTensors(p);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const ProjectionsRowTensor& tensor = tensors[t];
+    if (!tensor.used) continue;
+    bytes.*tensor.block_data = held_bytes_[t].data();
+    bytes.*tensor.block_bytes =
+        held_rows() * tensor.row.elements() * DTypeSize(tensor.dtype);
+  }
   ASSIGN_OR_RETURN(ProjectionsRowData rows,
                    BlockProjectionsRows(p, held_, bytes));
   rows.lse.head_stride = p.max_tile_rows();  // held with room for a whole tile

@@ -1,10 +1,12 @@
 #ifndef KLSERVE_KERNELS_PROJECTIONS_COMPUTATION_H_
 #define KLSERVE_KERNELS_PROJECTIONS_COMPUTATION_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,6 +41,36 @@ struct ProjectionsBlockOutputs {
   // Rows the buffers hold; Compute needs at most held_rows() + the block's.
   int64_t capacity_rows = 0;
 };
+
+// One per-row output of the form, as each query row (b, t) has it.
+struct ProjectionsRowOutputTensor {
+  const char* field;
+  // Whether the problem asks for it: the gradients with want_grad, the
+  // service's selection when it selects, row KL with want_row_kl.
+  bool wanted;
+  // A gradient, whose every value must be finite in the gradient dtype.
+  bool gradient;
+  // Its wire dtype and that dtype's bytes: the gradient dtype, INT32 or
+  // FP64 (an output-only dtype, which DType has not).
+  const char* dtype_name;
+  int64_t element_bytes;
+  RowShape row;  // [H_I, D_I], [H_I], [K], []
+  std::variant<std::byte * ProjectionsBlockOutputs::*,
+               int32_t * ProjectionsBlockOutputs::*,
+               double * ProjectionsBlockOutputs::*>
+      output;
+
+  int64_t row_bytes() const { return row.elements() * element_bytes; }
+  // Its bytes in `outputs` (null when they hold none), and setting them.
+  std::byte* BytesIn(const ProjectionsBlockOutputs& outputs) const;
+  void SetIn(ProjectionsBlockOutputs& outputs, std::byte* bytes) const;
+};
+
+// d_index_query, d_index_weights, topk_indices, row_kl: the form's one table
+// of its per-row outputs. A block's outputs, the stream's answers and the
+// service's output limits read it.
+std::array<ProjectionsRowOutputTensor, 4> ProjectionsRowOutputTensors(
+    const ProjectionsProblem& problem);
 
 // INVALID_ARGUMENT unless a block of `num_rows` rows from `row_begin` comes
 // next: at `next_row`, with at least one row and none past `total_rows` (the
@@ -127,10 +159,10 @@ class ProjectionsComputation {
   std::optional<int64_t> denominator_;
   int64_t next_row_ = 0;
   RowRange held_;
-  // The held rows' bytes in a block's layout (ProjectionsBlockBytes), each
-  // with room for a whole tile once MakeRoomToHold has run.
-  std::vector<std::byte> held_query_, held_index_query_, held_index_weights_,
-      held_lse_, held_indices_, held_mask_;
+  // The held rows' bytes of each ProjectionsRowTensors entry, in a block's
+  // layout (ProjectionsBlockBytes), each with room for a whole tile once
+  // MakeRoomToHold has run.
+  std::array<std::vector<std::byte>, 6> held_bytes_;
   std::vector<RowResult> results_;
   LossAccumulator accumulator_;
   std::unique_ptr<KeyGradFold> key_grad_;

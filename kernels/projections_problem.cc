@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -31,11 +34,6 @@ absl::Status CheckShape(absl::string_view field, const TensorView& view,
   RETURN_IF_ERROR(CheckTensor(field, view, input_dtype::kProjection, layout,
                               expected, origin));
   return key_side ? CheckBytes(field, view) : CheckBytesIfAny(field, view);
-}
-
-// Rows of a whole [B, T, width] tensor, or of a block of n rows [n, width].
-RowView RowsOf(const TensorView& view, int64_t T, int64_t width) {
-  return WholeRows(view, T, width, 1);
 }
 
 // The logits [B, H, T, X] that the projections imply are computed tile by
@@ -224,30 +222,94 @@ RowRange ProjectionsProblem::TileOf(int64_t r) const {
   return {b * T + begin, b * T + std::min(T, begin + tile_rows)};
 }
 
+size_t RowShape::rank() const { return std::strlen(letters); }
+
+int64_t RowShape::elements() const {
+  int64_t n = 1;
+  for (size_t d = 0; d < rank(); ++d) n *= dims[d];
+  return n;
+}
+
+std::array<ProjectionsRowTensor, 6> ProjectionsRowTensors(
+    const ProjectionsProblem& p) {
+  using In = ProjectionsInputs;
+  using Rows = ProjectionsRowData;
+  using Block = ProjectionsBlockBytes;
+  return {{
+      {.field = "query",
+       .used = true,
+       .dtype = p.query_dtype,
+       .row = {{p.H, p.D}, "hd"},
+       .projection = true,
+       .input = &In::query,
+       .rows = &Rows::query,
+       .block_data = &Block::query,
+       .block_bytes = &Block::query_bytes},
+      {.field = "index_query",
+       .used = true,
+       .dtype = p.index_query_dtype,
+       .row = {{p.H_I, p.D_I}, "hd"},
+       .projection = true,
+       .input = &In::index_query,
+       .rows = &Rows::index_query,
+       .block_data = &Block::index_query,
+       .block_bytes = &Block::index_query_bytes},
+      {.field = "index_weights",
+       .used = true,
+       .dtype = p.index_weights_dtype,
+       .row = {{p.H_I, 1}, "h"},
+       .projection = true,
+       .input = &In::index_weights,
+       .rows = &Rows::index_weights,
+       .block_data = &Block::index_weights,
+       .block_bytes = &Block::index_weights_bytes},
+      {.field = "lse",
+       .used = p.has_lse,
+       .dtype = DType::kFloat32,
+       .row = {{p.H, 1}, "h"},
+       .head_major = true,
+       .input = &In::lse,
+       .rows = &Rows::lse,
+       .block_data = &Block::lse,
+       .block_bytes = &Block::lse_bytes},
+      {.field = "topk_indices",
+       .used = p.sparse() && !p.server_topk,
+       .dtype = DType::kInt32,
+       .row = {{p.K, 1}, "k"},
+       .input = &In::topk_indices,
+       .rows = &Rows::indices,
+       .block_data = &Block::topk_indices,
+       .block_bytes = &Block::topk_indices_bytes},
+      {.field = "attention_mask",
+       .used = p.logits.has_attention_mask,
+       .dtype = DType::kBool,
+       .row = {{p.S, 1}, "s"},
+       .input = &In::attention_mask,
+       .rows = &Rows::mask,
+       .block_data = &Block::attention_mask,
+       .block_bytes = &Block::attention_mask_bytes},
+  }};
+}
+
 absl::StatusOr<ProjectionsRowData> WholeProjectionsRows(
     const ProjectionsProblem& p, const ProjectionsInputs& in) {
-  const auto whole = [&](absl::string_view field, const TensorView& view,
-                         int64_t width) -> absl::StatusOr<RowView> {
-    RETURN_IF_ERROR(CheckBytes(field, view));
-    return RowsOf(view, p.T, width);
-  };
   ProjectionsRowData rows;
-  ASSIGN_OR_RETURN(rows.query, whole("query", in.query, p.H * p.D));
-  ASSIGN_OR_RETURN(rows.index_query,
-                   whole("index_query", in.index_query, p.H_I * p.D_I));
-  ASSIGN_OR_RETURN(rows.index_weights,
-                   whole("index_weights", in.index_weights, p.H_I));
-  if (p.has_lse) {
-    RETURN_IF_ERROR(CheckBytes("lse", *in.lse));
-    rows.lse = WholeRows(*in.lse, p.T, 1, p.H);  // [B, H, T]: one a head
-  }
-  if (p.sparse() && !p.server_topk) {
-    ASSIGN_OR_RETURN(rows.indices,
-                     whole("topk_indices", *in.topk_indices, p.K));
-  }
-  if (p.logits.has_attention_mask) {
-    ASSIGN_OR_RETURN(rows.mask,
-                     whole("attention_mask", *in.attention_mask, p.S));
+  for (const ProjectionsRowTensor& tensor : ProjectionsRowTensors(p)) {
+    if (!tensor.used) continue;
+    const TensorView& view = std::visit(
+        [&](auto member) -> const TensorView& {
+          if constexpr (std::is_same_v<decltype(member),
+                                       TensorView ProjectionsInputs::*>) {
+            return in.*member;
+          } else {
+            return *(in.*member);  // `used`: the problem was made with it
+          }
+        },
+        tensor.input);
+    RETURN_IF_ERROR(CheckBytes(tensor.field, view));
+    rows.*tensor.rows = tensor.head_major
+                            ? WholeRows(view, p.T, 1, p.H)
+                            : WholeRows(view, p.T, tensor.row.elements(), 1);
   }
   return rows;
 }
@@ -262,54 +324,35 @@ absl::StatusOr<ProjectionsRowData> BlockProjectionsRows(
                                 p.num_rows(), " rows"),
                    absl::StrCat("[", rows.begin, ", ", rows.end, ")"));
   }
-  // A block of n rows [n, width]: rows are (r - begin) * width apart, which
-  // RowView's rule gives with batch_stride T * width and row_stride width.
-  const auto block = [&](absl::string_view field, bool used, DType dtype,
-                         const void* data, int64_t size,
-                         int64_t width) -> absl::StatusOr<RowView> {
-    const int64_t want = used ? n * width * DTypeSize(dtype) : 0;
+  ProjectionsRowData out;
+  for (const ProjectionsRowTensor& tensor : ProjectionsRowTensors(p)) {
+    const int64_t width = tensor.row.elements();
+    const void* data = bytes.*tensor.block_data;
+    const int64_t size = bytes.*tensor.block_bytes;
+    const int64_t want = tensor.used ? n * width * DTypeSize(tensor.dtype) : 0;
     if (size != want || (want > 0 && data == nullptr)) {
       return Invalid(
-          field,
+          tensor.field,
           absl::StrCat("a block of ", n, " rows must hold ", want, " bytes"),
           absl::StrCat(size));
     }
-    RowView view;
-    if (!used) return view;
-    view.dtype = dtype;
+    if (!tensor.used) continue;
+    RowView& view = out.*tensor.rows;
+    view.dtype = tensor.dtype;
     view.data = static_cast<const std::byte*>(data);
     view.origin_row = rows.begin;
-    view.batch_stride = p.T * width;
-    view.row_stride = width;
-    return view;
-  };
-  ProjectionsRowData out;
-  ASSIGN_OR_RETURN(out.query, block("query", true, p.query_dtype, bytes.query,
-                                    bytes.query_bytes, p.H * p.D));
-  ASSIGN_OR_RETURN(
-      out.index_query,
-      block("index_query", true, p.index_query_dtype, bytes.index_query,
-            bytes.index_query_bytes, p.H_I * p.D_I));
-  ASSIGN_OR_RETURN(
-      out.index_weights,
-      block("index_weights", true, p.index_weights_dtype, bytes.index_weights,
-            bytes.index_weights_bytes, p.H_I));
-  // lse [H, n]: head h's rows n apart, so head_stride n and row_stride 1.
-  ASSIGN_OR_RETURN(out.lse, block("lse", p.has_lse, DType::kFloat32, bytes.lse,
-                                  bytes.lse_bytes, p.H));
-  if (p.has_lse) {
-    out.lse.batch_stride = p.T;
-    out.lse.row_stride = 1;
-    out.lse.head_stride = n;
+    if (tensor.head_major) {
+      // [H, n]: head h's rows n apart.
+      view.batch_stride = p.T;
+      view.row_stride = 1;
+      view.head_stride = n;
+    } else {
+      // [n, width]: rows are (r - begin) * width apart, which RowView's rule
+      // gives with batch_stride T * width and row_stride width.
+      view.batch_stride = p.T * width;
+      view.row_stride = width;
+    }
   }
-  ASSIGN_OR_RETURN(
-      out.indices,
-      block("topk_indices", p.sparse() && !p.server_topk, DType::kInt32,
-            bytes.topk_indices, bytes.topk_indices_bytes, p.K));
-  ASSIGN_OR_RETURN(
-      out.mask,
-      block("attention_mask", p.logits.has_attention_mask, DType::kBool,
-            bytes.attention_mask, bytes.attention_mask_bytes, p.S));
   return out;
 }
 

@@ -1,10 +1,12 @@
 #ifndef KLSERVE_KERNELS_PROJECTIONS_PROBLEM_H_
 #define KLSERVE_KERNELS_PROJECTIONS_PROBLEM_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <utility>
+#include <variant>
 
 #include "absl/status/statusor.h"
 #include "kernels/cpu/projection_tile_memory.h"
@@ -163,6 +165,45 @@ struct ProjectionsBlockBytes {
   const void* attention_mask = nullptr;
   int64_t attention_mask_bytes = 0;
 };
+
+// A row's shape, up to two dimensions, and their letters, which follow the
+// rows' "bt" in a tensor's layout: [H, D] "hd", [K] "k", [] "".
+struct RowShape {
+  std::array<int64_t, 2> dims;
+  const char* letters;
+
+  size_t rank() const;
+  int64_t elements() const;
+};
+
+// One per-row tensor of the query side, as each query row (b, t) has it.
+struct ProjectionsRowTensor {
+  const char* field;
+  // Whether the problem has it: the projections always, lse and
+  // attention_mask when sent, topk_indices with the client's selection.
+  bool used;
+  DType dtype;
+  // [H, D], [H_I, D_I], [H_I], [H] (lse: one a head), [K], [S].
+  RowShape row;
+  // A projection, whose every value must be finite.
+  bool projection = false;
+  // lse alone: [B, H, T] whole and [H, n] in a block, so that a row's H
+  // values lie a head's rows apart. The others are [rows, width].
+  bool head_major = false;
+  std::variant<TensorView ProjectionsInputs::*,
+               std::optional<TensorView> ProjectionsInputs::*>
+      input;
+  RowView ProjectionsRowData::*rows;
+  const void* ProjectionsBlockBytes::*block_data;
+  int64_t ProjectionsBlockBytes::*block_bytes;
+};
+
+// query, index_query, index_weights, lse, topk_indices, attention_mask: the
+// form's one table of its per-row inputs. The views of a request's rows and
+// of a block's, the checks of their values and the rows a stream holds
+// between blocks all read it.
+std::array<ProjectionsRowTensor, 6> ProjectionsRowTensors(
+    const ProjectionsProblem& problem);
 
 // Views of the block of rows `rows`, after checking that each tensor holds
 // exactly its rows' bytes (INVALID_ARGUMENT naming the tensor otherwise).

@@ -8,12 +8,12 @@
 // field in proto/klserve/v1/klserve.proto (ComputeLossRequest, StreamHeader
 // and, when per-row, RowBlock), its member of IndexerKlInputs or
 // ProjectionsInputs (or both: the masks) and its use in the kernels (for a
-// per-row tensor also its slot in RowBlockBytes or ProjectionsBlockBytes,
-// filled by server/codec/tensor_codec.cc's BlockBytesOf and
-// ProjectionsBlockBytesOf), and its flag in
-// client/klctl.cc (a flag is a macro, so it is written out; klctl refuses a
-// loss call while one is missing). tests/proto/request_tensors_test.cc fails
-// until the table and the proto agree.
+// per-row tensor also its slot in RowBlockBytes, filled by
+// server/codec/tensor_codec.cc's BlockBytesOf, or in ProjectionsBlockBytes
+// with its entry in kernels' ProjectionsRowTensors, which names it), and its
+// flag in client/klctl.cc (a flag is a macro, so it is written out; klctl
+// refuses a loss call while one is missing). tests/proto/request_tensors_test.cc
+// fails until the table and the proto agree.
 //
 // A request is in one of two forms: the logits forms (the target and the
 // indexer scores given, IndexerKlInputs) or the projections form (`query`

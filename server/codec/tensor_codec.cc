@@ -291,21 +291,16 @@ absl::StatusOr<ProjectionsInputs> ProjectionsInputsFrom(
                                      nullptr);
 }
 
-ProjectionsBlockBytes ProjectionsBlockBytesOf(const v1::RowBlock& block) {
-  const auto bytes = [](const std::string& s) {
-    return std::pair<const void*, int64_t>(s.data(),
-                                           static_cast<int64_t>(s.size()));
-  };
+ProjectionsBlockBytes ProjectionsBlockBytesOf(const ProjectionsProblem& problem,
+                                              const v1::RowBlock& block) {
   ProjectionsBlockBytes out;
-  std::tie(out.query, out.query_bytes) = bytes(block.query());
-  std::tie(out.index_query, out.index_query_bytes) = bytes(block.index_query());
-  std::tie(out.index_weights, out.index_weights_bytes) =
-      bytes(block.index_weights());
-  std::tie(out.lse, out.lse_bytes) = bytes(block.lse());
-  std::tie(out.topk_indices, out.topk_indices_bytes) =
-      bytes(block.topk_indices());
-  std::tie(out.attention_mask, out.attention_mask_bytes) =
-      bytes(block.attention_mask());
+  // Every tensor's, those the problem has not too (which must be empty).
+  for (const ProjectionsRowTensor& tensor : ProjectionsRowTensors(problem)) {
+    const std::string& bytes =
+        BlockBytes(block, *FindRequestTensor(tensor.field));
+    out.*tensor.block_data = bytes.data();
+    out.*tensor.block_bytes = static_cast<int64_t>(bytes.size());
+  }
   return out;
 }
 
@@ -356,11 +351,8 @@ void WidestResultTo(v1::LossResult* out) {
   ResultTo(widest, out);
 }
 
-namespace {
-
-std::byte* AllocateBytes(absl::string_view dtype_name, int64_t element_size,
-                         std::initializer_list<int64_t> shape,
-                         v1::Tensor* out) {
+std::byte* AllocateTensor(absl::string_view dtype_name, int64_t element_size,
+                          absl::Span<const int64_t> shape, v1::Tensor* out) {
   out->set_dtype(std::string(dtype_name));
   int64_t count = 1;
   for (int64_t d : shape) {
@@ -372,19 +364,17 @@ std::byte* AllocateBytes(absl::string_view dtype_name, int64_t element_size,
   return reinterpret_cast<std::byte*>(data->data());
 }
 
-}  // namespace
-
-std::byte* AllocateTensor(DType dtype, std::initializer_list<int64_t> shape,
+std::byte* AllocateTensor(DType dtype, absl::Span<const int64_t> shape,
                           v1::Tensor* out) {
-  return AllocateBytes(DTypeName(dtype), DTypeSize(dtype), shape, out);
+  return AllocateTensor(DTypeName(dtype), DTypeSize(dtype), shape, out);
 }
 
-double* AllocateFloat64Tensor(std::initializer_list<int64_t> shape,
+double* AllocateFloat64Tensor(absl::Span<const int64_t> shape,
                               v1::Tensor* out) {
   // std::string's buffer is aligned for double (heap: 16 bytes; in-object
   // storage: 8).
   return reinterpret_cast<double*>(
-      AllocateBytes("FP64", sizeof(double), shape, out));
+      AllocateTensor("FP64", sizeof(double), shape, out));
 }
 
 namespace {
@@ -422,7 +412,7 @@ absl::StatusOr<std::byte*> PlaceBytes(
   const OutputFields& fields = kOutputFields[static_cast<int>(output)];
   v1::Tensor* out = (response.*fields.mutable_tensor)();
   if (!(request.outputs().*fields.has_slice)()) {
-    return AllocateBytes(dtype_name, element_size, shape, out);
+    return AllocateTensor(dtype_name, element_size, shape, out);
   }
   const v1::RegionSlice& slice = (request.outputs().*fields.slice)();
   int64_t bytes = element_size;

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "kernels/dtype.h"
 #include "kernels/loss.h"
 #include "kernels/problem.h"
@@ -65,7 +66,8 @@ absl::StatusOr<ProjectionsInputs> ProjectionsInputsFrom(
 
 // A block's bytes, viewed in place.
 RowBlockBytes BlockBytesOf(const v1::RowBlock& block);
-ProjectionsBlockBytes ProjectionsBlockBytesOf(const v1::RowBlock& block);
+ProjectionsBlockBytes ProjectionsBlockBytesOf(const ProjectionsProblem& problem,
+                                              const v1::RowBlock& block);
 
 void ResultTo(const IndexerKlResult& result, v1::LossResult* out);
 
@@ -77,12 +79,15 @@ void WidestResultTo(v1::LossResult* out);
 
 // Sets `out` to a tensor of `dtype` and `shape` and returns its bytes, to be
 // filled by the caller.
-std::byte* AllocateTensor(DType dtype, std::initializer_list<int64_t> shape,
+std::byte* AllocateTensor(DType dtype, absl::Span<const int64_t> shape,
                           v1::Tensor* out);
 
 // The same for an FP64 tensor (row_kl; FP64 is an output-only dtype).
-double* AllocateFloat64Tensor(std::initializer_list<int64_t> shape,
-                              v1::Tensor* out);
+double* AllocateFloat64Tensor(absl::Span<const int64_t> shape, v1::Tensor* out);
+
+// The same for a dtype named on the wire, of `element_size` bytes.
+std::byte* AllocateTensor(absl::string_view dtype_name, int64_t element_size,
+                          absl::Span<const int64_t> shape, v1::Tensor* out);
 
 // The outputs of a ComputeLoss response that a request may direct into a
 // region (ComputeLossRequest.outputs, OutputRegions).

@@ -2,10 +2,12 @@
 
 #include <array>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "kernels/cpu/row_scratch.h"
+#include "kernels/projections_computation.h"
 #include "kernels/row_block.h"
 #include "kernels/shape_bytes.h"
 #include "kernels/status_macros.h"
@@ -47,7 +49,7 @@ absl::Status CheckInputBytes(const ProjectionsInputs& in,
   return CheckEveryInput(in, options);
 }
 
-absl::Status CheckOutputsFit(std::initializer_list<OutputBytes> outputs,
+absl::Status CheckOutputsFit(absl::Span<const OutputBytes> outputs,
                              absl::string_view remedy,
                              const ServerOptions& options) {
   int64_t total = 0;
@@ -136,24 +138,25 @@ absl::Status CheckOutputBytes(const ProjectionsProblem& p,
                               const v1::OutputRegions& placed,
                               const ServerOptions& options) {
   const IndexerKlOptions& o = p.logits.options;
-  const int64_t element = DTypeSize(o.grad_dtype);
-  const bool grad = o.want_grad;
-  return CheckOutputsFit(
-      {{"d_index_query",
-        grad ? OutputByteSize(element, {p.B, p.T, p.H_I, p.D_I}) : 0,
-        !placed.has_d_index_query()},
-       {"d_index_key", grad ? OutputByteSize(element, {p.B, p.S, p.D_I}) : 0,
-        !placed.has_d_index_key()},
-       {"d_index_weights",
-        grad ? OutputByteSize(element, {p.B, p.T, p.H_I}) : 0,
-        !placed.has_d_index_weights()},
-       {"topk_indices",
-        p.server_topk ? OutputByteSize(sizeof(int32_t), {p.B, p.T, p.K}) : 0,
-        !placed.has_topk_indices()},
-       {"row_kl",
-        o.want_row_kl ? OutputByteSize(sizeof(double), {p.B, p.T}) : 0,
-        !placed.has_row_kl()}},
-      "send the problem with ComputeLossStream", options);
+  // A field of `placed` is a region slice the output goes to.
+  const auto in_message = [&](const char* field) {
+    return !placed.GetReflection()->HasField(
+        placed, v1::OutputRegions::descriptor()->FindFieldByName(field));
+  };
+  std::vector<OutputBytes> outputs = {
+      {"d_index_key",
+       o.want_grad ? OutputByteSize(DTypeSize(o.grad_dtype), {p.B, p.S, p.D_I})
+                   : 0,
+       in_message("d_index_key")}};
+  for (const ProjectionsRowOutputTensor& tensor :
+       ProjectionsRowOutputTensors(p)) {
+    outputs.push_back(
+        {tensor.field,
+         tensor.wanted ? OutputByteSize(tensor.row_bytes(), {p.B, p.T}) : 0,
+         in_message(tensor.field)});
+  }
+  return CheckOutputsFit(outputs, "send the problem with ComputeLossStream",
+                         options);
 }
 
 absl::Status CheckKeySideBytes(const ProjectionsProblem& p, bool stream,

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kernels/problem.h"
 #include "kernels/projections_problem.h"
@@ -45,7 +46,7 @@ int64_t OutputByteSize(int64_t element_bytes,
 // (RESOURCE_EXHAUSTED naming the largest; `remedy` says what the caller can
 // do). The sum is a lower bound of the encoded message, which is weighed
 // once allocated (CheckMessageBytes).
-absl::Status CheckOutputsFit(std::initializer_list<OutputBytes> outputs,
+absl::Status CheckOutputsFit(absl::Span<const OutputBytes> outputs,
                              absl::string_view remedy,
                              const ServerOptions& options);
 

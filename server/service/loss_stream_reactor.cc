@@ -4,6 +4,7 @@
 #include <array>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/loss_computation.h"
@@ -19,29 +20,19 @@
 namespace klserve::server {
 namespace {
 
-// One per-row output of a projections GradBlock: its field, whether the
-// problem asks for it, and its bytes a row.
-struct RowOutput {
-  const char* field;
-  bool wanted;
-  int64_t row_bytes;
-};
-
-// d_index_query, d_index_weights, topk_indices, row_kl, in that order.
-std::array<RowOutput, 4> RowOutputsOf(const ProjectionsProblem& p) {
-  const IndexerKlOptions& o = p.logits.options;
-  const int64_t grad_size = DTypeSize(o.grad_dtype);
-  return {{{"d_index_query", o.want_grad, p.H_I * p.D_I * grad_size},
-           {"d_index_weights", o.want_grad, p.H_I * grad_size},
-           {"topk_indices", p.server_topk, p.K * int64_t{sizeof(int32_t)}},
-           {"row_kl", o.want_row_kl, int64_t{sizeof(double)}}}};
+// `tensor`'s field of a GradBlock, which has its name.
+v1::Tensor* GradBlockTensor(const ProjectionsRowOutputTensor& tensor,
+                            v1::GradBlock& block) {
+  return static_cast<v1::Tensor*>(block.GetReflection()->MutableMessage(
+      &block, v1::GradBlock::descriptor()->FindFieldByName(tensor.field)));
 }
 
 // The first output `p` asks for (d_index_query with the gradient), which a
 // tile's answer over the message limit is named for; null when none.
 const char* FirstWantedOutput(const ProjectionsProblem& p) {
-  for (const RowOutput& output : RowOutputsOf(p)) {
-    if (output.wanted) return output.field;
+  for (const ProjectionsRowOutputTensor& tensor :
+       ProjectionsRowOutputTensors(p)) {
+    if (tensor.wanted) return tensor.field;
   }
   return nullptr;
 }
@@ -50,45 +41,34 @@ const char* FirstWantedOutput(const ProjectionsProblem& p) {
 absl::Status CheckRowOutputBytes(const ProjectionsProblem& p, int64_t rows,
                                  absl::string_view remedy,
                                  const ServerOptions& limits) {
-  const std::array<RowOutput, 4> outputs = RowOutputsOf(p);
-  const auto bytes = [&](const RowOutput& output) -> OutputBytes {
-    return {output.field,
-            output.wanted ? OutputByteSize(output.row_bytes, {rows}) : 0,
-            /*in_message=*/true};
-  };
-  return CheckOutputsFit({bytes(outputs[0]), bytes(outputs[1]),
-                          bytes(outputs[2]), bytes(outputs[3])},
-                         remedy, limits);
+  std::vector<OutputBytes> outputs;
+  for (const ProjectionsRowOutputTensor& tensor :
+       ProjectionsRowOutputTensors(p)) {
+    outputs.push_back(
+        {tensor.field,
+         tensor.wanted ? OutputByteSize(tensor.row_bytes(), {rows}) : 0,
+         /*in_message=*/true});
+  }
+  return CheckOutputsFit(outputs, remedy, limits);
 }
 
 // Sets `out` to the outputs of `rows` rows of `p` (each tensor the problem
 // asks for, allocated, shaped [rows, ...]) and returns where they go.
 ProjectionsBlockOutputs AllocateRows(const ProjectionsProblem& p, int64_t rows,
                                      v1::GradBlock* out) {
-  const IndexerKlOptions& o = p.logits.options;
   ProjectionsBlockOutputs outputs{.capacity_rows = rows};
-  if (o.want_grad) {
-    outputs.d_index_query = AllocateTensor(o.grad_dtype, {rows, p.H_I, p.D_I},
-                                           out->mutable_d_index_query());
-    outputs.d_index_weights = AllocateTensor(o.grad_dtype, {rows, p.H_I},
-                                             out->mutable_d_index_weights());
-  }
-  if (p.server_topk) {
-    // std::string's buffer is aligned for int32.
-    outputs.topk_indices = reinterpret_cast<int32_t*>(AllocateTensor(
-        DType::kInt32, {rows, p.K}, out->mutable_topk_indices()));
-  }
-  if (o.want_row_kl) {
-    outputs.row_kl = AllocateFloat64Tensor({rows}, out->mutable_row_kl());
+  for (const ProjectionsRowOutputTensor& tensor :
+       ProjectionsRowOutputTensors(p)) {
+    if (!tensor.wanted) continue;
+    std::vector<int64_t> shape = {rows};
+    shape.insert(shape.end(), tensor.row.dims.begin(),
+                 tensor.row.dims.begin() + tensor.row.rank());
+    // std::string's buffer is aligned for int32 and double.
+    tensor.SetIn(outputs,
+                 AllocateTensor(tensor.dtype_name, tensor.element_bytes, shape,
+                                GradBlockTensor(tensor, *out)));
   }
   return outputs;
-}
-
-// Keeps the first `rows` (>= 1) rows of a [capacity, ...] output tensor
-// whose rows are `row_bytes` apart.
-void KeepRows(int64_t rows, int64_t row_bytes, v1::Tensor* tensor) {
-  tensor->set_shape(0, rows);
-  tensor->mutable_data()->resize(rows * row_bytes);
 }
 
 // The answer to a logits-form block of rows `rows` in `response`: its
@@ -355,7 +335,6 @@ absl::Status LossStreamReactor::ComputeLogitsBlock(const Block& block,
 absl::Status LossStreamReactor::ComputeProjectionsBlock(const Block& block,
                                                         Response& response) {
   const ProjectionsProblem& p = *projections_problem_;
-  const IndexerKlOptions& o = p.logits.options;
   const ServerOptions& limits = *context_.options;
   // A block computes on the threads unary calls compute on, for up to
   // --max_compute_duration as a unary call may: its work grows with its
@@ -407,7 +386,7 @@ absl::Status LossStreamReactor::ComputeProjectionsBlock(const Block& block,
   ASSIGN_OR_RETURN(
       const ProjectionsRowData data,
       BlockProjectionsRows(p, rows,
-                           ProjectionsBlockBytesOf(block.request->block())));
+                           ProjectionsBlockBytesOf(p, block.request->block())));
   // The block may complete the rows held back from earlier blocks too.
   const int64_t capacity = projections_->held_rows() + rows.size();
   const std::string remedy = absl::StrCat(
@@ -419,28 +398,22 @@ absl::Status LossStreamReactor::ComputeProjectionsBlock(const Block& block,
   RETURN_IF_ERROR(CheckMessageBytes(
       "num_rows", static_cast<int64_t>(response.ByteSizeLong()), remedy,
       limits));
-  const std::array<RowOutput, 4> sizes = RowOutputsOf(p);
   ASSIGN_OR_RETURN(const RowRange done,
                    projections_->Compute(rows, data, outputs));
+  if (done.size() == 0) {  // every row held back: an answer without tensors
+    out->Clear();
+  } else {
+    for (const ProjectionsRowOutputTensor& tensor :
+         ProjectionsRowOutputTensors(p)) {
+      if (!tensor.wanted) continue;
+      // Keeps the first done.size() rows of the [capacity, ...] tensor.
+      v1::Tensor* kept = GradBlockTensor(tensor, *out);
+      kept->set_shape(0, done.size());
+      kept->mutable_data()->resize(done.size() * tensor.row_bytes());
+    }
+  }
   out->set_row_begin(done.begin);
   out->set_num_rows(done.size());
-  if (done.size() == 0) {  // every row held back: an answer without tensors
-    out->clear_d_index_query();
-    out->clear_d_index_weights();
-    out->clear_topk_indices();
-    out->clear_row_kl();
-    return absl::OkStatus();
-  }
-  if (o.want_grad) {
-    KeepRows(done.size(), sizes[0].row_bytes, out->mutable_d_index_query());
-    KeepRows(done.size(), sizes[1].row_bytes, out->mutable_d_index_weights());
-  }
-  if (p.server_topk) {
-    KeepRows(done.size(), sizes[2].row_bytes, out->mutable_topk_indices());
-  }
-  if (o.want_row_kl) {
-    KeepRows(done.size(), sizes[3].row_bytes, out->mutable_row_kl());
-  }
   return absl::OkStatus();
 }
 

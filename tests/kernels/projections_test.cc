@@ -877,8 +877,19 @@ TEST(ProjectionsTest, NonFiniteProjectionsAreRefusedWithTheirPosition) {
   ExpectInvalid(p, x,
                 "index_key: every value must be finite, got NaN or "
                 "infinity at (b=0, s=1, d=1)");
-  x.poke = {"query", {2, INFINITY}};
-  ExpectInvalid(p, x, "query: every value must be finite");
+  // [B, T, H, D] = [1, 3, 2, 4] and [B, T, H_I] = [1, 3, 2].
+  x.poke = {"query", {13, INFINITY}};
+  ExpectInvalid(p, x,
+                "query: every value must be finite, got NaN or infinity at "
+                "(b=0, t=1, h=1, d=1)");
+  x.poke = {"index_query", {22, NAN}};
+  ExpectInvalid(p, x,
+                "index_query: every value must be finite, got NaN or infinity "
+                "at (b=0, t=2, h=1, d=2)");
+  x.poke = {"index_weights", {3, -INFINITY}};
+  ExpectInvalid(p, x,
+                "index_weights: every value must be finite, got NaN or "
+                "infinity at (b=0, t=1, h=1)");
 }
 
 TEST(ProjectionsTest, ShapeAndOptionErrorsNameTheField) {

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "kernels/projections_computation.h"
 
 namespace klserve::server {
 namespace {
@@ -154,6 +155,63 @@ TEST(TensorCodec, ProjectionsViewsPointIntoTheMessageBytes) {
   EXPECT_EQ(in->key_start->data, request.key_start().data().data());
   EXPECT_FALSE(in->lse.has_value());
   EXPECT_FALSE(in->topk_indices.has_value());
+}
+
+// The kernels name the form's per-row tensors; each name must be a field of
+// the messages that carry it, or the stream could not find its bytes.
+absl::StatusOr<ProjectionsProblem> ProjectionsProblemOf(
+    const v1::ComputeLossRequest& request) {
+  absl::StatusOr<ProjectionsInputs> in =
+      ProjectionsInputsFrom(request, NoRegions());
+  if (!in.ok()) return in.status();
+  absl::StatusOr<ProjectionsOptions> options =
+      ProjectionsOptionsFrom(v1::LossOptions());
+  if (!options.ok()) return options.status();
+  return ProjectionsProblem::Create(*in, *options);
+}
+
+TEST(TensorCodec, ProjectionsBlockBytesViewEachPerRowFieldOfTheBlock) {
+  absl::StatusOr<ProjectionsProblem> problem =
+      ProjectionsProblemOf(ProjectionsRequest());
+  ASSERT_TRUE(problem.ok()) << problem.status();
+  v1::RowBlock block;
+  block.set_query(std::string(1, 'q'));
+  block.set_index_query(std::string(2, 'i'));
+  block.set_index_weights(std::string(3, 'w'));
+  block.set_lse(std::string(4, 'l'));
+  block.set_topk_indices(std::string(5, 'k'));
+  block.set_attention_mask(std::string(6, 'm'));
+  const ProjectionsBlockBytes bytes = ProjectionsBlockBytesOf(*problem, block);
+  const auto expect = [](const void* data, int64_t size,
+                         const std::string& field) {
+    EXPECT_EQ(data, field.data());
+    EXPECT_EQ(size, static_cast<int64_t>(field.size()));
+  };
+  expect(bytes.query, bytes.query_bytes, block.query());
+  expect(bytes.index_query, bytes.index_query_bytes, block.index_query());
+  expect(bytes.index_weights, bytes.index_weights_bytes, block.index_weights());
+  expect(bytes.lse, bytes.lse_bytes, block.lse());
+  expect(bytes.topk_indices, bytes.topk_indices_bytes, block.topk_indices());
+  expect(bytes.attention_mask, bytes.attention_mask_bytes,
+         block.attention_mask());
+}
+
+TEST(TensorCodec, ProjectionsRowOutputsNameTheirAnswerAndRegionFields) {
+  absl::StatusOr<ProjectionsProblem> problem =
+      ProjectionsProblemOf(ProjectionsRequest());
+  ASSERT_TRUE(problem.ok()) << problem.status();
+  for (const ProjectionsRowOutputTensor& tensor :
+       ProjectionsRowOutputTensors(*problem)) {
+    for (const google::protobuf::Descriptor* message :
+         {v1::GradBlock::descriptor(), v1::OutputRegions::descriptor(),
+          v1::ComputeLossResponse::descriptor()}) {
+      const google::protobuf::FieldDescriptor* field =
+          message->FindFieldByName(tensor.field);
+      ASSERT_NE(field, nullptr) << message->name() << "." << tensor.field;
+      EXPECT_EQ(field->type(), google::protobuf::FieldDescriptor::TYPE_MESSAGE)
+          << message->name() << "." << tensor.field;
+    }
+  }
 }
 
 TEST(TensorCodec, KeyBoundsAreViewedInTheLogitsForm) {
