@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -43,14 +44,15 @@ absl::Status ValueError(absl::string_view field, absl::string_view letters,
       absl::StrCat(field, ": ", rule, ", got ", found, " at (", where, ")"));
 }
 
-// The letters and dimensions of a per-row tensor [B, T, row...].
-struct RowsLayout {
+// A tensor's dimensions and the letters that name them.
+struct TensorLayout {
   std::string letters;
   std::vector<int64_t> dims;
 };
 
-RowsLayout RowsLayoutOf(const ProjectionsProblem& p, const RowShape& row) {
-  RowsLayout layout{absl::StrCat("bt", row.letters), {p.B, p.T}};
+// A per-row tensor's, [B, T, row...] (not lse's, which is [B, H, T]).
+TensorLayout RowsLayoutOf(const ProjectionsProblem& p, const RowShape& row) {
+  TensorLayout layout{absl::StrCat("bt", row.letters), {p.B, p.T}};
   layout.dims.insert(layout.dims.end(), row.dims.begin(),
                      row.dims.begin() + row.rank());
   return layout;
@@ -64,7 +66,7 @@ constexpr char kNonFinite[] = "NaN or infinity";
 absl::Status CheckQueryRows(const ProjectionsProblem& p,
                             const ProjectionsRowData& data, RowRange rows) {
   for (const ProjectionsRowTensor& tensor : ProjectionsRowTensors(p)) {
-    if (!tensor.projection) continue;
+    if (!tensor.must_be_finite) continue;
     const RowView& view = data.*tensor.rows;
     const int64_t width = tensor.row.elements();
     // Rows of one block or one batch entry lie together; scan per entry.
@@ -73,7 +75,7 @@ absl::Status CheckQueryRows(const ProjectionsProblem& p,
       const int64_t i = FirstNonFinite(view.dtype, view.Row(begin, p.T),
                                        (end - begin) * width, false);
       if (i >= 0) {
-        const RowsLayout layout = RowsLayoutOf(p, tensor.row);
+        const TensorLayout layout = RowsLayoutOf(p, tensor.row);
         return ValueError(tensor.field, layout.letters, layout.dims,
                           begin * width + i, kFiniteRule, kNonFinite);
       }
@@ -115,12 +117,12 @@ absl::Status CheckKeySide(const ProjectionsProblem& p) {
 // otherwise go back as an infinity with an OK status.
 absl::Status CheckGradient(absl::string_view field, DType dtype,
                            const std::byte* data, int64_t first, int64_t n,
-                           absl::string_view letters,
-                           absl::Span<const int64_t> dims) {
+                           absl::FunctionRef<TensorLayout()> layout_of) {
   const int64_t i = FirstNonFinite(dtype, data, n, false);
   if (i < 0) return absl::OkStatus();
+  const TensorLayout layout = layout_of();  // only for the error
   return ValueError(
-      field, letters, dims, first + i,
+      field, layout.letters, layout.dims, first + i,
       absl::StrCat("the gradient must be finite in ", DTypeName(dtype),
                    " (lower grad_scale or scaling_factor, or ask for a wider "
                    "grad_dtype)"),
@@ -139,10 +141,12 @@ void CopyRows(const RowView& from, int64_t r, int64_t T, int64_t n,
 
 // The held rows' buffers for a whole tile, in the order of
 // ProjectionsRowTensors (0 bytes for a tensor the problem has not).
-std::array<ProjectionsComputation::HeldTensor, 6> HeldBuffers(
-    const ProjectionsProblem& p) {
-  const std::array<ProjectionsRowTensor, 6> tensors = ProjectionsRowTensors(p);
-  std::array<ProjectionsComputation::HeldTensor, 6> held;
+std::array<ProjectionsComputation::HeldTensor, kNumProjectionsRowTensors>
+HeldBuffers(const ProjectionsProblem& p) {
+  const std::array<ProjectionsRowTensor, kNumProjectionsRowTensors> tensors =
+      ProjectionsRowTensors(p);
+  std::array<ProjectionsComputation::HeldTensor, kNumProjectionsRowTensors>
+      held;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ProjectionsRowTensor& tensor = tensors[i];
     held[i] = {tensor.field, tensor.used
@@ -198,8 +202,8 @@ void ProjectionsRowOutputTensor::SetIn(ProjectionsBlockOutputs& outputs,
       output);
 }
 
-std::array<ProjectionsRowOutputTensor, 4> ProjectionsRowOutputTensors(
-    const ProjectionsProblem& p) {
+std::array<ProjectionsRowOutputTensor, kNumProjectionsRowOutputs>
+ProjectionsRowOutputTensors(const ProjectionsProblem& p) {
   const IndexerKlOptions& o = p.logits.options;
   using Out = ProjectionsBlockOutputs;
   return {{
@@ -277,7 +281,8 @@ ProjectionsComputation::HeldBytes ProjectionsComputation::MaxHeldBytes(
 }
 
 void ProjectionsComputation::MakeRoomToHold() {
-  const std::array<HeldTensor, 6> buffers = HeldBuffers(*problem_);
+  const std::array<HeldTensor, kNumProjectionsRowTensors> buffers =
+      HeldBuffers(*problem_);
   for (size_t i = 0; i < buffers.size(); ++i) {
     held_bytes_[i].resize(buffers[i].bytes);
   }
@@ -401,10 +406,10 @@ absl::Status ProjectionsComputation::ComputeChunk(
        ProjectionsRowOutputTensors(p)) {
     if (!tensor.gradient || !tensor.wanted) continue;
     const int64_t width = tensor.row.elements();
-    const RowsLayout layout = RowsLayoutOf(p, tensor.row);
-    RETURN_IF_ERROR(CheckGradient(
-        tensor.field, options.grad_dtype, tensor.BytesIn(out),
-        rows.begin * width, rows.size() * width, layout.letters, layout.dims));
+    RETURN_IF_ERROR(CheckGradient(tensor.field, options.grad_dtype,
+                                  tensor.BytesIn(out), rows.begin * width,
+                                  rows.size() * width,
+                                  [&] { return RowsLayoutOf(p, tensor.row); }));
   }
   FoldRows(p.logits, rows.begin, results_, out.row_kl, accumulator_);
   return absl::OkStatus();
@@ -415,7 +420,8 @@ void ProjectionsComputation::Hold(RowRange rows,
   const ProjectionsProblem& p = *problem_;
   if (held_bytes_[0].empty()) MakeRoomToHold();  // the query's, never empty
   const int64_t at = rows.begin - held_.begin;   // rows already held
-  const std::array<ProjectionsRowTensor, 6> tensors = ProjectionsRowTensors(p);
+  const std::array<ProjectionsRowTensor, kNumProjectionsRowTensors> tensors =
+      ProjectionsRowTensors(p);
   for (size_t t = 0; t < tensors.size(); ++t) {
     const ProjectionsRowTensor& tensor = tensors[t];
     if (!tensor.used) continue;
@@ -441,7 +447,8 @@ void ProjectionsComputation::Hold(RowRange rows,
 absl::StatusOr<ProjectionsRowData> ProjectionsComputation::HeldRows() const {
   const ProjectionsProblem& p = *problem_;
   ProjectionsBlockBytes bytes;
-  const std::array<ProjectionsRowTensor, 6> tensors = ProjectionsRowTensors(p);
+  const std::array<ProjectionsRowTensor, kNumProjectionsRowTensors> tensors =
+      ProjectionsRowTensors(p);
   for (size_t t = 0; t < tensors.size(); ++t) {
     const ProjectionsRowTensor& tensor = tensors[t];
     if (!tensor.used) continue;
@@ -469,9 +476,11 @@ absl::StatusOr<IndexerKlResult> ProjectionsComputation::Finish(
           "d_index_key: an output buffer is required for the gradient");
     }
     key_grad_->Store(p.logits.options.grad_dtype, d_index_key);
-    RETURN_IF_ERROR(CheckGradient("d_index_key", p.logits.options.grad_dtype,
-                                  d_index_key, 0, p.B * p.S * p.D_I, "bsd",
-                                  {p.B, p.S, p.D_I}));
+    RETURN_IF_ERROR(
+        CheckGradient("d_index_key", p.logits.options.grad_dtype, d_index_key,
+                      0, p.B * p.S * p.D_I, [&] {
+                        return TensorLayout{"bsd", {p.B, p.S, p.D_I}};
+                      }));
   }
   return LossResultOf(p.logits, accumulator_, *denominator_);
 }

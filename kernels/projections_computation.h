@@ -60,6 +60,9 @@ struct ProjectionsRowOutputTensor {
                double * ProjectionsBlockOutputs::*>
       output;
 
+  // Unchecked: a row's output is no larger than its input row
+  // (index_query, index_weights; K <= S), which a call's bytes or a
+  // stream's message limit bounds, times the widest element.
   int64_t row_bytes() const { return row.elements() * element_bytes; }
   // Its bytes in `outputs` (null when they hold none), and setting them.
   std::byte* BytesIn(const ProjectionsBlockOutputs& outputs) const;
@@ -69,8 +72,9 @@ struct ProjectionsRowOutputTensor {
 // d_index_query, d_index_weights, topk_indices, row_kl: the form's one table
 // of its per-row outputs. A block's outputs, the stream's answers and the
 // service's output limits read it.
-std::array<ProjectionsRowOutputTensor, 4> ProjectionsRowOutputTensors(
-    const ProjectionsProblem& problem);
+inline constexpr size_t kNumProjectionsRowOutputs = 4;
+std::array<ProjectionsRowOutputTensor, kNumProjectionsRowOutputs>
+ProjectionsRowOutputTensors(const ProjectionsProblem& problem);
 
 // INVALID_ARGUMENT unless a block of `num_rows` rows from `row_begin` comes
 // next: at `next_row`, with at least one row and none past `total_rows` (the
@@ -162,7 +166,7 @@ class ProjectionsComputation {
   // The held rows' bytes of each ProjectionsRowTensors entry, in a block's
   // layout (ProjectionsBlockBytes), each with room for a whole tile once
   // MakeRoomToHold has run.
-  std::array<std::vector<std::byte>, 6> held_bytes_;
+  std::array<std::vector<std::byte>, kNumProjectionsRowTensors> held_bytes_;
   std::vector<RowResult> results_;
   LossAccumulator accumulator_;
   std::unique_ptr<KeyGradFold> key_grad_;

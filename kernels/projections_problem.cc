@@ -230,8 +230,8 @@ int64_t RowShape::elements() const {
   return n;
 }
 
-std::array<ProjectionsRowTensor, 6> ProjectionsRowTensors(
-    const ProjectionsProblem& p) {
+std::array<ProjectionsRowTensor, kNumProjectionsRowTensors>
+ProjectionsRowTensors(const ProjectionsProblem& p) {
   using In = ProjectionsInputs;
   using Rows = ProjectionsRowData;
   using Block = ProjectionsBlockBytes;
@@ -240,7 +240,7 @@ std::array<ProjectionsRowTensor, 6> ProjectionsRowTensors(
        .used = true,
        .dtype = p.query_dtype,
        .row = {{p.H, p.D}, "hd"},
-       .projection = true,
+       .must_be_finite = true,
        .input = &In::query,
        .rows = &Rows::query,
        .block_data = &Block::query,
@@ -249,7 +249,7 @@ std::array<ProjectionsRowTensor, 6> ProjectionsRowTensors(
        .used = true,
        .dtype = p.index_query_dtype,
        .row = {{p.H_I, p.D_I}, "hd"},
-       .projection = true,
+       .must_be_finite = true,
        .input = &In::index_query,
        .rows = &Rows::index_query,
        .block_data = &Block::index_query,
@@ -258,7 +258,7 @@ std::array<ProjectionsRowTensor, 6> ProjectionsRowTensors(
        .used = true,
        .dtype = p.index_weights_dtype,
        .row = {{p.H_I, 1}, "h"},
-       .projection = true,
+       .must_be_finite = true,
        .input = &In::index_weights,
        .rows = &Rows::index_weights,
        .block_data = &Block::index_weights,

@@ -167,7 +167,8 @@ struct ProjectionsBlockBytes {
 };
 
 // A row's shape, up to two dimensions, and their letters, which follow the
-// rows' "bt" in a tensor's layout: [H, D] "hd", [K] "k", [] "".
+// rows' "bt" in a tensor's layout: [H, D] "hd", [K] "k", [] "". The letters
+// give the rank; dims past it are unused (written 1).
 struct RowShape {
   std::array<int64_t, 2> dims;
   const char* letters;
@@ -186,7 +187,7 @@ struct ProjectionsRowTensor {
   // [H, D], [H_I, D_I], [H_I], [H] (lse: one a head), [K], [S].
   RowShape row;
   // A projection, whose every value must be finite.
-  bool projection = false;
+  bool must_be_finite = false;
   // lse alone: [B, H, T] whole and [H, n] in a block, so that a row's H
   // values lie a head's rows apart. The others are [rows, width].
   bool head_major = false;
@@ -202,8 +203,9 @@ struct ProjectionsRowTensor {
 // form's one table of its per-row inputs. The views of a request's rows and
 // of a block's, the checks of their values and the rows a stream holds
 // between blocks all read it.
-std::array<ProjectionsRowTensor, 6> ProjectionsRowTensors(
-    const ProjectionsProblem& problem);
+inline constexpr size_t kNumProjectionsRowTensors = 6;
+std::array<ProjectionsRowTensor, kNumProjectionsRowTensors>
+ProjectionsRowTensors(const ProjectionsProblem& problem);
 
 // Views of the block of rows `rows`, after checking that each tensor holds
 // exactly its rows' bytes (INVALID_ARGUMENT naming the tensor otherwise).

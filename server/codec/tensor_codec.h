@@ -64,7 +64,9 @@ absl::StatusOr<IndexerKlInputs> InputsFrom(const v1::StreamHeader& header);
 absl::StatusOr<ProjectionsInputs> ProjectionsInputsFrom(
     const v1::StreamHeader& header);
 
-// A block's bytes, viewed in place.
+// A block's bytes, viewed in place. The projections form's are each of its
+// per-row tensors (ProjectionsRowTensors, which `problem` gives, names them),
+// those `problem` has not too, which must then be empty.
 RowBlockBytes BlockBytesOf(const v1::RowBlock& block);
 ProjectionsBlockBytes ProjectionsBlockBytesOf(const ProjectionsProblem& problem,
                                               const v1::RowBlock& block);

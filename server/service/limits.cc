@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/message.h"
 #include "kernels/cpu/row_scratch.h"
 #include "kernels/projections_computation.h"
 #include "kernels/row_block.h"
@@ -143,11 +145,7 @@ absl::Status CheckOutputBytes(const ProjectionsProblem& p,
     return !placed.GetReflection()->HasField(
         placed, v1::OutputRegions::descriptor()->FindFieldByName(field));
   };
-  std::vector<OutputBytes> outputs = {
-      {"d_index_key",
-       o.want_grad ? OutputByteSize(DTypeSize(o.grad_dtype), {p.B, p.S, p.D_I})
-                   : 0,
-       in_message("d_index_key")}};
+  std::vector<OutputBytes> outputs;
   for (const ProjectionsRowOutputTensor& tensor :
        ProjectionsRowOutputTensors(p)) {
     outputs.push_back(
@@ -155,6 +153,13 @@ absl::Status CheckOutputBytes(const ProjectionsProblem& p,
          tensor.wanted ? OutputByteSize(tensor.row_bytes(), {p.B, p.T}) : 0,
          in_message(tensor.field)});
   }
+  // Last: where it is as large as d_index_query, the error names the one
+  // that the remedy, a stream, splits into blocks.
+  outputs.push_back(
+      {"d_index_key",
+       o.want_grad ? OutputByteSize(DTypeSize(o.grad_dtype), {p.B, p.S, p.D_I})
+                   : 0,
+       in_message("d_index_key")});
   return CheckOutputsFit(outputs, "send the problem with ComputeLossStream",
                          options);
 }

@@ -1,13 +1,15 @@
 #include "server/service/loss_stream_reactor.h"
 
 #include <algorithm>
-#include <array>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "kernels/loss_computation.h"
+#include "kernels/projections_computation.h"
 #include "kernels/row_block.h"
 #include "kernels/status_macros.h"
 #include "proto/request_tensors.h"

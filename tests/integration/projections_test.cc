@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "klserve/v1/klserve.pb.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/reference_problems.h"
@@ -342,18 +343,24 @@ TEST_F(ServerTest, ProjectionsTensorsAreHeldToTheTensorLimit) {
   EXPECT_TRUE(absl::StartsWith(status.message(), "query:")) << Describe(status);
 }
 
-// BF16 projections with FP32 gradients: the response is about twice the
-// request, so a message limit between the two refuses the response before
-// computing it, naming its largest part.
-TEST_F(ServerTest, ProjectionsResponseIsHeldToTheMessageLimit) {
-  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_bytes=30000"}));
+// BF16 projections of T = S = 64 and one main head of D = 1, with FP32
+// gradients: the response, mostly d_index_query and d_index_key, is about
+// twice the request.
+v1::ComputeLossRequest GradientHeavyRequest(int64_t H_I, int64_t D_I) {
   ProjectionsSpec spec;
-  spec.name = "MessageLimit";
+  spec.name = absl::StrCat("GradientHeavy", H_I, "x", D_I);
   spec.T = 64, spec.S = 64, spec.H = 1, spec.H_kv = 1, spec.D = 1;
-  spec.H_I = 8, spec.D_I = 16;
+  spec.H_I = H_I, spec.D_I = D_I;
   spec.dtype = "BF16";
   spec.options.set_grad_dtype("FP32");
-  const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  return MakeProjectionsRequest(spec);
+}
+
+// A message limit between the request and its response refuses the
+// response before computing it, naming its largest part.
+TEST_F(ServerTest, ProjectionsResponseIsHeldToTheMessageLimit) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_bytes=30000"}));
+  const v1::ComputeLossRequest request = GradientHeavyRequest(8, 16);
   ASSERT_LT(request.ByteSizeLong(), 30000u);
   absl::StatusOr<v1::ComputeLossResponse> response =
       client().ComputeLossUnary(request);
@@ -368,6 +375,24 @@ TEST_F(ServerTest, ProjectionsResponseIsHeldToTheMessageLimit) {
   v1::ComputeLossRequest loss_only = request;
   loss_only.mutable_options()->set_skip_grad(true);
   EXPECT_TRUE(client().ComputeLossUnary(loss_only).ok());
+}
+
+// d_index_query and d_index_key of one size (T H_I = S): a unary answer
+// over the message limit names d_index_query, which a stream splits into
+// blocks (and so serves), not d_index_key, which it sends whole.
+TEST_F(ServerTest, AnOversizeAnswerOfEqualGradientsNamesTheOneAStreamSplits) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_bytes=25000"}));
+  const v1::ComputeLossRequest request = GradientHeavyRequest(1, 64);
+  ASSERT_LT(request.ByteSizeLong(), 25000u);
+  const absl::StatusOr<v1::ComputeLossResponse> unary =
+      client().ComputeLossUnary(request);
+  ASSERT_FALSE(unary.ok());
+  EXPECT_EQ(unary.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(unary.status().message(), "d_index_query:"))
+      << Describe(unary.status());
+  const absl::StatusOr<v1::ComputeLossResponse> streamed =
+      client().ComputeLossStreaming(request);
+  EXPECT_TRUE(streamed.ok()) << Describe(streamed.status());
 }
 
 // A projections problem's work grows with T * S from a message that grows

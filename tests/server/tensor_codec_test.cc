@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
@@ -202,13 +203,17 @@ TEST(TensorCodec, ProjectionsRowOutputsNameTheirAnswerAndRegionFields) {
   ASSERT_TRUE(problem.ok()) << problem.status();
   for (const ProjectionsRowOutputTensor& tensor :
        ProjectionsRowOutputTensors(*problem)) {
-    for (const google::protobuf::Descriptor* message :
-         {v1::GradBlock::descriptor(), v1::OutputRegions::descriptor(),
-          v1::ComputeLossResponse::descriptor()}) {
+    // The server casts what it finds to these.
+    for (const auto& [message, type] :
+         {std::pair{v1::GradBlock::descriptor(), v1::Tensor::descriptor()},
+          std::pair{v1::ComputeLossResponse::descriptor(),
+                    v1::Tensor::descriptor()},
+          std::pair{v1::OutputRegions::descriptor(),
+                    v1::RegionSlice::descriptor()}}) {
       const google::protobuf::FieldDescriptor* field =
           message->FindFieldByName(tensor.field);
       ASSERT_NE(field, nullptr) << message->name() << "." << tensor.field;
-      EXPECT_EQ(field->type(), google::protobuf::FieldDescriptor::TYPE_MESSAGE)
+      EXPECT_EQ(field->message_type(), type)
           << message->name() << "." << tensor.field;
     }
   }
