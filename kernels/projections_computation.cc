@@ -52,10 +52,7 @@ struct TensorLayout {
 
 // A per-row tensor's, [B, T, row...] (not lse's, which is [B, H, T]).
 TensorLayout RowsLayoutOf(const ProjectionsProblem& p, const RowShape& row) {
-  TensorLayout layout{absl::StrCat("bt", row.letters), {p.B, p.T}};
-  layout.dims.insert(layout.dims.end(), row.dims.begin(),
-                     row.dims.begin() + row.rank());
-  return layout;
+  return {absl::StrCat("bt", row.letters), row.ShapeOf({p.B, p.T})};
 }
 
 constexpr char kFiniteRule[] = "every value must be finite";

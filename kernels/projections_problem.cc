@@ -224,6 +224,13 @@ RowRange ProjectionsProblem::TileOf(int64_t r) const {
 
 size_t RowShape::rank() const { return std::strlen(letters); }
 
+std::vector<int64_t> RowShape::ShapeOf(
+    std::initializer_list<int64_t> rows) const {
+  std::vector<int64_t> shape = rows;
+  shape.insert(shape.end(), dims.begin(), dims.begin() + rank());
+  return shape;
+}
+
 int64_t RowShape::elements() const {
   int64_t n = 1;
   for (size_t d = 0; d < rank(); ++d) n *= dims[d];

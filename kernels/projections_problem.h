@@ -4,9 +4,11 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/cpu/projection_tile_memory.h"
@@ -175,6 +177,8 @@ struct RowShape {
 
   size_t rank() const;
   int64_t elements() const;
+  // The shape of `rows` such rows: `rows` (their dimensions) then the row's.
+  std::vector<int64_t> ShapeOf(std::initializer_list<int64_t> rows) const;
 };
 
 // One per-row tensor of the query side, as each query row (b, t) has it.

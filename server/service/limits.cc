@@ -39,6 +39,28 @@ absl::Status CheckEveryInput(const Inputs& in, const ServerOptions& options) {
   return absl::OkStatus();
 }
 
+// Whether `placed` sends output `field` to a region, out of the message.
+bool Placed(const v1::OutputRegions& placed, const char* field) {
+  return placed.GetReflection()->HasField(
+      placed, v1::OutputRegions::descriptor()->FindFieldByName(field));
+}
+
+// The bytes of the per-row outputs `p` asks for over rows of dimensions
+// `rows`, in ProjectionsRowOutputTensors' order.
+std::vector<OutputBytes> RowOutputBytes(const ProjectionsProblem& p,
+                                        std::initializer_list<int64_t> rows,
+                                        const v1::OutputRegions& placed) {
+  std::vector<OutputBytes> outputs;
+  for (const ProjectionsRowOutputTensor& tensor :
+       ProjectionsRowOutputTensors(p)) {
+    outputs.push_back(
+        {tensor.field,
+         tensor.wanted ? OutputByteSize(tensor.row_bytes(), rows) : 0,
+         !Placed(placed, tensor.field)});
+  }
+  return outputs;
+}
+
 }  // namespace
 
 absl::Status CheckInputBytes(const IndexerKlInputs& in,
@@ -140,28 +162,24 @@ absl::Status CheckOutputBytes(const ProjectionsProblem& p,
                               const v1::OutputRegions& placed,
                               const ServerOptions& options) {
   const IndexerKlOptions& o = p.logits.options;
-  // A field of `placed` is a region slice the output goes to.
-  const auto in_message = [&](const char* field) {
-    return !placed.GetReflection()->HasField(
-        placed, v1::OutputRegions::descriptor()->FindFieldByName(field));
-  };
-  std::vector<OutputBytes> outputs;
-  for (const ProjectionsRowOutputTensor& tensor :
-       ProjectionsRowOutputTensors(p)) {
-    outputs.push_back(
-        {tensor.field,
-         tensor.wanted ? OutputByteSize(tensor.row_bytes(), {p.B, p.T}) : 0,
-         in_message(tensor.field)});
-  }
+  std::vector<OutputBytes> outputs = RowOutputBytes(p, {p.B, p.T}, placed);
   // Last: where it is as large as d_index_query, the error names the one
   // that the remedy, a stream, splits into blocks.
   outputs.push_back(
       {"d_index_key",
        o.want_grad ? OutputByteSize(DTypeSize(o.grad_dtype), {p.B, p.S, p.D_I})
                    : 0,
-       in_message("d_index_key")});
+       !Placed(placed, "d_index_key")});
   return CheckOutputsFit(outputs, "send the problem with ComputeLossStream",
                          options);
+}
+
+absl::Status CheckRowOutputBytes(const ProjectionsProblem& p, int64_t rows,
+                                 absl::string_view remedy,
+                                 const ServerOptions& options) {
+  return CheckOutputsFit(
+      RowOutputBytes(p, {rows}, v1::OutputRegions::default_instance()), remedy,
+      options);
 }
 
 absl::Status CheckKeySideBytes(const ProjectionsProblem& p, bool stream,

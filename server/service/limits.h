@@ -70,6 +70,12 @@ absl::Status CheckOutputBytes(const ProjectionsProblem& problem,
                               const v1::OutputRegions& placed,
                               const ServerOptions& options);
 
+// The same for the per-row outputs of `rows` rows of `problem`: one
+// GradBlock's.
+absl::Status CheckRowOutputBytes(const ProjectionsProblem& problem,
+                                 int64_t rows, absl::string_view remedy,
+                                 const ServerOptions& options);
+
 // RESOURCE_EXHAUSTED naming `key` when a projections-form call would hold
 // more than --max_stream_key_bytes for its key side: the float64 sum of
 // d_index_key (8 B S D_I bytes, 4 times a BF16 index_key) when the gradients

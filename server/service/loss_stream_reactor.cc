@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
@@ -39,21 +38,6 @@ const char* FirstWantedOutput(const ProjectionsProblem& p) {
   return nullptr;
 }
 
-// CheckOutputsFit of the outputs of `rows` rows of `p`: one GradBlock's.
-absl::Status CheckRowOutputBytes(const ProjectionsProblem& p, int64_t rows,
-                                 absl::string_view remedy,
-                                 const ServerOptions& limits) {
-  std::vector<OutputBytes> outputs;
-  for (const ProjectionsRowOutputTensor& tensor :
-       ProjectionsRowOutputTensors(p)) {
-    outputs.push_back(
-        {tensor.field,
-         tensor.wanted ? OutputByteSize(tensor.row_bytes(), {rows}) : 0,
-         /*in_message=*/true});
-  }
-  return CheckOutputsFit(outputs, remedy, limits);
-}
-
 // Sets `out` to the outputs of `rows` rows of `p` (each tensor the problem
 // asks for, allocated, shaped [rows, ...]) and returns where they go.
 ProjectionsBlockOutputs AllocateRows(const ProjectionsProblem& p, int64_t rows,
@@ -62,12 +46,10 @@ ProjectionsBlockOutputs AllocateRows(const ProjectionsProblem& p, int64_t rows,
   for (const ProjectionsRowOutputTensor& tensor :
        ProjectionsRowOutputTensors(p)) {
     if (!tensor.wanted) continue;
-    std::vector<int64_t> shape = {rows};
-    shape.insert(shape.end(), tensor.row.dims.begin(),
-                 tensor.row.dims.begin() + tensor.row.rank());
     // std::string's buffer is aligned for int32 and double.
     tensor.SetIn(outputs,
-                 AllocateTensor(tensor.dtype_name, tensor.element_bytes, shape,
+                 AllocateTensor(tensor.dtype_name, tensor.element_bytes,
+                                tensor.row.ShapeOf({rows}),
                                 GradBlockTensor(tensor, *out)));
   }
   return outputs;
