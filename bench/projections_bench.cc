@@ -229,11 +229,13 @@ int main(int argc, char** argv) {
                    rows.status().ToString().c_str());
       return 1;
     }
-    ProjectionsOutputs out{
-        .d_index_query = reinterpret_cast<std::byte*>(d->dq.data()),
-        .d_index_key = reinterpret_cast<std::byte*>(d->dk.data()),
-        .d_index_weights = reinterpret_cast<std::byte*>(d->dw.data()),
-        .topk_indices = d->selected.empty() ? nullptr : d->selected.data()};
+    const ProjectionsOutputs out{
+        .rows = {.d_index_query = reinterpret_cast<std::byte*>(d->dq.data()),
+                 .d_index_weights = reinterpret_cast<std::byte*>(d->dw.data()),
+                 .topk_indices =
+                     d->selected.empty() ? nullptr : d->selected.data(),
+                 .capacity_rows = problem->num_rows()},
+        .d_index_key = reinterpret_cast<std::byte*>(d->dk.data())};
     double best = 1e300, gemm = 0;
     int64_t work = 0;
     for (int r = 0; r < reps; ++r) {

@@ -9,6 +9,7 @@
 #include "kernels/loss.h"
 #include "kernels/problem.h"
 #include "kernels/projections_loss.h"
+#include "kernels/projections_output_buffers.h"
 #include "kernels/projections_problem.h"
 #include "kernels/status_macros.h"
 #include "server/codec/call_regions.h"
@@ -19,9 +20,9 @@ namespace {
 
 // One worker's output buffers, sized on its first call.
 struct Outputs {
-  std::vector<std::byte> grad, d_index_query, d_index_key, d_index_weights;
-  std::vector<int32_t> topk_indices;
+  std::vector<std::byte> grad;
   std::vector<double> row_kl;
+  ProjectionsOutputBuffers projections;
 };
 
 // Sizes `buffer` to `count` elements once; its data.
@@ -68,26 +69,10 @@ absl::StatusOr<int64_t> ComputeProjections(
                    ProjectionsProblem::Create(inputs, options));
   ASSIGN_OR_RETURN(const ProjectionsRowData rows,
                    WholeProjectionsRows(problem, inputs));
-  const int64_t num_rows = problem.B * problem.T;
-  const int64_t element = DTypeSize(options.loss.grad_dtype);
-  ProjectionsOutputs outputs;
-  int64_t grad_bytes = 0;
-  if (options.loss.want_grad) {
-    const int64_t query = num_rows * problem.H_I * problem.D_I * element;
-    const int64_t key = problem.B * problem.S * problem.D_I * element;
-    const int64_t weights = num_rows * problem.H_I * element;
-    outputs.d_index_query = Sized(out.d_index_query, query);
-    outputs.d_index_key = Sized(out.d_index_key, key);
-    outputs.d_index_weights = Sized(out.d_index_weights, weights);
-    grad_bytes = query + key + weights;
-  }
-  if (problem.server_topk) {
-    outputs.topk_indices = Sized(out.topk_indices, num_rows * problem.K);
-  }
-  if (options.loss.want_row_kl) outputs.row_kl = Sized(out.row_kl, num_rows);
+  const ProjectionsOutputs outputs = out.projections.For(problem);
   RETURN_IF_ERROR(
       ComputeProjectionsLoss(backend, problem, rows, outputs).status());
-  return grad_bytes;
+  return out.projections.gradient_bytes();
 }
 
 }  // namespace

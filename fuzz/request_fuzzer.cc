@@ -18,6 +18,7 @@
 #include "kernels/loss.h"
 #include "kernels/problem.h"
 #include "kernels/projections_loss.h"
+#include "kernels/projections_output_buffers.h"
 #include "kernels/projections_problem.h"
 #include "klserve/v1/klserve.pb.h"
 #include "proto/request_tensors.h"
@@ -58,31 +59,10 @@ void FuzzProjections(klserve::Backend& backend,
   }
   int64_t slots = 0;
   if (!Mul(p.B * p.T, p.K, slots) || slots > kMaxElements) return;
-  const IndexerKlOptions& o = p.logits.options;
-  const size_t element = DTypeSize(o.grad_dtype);
-  std::vector<std::byte> d_query, d_key, d_weights;
-  std::vector<int32_t> topk;
-  std::vector<double> row_kl;
-  ProjectionsOutputs outputs;
-  if (o.want_grad) {
-    d_query.resize(static_cast<size_t>(p.B * p.T * p.H_I * p.D_I) * element);
-    d_key.resize(static_cast<size_t>(p.B * p.S * p.D_I) * element);
-    d_weights.resize(static_cast<size_t>(p.B * p.T * p.H_I) * element);
-    outputs.d_index_query = d_query.data();
-    outputs.d_index_key = d_key.data();
-    outputs.d_index_weights = d_weights.data();
-  }
-  if (p.server_topk) {
-    topk.resize(static_cast<size_t>(p.B * p.T * p.K));
-    outputs.topk_indices = topk.data();
-  }
-  if (o.want_row_kl) {
-    row_kl.resize(static_cast<size_t>(p.B * p.T));
-    outputs.row_kl = row_kl.data();
-  }
+  ProjectionsOutputBuffers buffers;
   const auto rows = WholeProjectionsRows(p, *inputs);
   if (!rows.ok()) return;
-  (void)ComputeProjectionsLoss(backend, p, *rows, outputs);
+  (void)ComputeProjectionsLoss(backend, p, *rows, buffers.For(p));
 }
 
 }  // namespace

@@ -319,6 +319,13 @@ absl::StatusOr<RowRange> ProjectionsComputation::Compute(
         absl::StrCat("outputs: must hold ", held_rows() + rows.size(),
                      " rows, got ", out.capacity_rows));
   }
+  for (const ProjectionsRowOutputTensor& tensor :
+       ProjectionsRowOutputTensors(p)) {
+    if (tensor.wanted && tensor.BytesIn(out) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          tensor.field, ": an output buffer is required (see the options)"));
+    }
+  }
   RETURN_IF_ERROR(CheckQueryRows(p, data, rows));
   next_row_ = rows.end;
 
@@ -473,11 +480,12 @@ absl::StatusOr<IndexerKlResult> ProjectionsComputation::Finish(
           "d_index_key: an output buffer is required for the gradient");
     }
     key_grad_->Store(p.logits.options.grad_dtype, d_index_key);
-    RETURN_IF_ERROR(
-        CheckGradient("d_index_key", p.logits.options.grad_dtype, d_index_key,
-                      0, p.B * p.S * p.D_I, [&] {
-                        return TensorLayout{"bsd", {p.B, p.S, p.D_I}};
-                      }));
+    const std::array<int64_t, 3> shape = p.key_gradient_shape();
+    RETURN_IF_ERROR(CheckGradient(
+        "d_index_key", p.logits.options.grad_dtype, d_index_key, 0,
+        shape[0] * shape[1] * shape[2], [&] {
+          return TensorLayout{"bsd", {shape.begin(), shape.end()}};
+        }));
   }
   return LossResultOf(p.logits, accumulator_, *denominator_);
 }

@@ -119,10 +119,10 @@ class ProjectionsComputation {
 
   // Computes query rows `rows`, the next ones (INVALID_ARGUMENT naming
   // row_begin otherwise), from `data`: checks their values, computes every
-  // tile they complete and writes those rows' outputs into `outputs`, whose
+  // tile they complete and writes those rows' outputs into `outputs`, which
+  // must have a buffer for each output the problem asks for, and whose
   // gradients must be finite in the gradient dtype (INVALID_ARGUMENT naming
-  // d_index_query or d_index_weights otherwise). Returns the rows completed
-  // (possibly none).
+  // the output otherwise). Returns the rows completed (possibly none).
   absl::StatusOr<RowRange> Compute(RowRange rows,
                                    const ProjectionsRowData& data,
                                    const ProjectionsBlockOutputs& outputs);

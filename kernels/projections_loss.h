@@ -1,6 +1,8 @@
 #ifndef KLSERVE_KERNELS_PROJECTIONS_LOSS_H_
 #define KLSERVE_KERNELS_PROJECTIONS_LOSS_H_
 
+#include <cstddef>
+
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/loss_computation.h"
@@ -11,6 +13,15 @@
 // fed all query rows as one block.
 
 namespace klserve {
+
+// Caller-owned outputs of a whole problem: each per-row output the problem
+// asks for over all B*T rows (ProjectionsRowOutputTensors; capacity_rows at
+// least B*T), and with the gradients d_index_key, [B,S,D_I] in the gradient
+// dtype (ProjectionsProblem::key_gradient_shape).
+struct ProjectionsOutputs {
+  ProjectionsBlockOutputs rows;
+  std::byte* d_index_key = nullptr;
+};
 
 // Computes the loss of the projections form, its row KL and diagnostics, the
 // gradients of index_query, index_key and index_weights and, when the service

@@ -122,6 +122,9 @@ class ProjectionsProblem {
   int64_t key_grad_sum_size() const {
     return logits.options.want_grad ? B * S * D_I : 0;
   }
+  // d_index_key's shape: the key side's gradient, which a call's answer or a
+  // stream's last message carries whole.
+  std::array<int64_t, 3> key_gradient_shape() const { return {B, S, D_I}; }
   // The tile holding row r: [begin, end).
   RowRange TileOf(int64_t r) const;
 
@@ -216,18 +219,6 @@ ProjectionsRowTensors(const ProjectionsProblem& problem);
 absl::StatusOr<ProjectionsRowData> BlockProjectionsRows(
     const ProjectionsProblem& problem, RowRange rows,
     const ProjectionsBlockBytes& bytes);
-
-// Caller-owned outputs, in options.loss.grad_dtype and shaped like the
-// inputs; the gradient buffers are required when options.loss.want_grad.
-struct ProjectionsOutputs {
-  std::byte* d_index_query = nullptr;    // [B,T,H_I,D_I]
-  std::byte* d_index_key = nullptr;      // [B,S,D_I]
-  std::byte* d_index_weights = nullptr;  // [B,T,H_I]
-  // [B,T,K] when the service selects (server_topk).
-  int32_t* topk_indices = nullptr;
-  // [B,T] when options.loss.want_row_kl.
-  double* row_kl = nullptr;
-};
 
 }  // namespace klserve
 

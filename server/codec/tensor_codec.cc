@@ -379,7 +379,7 @@ double* AllocateFloat64Tensor(absl::Span<const int64_t> shape,
 
 namespace {
 
-// Each Output's fields, in the request's OutputRegions and in the response.
+// Each output's fields, in the request's OutputRegions and in the response.
 struct OutputFields {
   absl::string_view name;
   bool (v1::OutputRegions::*has_slice)() const;
@@ -394,7 +394,6 @@ struct OutputFields {
         &v1::ComputeLossResponse::has_##field,                          \
         &v1::ComputeLossResponse::mutable_##field                       \
   }
-// Indexed by Output.
 const OutputFields kOutputFields[] = {
     KLSERVE_OUTPUT(grad),
     KLSERVE_OUTPUT(row_kl),
@@ -405,24 +404,31 @@ const OutputFields kOutputFields[] = {
 };
 #undef KLSERVE_OUTPUT
 
-absl::StatusOr<std::byte*> PlaceBytes(
-    Output output, absl::string_view dtype_name, int64_t element_size,
-    std::initializer_list<int64_t> shape, const v1::ComputeLossRequest& request,
+}  // namespace
+
+absl::StatusOr<std::byte*> PlaceOutput(
+    absl::string_view field, absl::string_view dtype_name, int64_t element_size,
+    absl::Span<const int64_t> shape, const v1::ComputeLossRequest& request,
     CallRegions& regions, v1::ComputeLossResponse& response) {
-  const OutputFields& fields = kOutputFields[static_cast<int>(output)];
-  v1::Tensor* out = (response.*fields.mutable_tensor)();
-  if (!(request.outputs().*fields.has_slice)()) {
+  const OutputFields* fields = absl::c_find_if(
+      kOutputFields, [&](const OutputFields& f) { return f.name == field; });
+  if (fields == std::end(kOutputFields)) {
+    return absl::InternalError(
+        absl::StrCat(field, ": not an output a request may place"));
+  }
+  v1::Tensor* out = (response.*fields->mutable_tensor)();
+  if (!(request.outputs().*fields->has_slice)()) {
     return AllocateTensor(dtype_name, element_size, shape, out);
   }
-  const v1::RegionSlice& slice = (request.outputs().*fields.slice)();
+  const v1::RegionSlice& slice = (request.outputs().*fields->slice)();
+  // Within 64 bits: CheckOutputsFit has weighed every output.
   int64_t bytes = element_size;
   for (int64_t d : shape) bytes *= d;
-  const std::string name = absl::StrCat("outputs.", fields.name);
+  const std::string name = absl::StrCat("outputs.", field);
   if (slice.byte_size() != bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ".byte_size: must be ", bytes, " (", fields.name,
-                     " is ", dtype_name, " ", absl::StrJoin(shape, "x"),
-                     "), got ", slice.byte_size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ".byte_size: must be ", bytes, " (", field, " is ", dtype_name,
+        " ", absl::StrJoin(shape, "x"), "), got ", slice.byte_size()));
   }
   ASSIGN_OR_RETURN(std::byte * data, regions.Output(name, slice, element_size));
   out->set_dtype(std::string(dtype_name));
@@ -431,24 +437,22 @@ absl::StatusOr<std::byte*> PlaceBytes(
   return data;
 }
 
-}  // namespace
-
-absl::StatusOr<std::byte*> PlaceOutput(Output output, DType dtype,
-                                       std::initializer_list<int64_t> shape,
+absl::StatusOr<std::byte*> PlaceOutput(absl::string_view field, DType dtype,
+                                       absl::Span<const int64_t> shape,
                                        const v1::ComputeLossRequest& request,
                                        CallRegions& regions,
                                        v1::ComputeLossResponse& response) {
-  return PlaceBytes(output, DTypeName(dtype), DTypeSize(dtype), shape, request,
-                    regions, response);
+  return PlaceOutput(field, DTypeName(dtype), DTypeSize(dtype), shape, request,
+                     regions, response);
 }
 
-absl::StatusOr<double*> PlaceRowKl(std::initializer_list<int64_t> shape,
+absl::StatusOr<double*> PlaceRowKl(absl::Span<const int64_t> shape,
                                    const v1::ComputeLossRequest& request,
                                    CallRegions& regions,
                                    v1::ComputeLossResponse& response) {
   ASSIGN_OR_RETURN(std::byte * data,
-                   PlaceBytes(Output::kRowKl, "FP64", sizeof(double), shape,
-                              request, regions, response));
+                   PlaceOutput("row_kl", "FP64", sizeof(double), shape, request,
+                               regions, response));
   return reinterpret_cast<double*>(data);
 }
 

@@ -91,29 +91,27 @@ double* AllocateFloat64Tensor(absl::Span<const int64_t> shape, v1::Tensor* out);
 std::byte* AllocateTensor(absl::string_view dtype_name, int64_t element_size,
                           absl::Span<const int64_t> shape, v1::Tensor* out);
 
-// The outputs of a ComputeLoss response that a request may direct into a
-// region (ComputeLossRequest.outputs, OutputRegions).
-enum class Output {
-  kGrad,
-  kRowKl,  // FP64
-  kDIndexQuery,
-  kDIndexKey,
-  kDIndexWeights,
-  kTopkIndices,
-};
-
-// Sets `output` of `response` to a tensor of `dtype` and `shape` and returns
-// where its bytes go: into the response, as AllocateTensor, or into the
-// region slice request.outputs gives it, which must be exactly the output's
-// bytes (INVALID_ARGUMENT naming outputs.<name> otherwise); the response's
-// tensor then carries the slice instead of data.
-absl::StatusOr<std::byte*> PlaceOutput(Output output, DType dtype,
-                                       std::initializer_list<int64_t> shape,
+// Sets the output `field` of `response` (grad, row_kl, d_index_query,
+// d_index_key, d_index_weights or topk_indices: the outputs a request may
+// direct into a region, ComputeLossRequest.outputs) to a tensor of the wire
+// dtype `dtype_name`, `element_size` bytes an element, and of `shape`, and
+// returns where its bytes go: into the response, as AllocateTensor, or into
+// the region slice request.outputs gives it, which must be exactly the
+// output's bytes (INVALID_ARGUMENT naming outputs.<field> otherwise); the
+// response's tensor then carries the slice instead of data. The outputs'
+// bytes must have been weighed (CheckOutputsFit).
+absl::StatusOr<std::byte*> PlaceOutput(
+    absl::string_view field, absl::string_view dtype_name, int64_t element_size,
+    absl::Span<const int64_t> shape, const v1::ComputeLossRequest& request,
+    CallRegions& regions, v1::ComputeLossResponse& response);
+// The same in `dtype`.
+absl::StatusOr<std::byte*> PlaceOutput(absl::string_view field, DType dtype,
+                                       absl::Span<const int64_t> shape,
                                        const v1::ComputeLossRequest& request,
                                        CallRegions& regions,
                                        v1::ComputeLossResponse& response);
 // The same for row_kl, FP64 [B, T].
-absl::StatusOr<double*> PlaceRowKl(std::initializer_list<int64_t> shape,
+absl::StatusOr<double*> PlaceRowKl(absl::Span<const int64_t> shape,
                                    const v1::ComputeLossRequest& request,
                                    CallRegions& regions,
                                    v1::ComputeLossResponse& response);

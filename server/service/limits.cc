@@ -48,7 +48,7 @@ bool Placed(const v1::OutputRegions& placed, const char* field) {
 // The bytes of the per-row outputs `p` asks for over rows of dimensions
 // `rows`, in ProjectionsRowOutputTensors' order.
 std::vector<OutputBytes> RowOutputBytes(const ProjectionsProblem& p,
-                                        std::initializer_list<int64_t> rows,
+                                        absl::Span<const int64_t> rows,
                                         const v1::OutputRegions& placed) {
   std::vector<OutputBytes> outputs;
   for (const ProjectionsRowOutputTensor& tensor :
@@ -73,11 +73,19 @@ absl::Status CheckInputBytes(const ProjectionsInputs& in,
   return CheckEveryInput(in, options);
 }
 
+const char* LargestInMessage(absl::Span<const OutputBytes> outputs) {
+  const OutputBytes* largest = nullptr;
+  for (const OutputBytes& output : outputs) {
+    if (!output.in_message || output.bytes <= 0) continue;
+    if (largest == nullptr || output.bytes > largest->bytes) largest = &output;
+  }
+  return largest == nullptr ? nullptr : largest->field;
+}
+
 absl::Status CheckOutputsFit(absl::Span<const OutputBytes> outputs,
                              absl::string_view remedy,
                              const ServerOptions& options) {
   int64_t total = 0;
-  const OutputBytes* largest = nullptr;
   for (const OutputBytes& output : outputs) {
     if (output.bytes < 0) {  // its size overflowed: past any limit
       return CheckTensorBytes(output.field, std::numeric_limits<int64_t>::max(),
@@ -90,34 +98,35 @@ absl::Status CheckOutputsFit(absl::Span<const OutputBytes> outputs,
     if (__builtin_add_overflow(total, output.bytes, &total)) {
       total = std::numeric_limits<int64_t>::max();
     }
-    if (largest == nullptr || output.bytes > largest->bytes) largest = &output;
   }
   if (total <= options.max_message_bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
-      largest->field, ": the response would carry at least ", total,
+      LargestInMessage(outputs), ": the response would carry at least ", total,
       " bytes, over the message limit of ", options.max_message_bytes,
       " (--max_message_bytes); ", remedy));
 }
 
-int64_t OutputByteSize(int64_t element_bytes,
-                       std::initializer_list<int64_t> dims) {
+int64_t OutputByteSize(int64_t element_bytes, absl::Span<const int64_t> dims) {
   return ShapeBytes(element_bytes, dims).value_or(-1);
+}
+
+std::vector<OutputBytes> OutputBytesOf(const IndexerKlProblem& p, int64_t rows,
+                                       const v1::OutputRegions& placed) {
+  const IndexerKlOptions& o = p.options;
+  return {{"grad",
+           o.want_grad
+               ? OutputByteSize(DTypeSize(o.grad_dtype), {rows, p.row_length})
+               : 0,
+           !placed.has_grad()},
+          {"row_kl", o.want_row_kl ? OutputByteSize(sizeof(double), {rows}) : 0,
+           !placed.has_row_kl()}};
 }
 
 absl::Status CheckOutputBytes(const IndexerKlProblem& p, int64_t rows,
                               const v1::OutputRegions& placed,
                               absl::string_view remedy,
                               const ServerOptions& options) {
-  const IndexerKlOptions& o = p.options;
-  return CheckOutputsFit(
-      {{"grad",
-        o.want_grad
-            ? OutputByteSize(DTypeSize(o.grad_dtype), {rows, p.row_length})
-            : 0,
-        !placed.has_grad()},
-       {"row_kl", o.want_row_kl ? OutputByteSize(sizeof(double), {rows}) : 0,
-        !placed.has_row_kl()}},
-      remedy, options);
+  return CheckOutputsFit(OutputBytesOf(p, rows, placed), remedy, options);
 }
 
 absl::Status CheckOneRowFits(const IndexerKlProblem& p,
@@ -158,20 +167,18 @@ absl::Status CheckOneRowFits(const IndexerKlProblem& p,
                           options);
 }
 
-absl::Status CheckOutputBytes(const ProjectionsProblem& p,
-                              const v1::OutputRegions& placed,
-                              const ServerOptions& options) {
+std::vector<OutputBytes> OutputBytesOf(const ProjectionsProblem& p,
+                                       const v1::OutputRegions& placed) {
   const IndexerKlOptions& o = p.logits.options;
   std::vector<OutputBytes> outputs = RowOutputBytes(p, {p.B, p.T}, placed);
   // Last: where it is as large as d_index_query, the error names the one
   // that the remedy, a stream, splits into blocks.
-  outputs.push_back(
-      {"d_index_key",
-       o.want_grad ? OutputByteSize(DTypeSize(o.grad_dtype), {p.B, p.S, p.D_I})
-                   : 0,
-       !Placed(placed, "d_index_key")});
-  return CheckOutputsFit(outputs, "send the problem with ComputeLossStream",
-                         options);
+  outputs.push_back({"d_index_key",
+                     o.want_grad ? OutputByteSize(DTypeSize(o.grad_dtype),
+                                                  p.key_gradient_shape())
+                                 : 0,
+                     !Placed(placed, "d_index_key")});
+  return outputs;
 }
 
 absl::Status CheckRowOutputBytes(const ProjectionsProblem& p, int64_t rows,

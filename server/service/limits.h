@@ -2,7 +2,7 @@
 #define KLSERVE_SERVER_SERVICE_LIMITS_H_
 
 #include <cstdint>
-#include <initializer_list>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -38,8 +38,11 @@ struct OutputBytes {
 
 // The bytes of a tensor of `element_bytes` elements shaped `dims`; -1 when
 // that overflows 64 bits.
-int64_t OutputByteSize(int64_t element_bytes,
-                       std::initializer_list<int64_t> dims);
+int64_t OutputByteSize(int64_t element_bytes, absl::Span<const int64_t> dims);
+
+// The output a message too large is blamed on: the largest the message
+// carries (the first of equals); null when it carries none.
+const char* LargestInMessage(absl::Span<const OutputBytes> outputs);
 
 // Checked before any output is allocated: each output against the tensor
 // limit, and the sum of those the message carries against the message limit
@@ -50,8 +53,12 @@ absl::Status CheckOutputsFit(absl::Span<const OutputBytes> outputs,
                              absl::string_view remedy,
                              const ServerOptions& options);
 
-// CheckOutputsFit of the outputs of `rows` rows of `problem` (gradient and
-// row KL), `placed` saying which go to regions (none in a stream).
+// The outputs of `rows` rows of `problem` (gradient and row KL), `placed`
+// saying which go to regions (none in a stream).
+std::vector<OutputBytes> OutputBytesOf(const IndexerKlProblem& problem,
+                                       int64_t rows,
+                                       const v1::OutputRegions& placed);
+// CheckOutputsFit of those.
 absl::Status CheckOutputBytes(const IndexerKlProblem& problem, int64_t rows,
                               const v1::OutputRegions& placed,
                               absl::string_view remedy,
@@ -64,14 +71,13 @@ absl::Status CheckOutputBytes(const IndexerKlProblem& problem, int64_t rows,
 absl::Status CheckOneRowFits(const IndexerKlProblem& problem,
                              const ServerOptions& options);
 
-// The same for a projections problem's outputs: the three gradients, the
-// service's top-k selection, row KL.
-absl::Status CheckOutputBytes(const ProjectionsProblem& problem,
-                              const v1::OutputRegions& placed,
-                              const ServerOptions& options);
+// The outputs of a whole projections problem: its per-row outputs over all
+// B*T rows (ProjectionsRowOutputTensors), then d_index_key.
+std::vector<OutputBytes> OutputBytesOf(const ProjectionsProblem& problem,
+                                       const v1::OutputRegions& placed);
 
-// The same for the per-row outputs of `rows` rows of `problem`: one
-// GradBlock's.
+// CheckOutputsFit of the per-row outputs of `rows` rows of a projections
+// `problem`: one GradBlock's.
 absl::Status CheckRowOutputBytes(const ProjectionsProblem& problem,
                                  int64_t rows, absl::string_view remedy,
                                  const ServerOptions& options);

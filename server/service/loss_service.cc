@@ -3,10 +3,12 @@
 #include <cstddef>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/dtype.h"
 #include "kernels/loss.h"
+#include "kernels/projections_computation.h"
 #include "kernels/projections_loss.h"
 #include "kernels/projections_problem.h"
 #include "kernels/status_macros.h"
@@ -27,32 +29,21 @@
 namespace klserve::server {
 namespace {
 
-// The field a too-large response is blamed on: its largest part.
-const char* LargestOutput(const IndexerKlOptions& options) {
-  if (options.want_grad) return "grad";
-  return options.want_row_kl ? "row_kl" : "request_id";
-}
-
-// The same for the projections form.
-const char* LargestOutput(const ProjectionsProblem& p) {
-  const IndexerKlOptions& o = p.logits.options;
-  if (o.want_grad) {
-    return p.T * p.H_I >= p.S ? "d_index_query" : "d_index_key";
-  }
-  if (p.server_topk) return "topk_indices";
-  return o.want_row_kl ? "row_kl" : "request_id";
-}
+constexpr char kUnaryRemedy[] = "send the problem with ComputeLossStream";
 
 // Checks, before computing, that `response` with the widest result fits
 // one message, so that a response gRPC would refuse to send is never
-// computed or counted; `remedy` says what the client can do instead.
-absl::Status CheckResponseFits(const char* largest, absl::string_view remedy,
+// computed or counted; an error names the largest of `outputs` that the
+// message carries.
+absl::Status CheckResponseFits(absl::Span<const OutputBytes> outputs,
                                v1::ComputeLossResponse& response,
                                const ServerOptions& options) {
   WidestResultTo(response.mutable_result());
   const auto bytes = static_cast<int64_t>(response.ByteSizeLong());
   response.clear_result();
-  return CheckMessageBytes(largest, bytes, remedy, options);
+  const char* largest = LargestInMessage(outputs);
+  return CheckMessageBytes(largest == nullptr ? "request_id" : largest, bytes,
+                           kUnaryRemedy, options);
 }
 
 // A logits-form request's computation into `response`.
@@ -69,13 +60,13 @@ absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
   ASSIGN_OR_RETURN(const RowData rows, WholeRowData(problem, inputs));
   // Outputs placed in regions are not in the message: CheckResponseFits
   // below weighs what is.
-  RETURN_IF_ERROR(CheckOutputBytes(
-      problem, problem.num_rows(), request.outputs(),
-      "send the problem with ComputeLossStream", *ctx.options));
+  const std::vector<OutputBytes> output_bytes =
+      OutputBytesOf(problem, problem.num_rows(), request.outputs());
+  RETURN_IF_ERROR(CheckOutputsFit(output_bytes, kUnaryRemedy, *ctx.options));
   LossOutputs outputs;
   if (options.want_grad) {
     ASSIGN_OR_RETURN(outputs.grad,
-                     PlaceOutput(Output::kGrad, options.grad_dtype,
+                     PlaceOutput("grad", options.grad_dtype,
                                  {problem.B, problem.T, problem.row_length},
                                  request, regions, response));
     outputs.grad_byte_size =
@@ -87,9 +78,7 @@ absl::StatusOr<IndexerKlResult> ComputeLogitsForm(
     outputs.row_kl_size = problem.num_rows();
   }
   RETURN_IF_ERROR(CheckOutputsProduced(request, response));
-  RETURN_IF_ERROR(CheckResponseFits(LargestOutput(options),
-                                    "send the problem with ComputeLossStream",
-                                    response, *ctx.options));
+  RETURN_IF_ERROR(CheckResponseFits(output_bytes, response, *ctx.options));
   ASSIGN_OR_RETURN(
       const IndexerKlResult result,
       ComputeIndexerKl(ctx.backends->For(problem), problem, rows, outputs));
@@ -118,42 +107,31 @@ absl::StatusOr<IndexerKlResult> ComputeProjectionsForm(
   RETURN_IF_ERROR(CheckKeySideBytes(problem, /*stream=*/false, *ctx.options));
   // Outputs placed in regions are not in the message: CheckResponseFits
   // below weighs what is.
-  RETURN_IF_ERROR(CheckOutputBytes(problem, request.outputs(), *ctx.options));
+  const std::vector<OutputBytes> output_bytes =
+      OutputBytesOf(problem, request.outputs());
+  RETURN_IF_ERROR(CheckOutputsFit(output_bytes, kUnaryRemedy, *ctx.options));
   RETURN_IF_ERROR(CheckThreadScratch(problem, *ctx.options));
-  const IndexerKlOptions& o = problem.logits.options;
-  ProjectionsOutputs outputs;
-  if (o.want_grad) {
-    ASSIGN_OR_RETURN(
-        outputs.d_index_query,
-        PlaceOutput(Output::kDIndexQuery, o.grad_dtype,
-                    {problem.B, problem.T, problem.H_I, problem.D_I}, request,
-                    regions, response));
-    ASSIGN_OR_RETURN(outputs.d_index_key,
-                     PlaceOutput(Output::kDIndexKey, o.grad_dtype,
-                                 {problem.B, problem.S, problem.D_I}, request,
-                                 regions, response));
-    ASSIGN_OR_RETURN(outputs.d_index_weights,
-                     PlaceOutput(Output::kDIndexWeights, o.grad_dtype,
-                                 {problem.B, problem.T, problem.H_I}, request,
-                                 regions, response));
-  }
-  if (problem.server_topk) {
+  ProjectionsOutputs outputs{.rows = {.capacity_rows = problem.num_rows()}};
+  for (const ProjectionsRowOutputTensor& tensor :
+       ProjectionsRowOutputTensors(problem)) {
+    if (!tensor.wanted) continue;
     // std::string's buffer, and a region's slice by its rule, are aligned
-    // for int32.
-    ASSIGN_OR_RETURN(std::byte * indices,
-                     PlaceOutput(Output::kTopkIndices, DType::kInt32,
-                                 {problem.B, problem.T, problem.K}, request,
-                                 regions, response));
-    outputs.topk_indices = reinterpret_cast<int32_t*>(indices);
+    // for int32 and double.
+    ASSIGN_OR_RETURN(
+        std::byte * bytes,
+        PlaceOutput(tensor.field, tensor.dtype_name, tensor.element_bytes,
+                    tensor.row.ShapeOf({problem.B, problem.T}), request,
+                    regions, response));
+    tensor.SetIn(outputs.rows, bytes);
   }
-  if (o.want_row_kl) {
-    ASSIGN_OR_RETURN(outputs.row_kl, PlaceRowKl({problem.B, problem.T}, request,
-                                                regions, response));
+  if (problem.logits.options.want_grad) {
+    ASSIGN_OR_RETURN(
+        outputs.d_index_key,
+        PlaceOutput("d_index_key", problem.logits.options.grad_dtype,
+                    problem.key_gradient_shape(), request, regions, response));
   }
   RETURN_IF_ERROR(CheckOutputsProduced(request, response));
-  RETURN_IF_ERROR(CheckResponseFits(LargestOutput(problem),
-                                    "send the problem with ComputeLossStream",
-                                    response, *ctx.options));
+  RETURN_IF_ERROR(CheckResponseFits(output_bytes, response, *ctx.options));
   ASSIGN_OR_RETURN(const ProjectionsRowData rows,
                    WholeProjectionsRows(problem, inputs));
   ASSIGN_OR_RETURN(

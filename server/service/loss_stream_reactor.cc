@@ -10,6 +10,7 @@
 #include "kernels/loss_computation.h"
 #include "kernels/projections_computation.h"
 #include "kernels/row_block.h"
+#include "kernels/shape_bytes.h"
 #include "kernels/status_macros.h"
 #include "proto/request_tensors.h"
 #include "server/codec/grpc_status.h"
@@ -160,14 +161,16 @@ absl::Status LossStreamReactor::TakeProjectionsHeader() {
     result->set_request_id(header_.request_id());
     WidestResultTo(result->mutable_result());
     if (o.want_grad) {
-      const int64_t bytes = p.B * p.S * p.D_I * DTypeSize(o.grad_dtype);
+      // Within 64 bits: as many elements as index_key, which is in memory.
+      const int64_t bytes =
+          *ShapeBytes(DTypeSize(o.grad_dtype), p.key_gradient_shape());
       RETURN_IF_ERROR(CheckTensorBytes("d_index_key", bytes, limits));
       // Its bytes alone, before they are allocated to weigh the message
       // exactly: a header past the limit costs no allocation.
       RETURN_IF_ERROR(CheckMessageBytes(
           "d_index_key", bytes, "send fewer keys (batch entries) per stream",
           limits));
-      AllocateTensor(o.grad_dtype, {p.B, p.S, p.D_I},
+      AllocateTensor(o.grad_dtype, p.key_gradient_shape(),
                      result->mutable_d_index_key());
     }
     RETURN_IF_ERROR(CheckMessageBytes(
@@ -435,7 +438,7 @@ absl::StatusOr<IndexerKlResult> LossStreamReactor::FinishProjections(
   const IndexerKlOptions& o = p.logits.options;
   std::byte* d_index_key = nullptr;
   if (o.want_grad) {
-    d_index_key = AllocateTensor(o.grad_dtype, {p.B, p.S, p.D_I},
+    d_index_key = AllocateTensor(o.grad_dtype, p.key_gradient_shape(),
                                  last.mutable_result()->mutable_d_index_key());
   }
   return projections_->Finish(d_index_key);

@@ -490,6 +490,34 @@ TEST_F(SharedMemoryTest, AnOutputLeftInTheMessageIsWeighedBeforeComputing) {
   EXPECT_TRUE(client().ComputeLossUnary(request).ok());
 }
 
+// A response whose outputs fit the message limit but whose encoding does
+// not is blamed on the largest output it carries, not on one placed in a
+// region: here d_index_query, though the placed d_index_key is larger.
+TEST_F(SharedMemoryTest, AnEncodingPastTheLimitNamesTheLargestOutputInIt) {
+  ProjectionsSpec spec;
+  spec.name = "key gradient placed";
+  spec.T = 8, spec.S = 4096;
+  spec.H_I = 4, spec.D_I = 16;  // d_index_query 2 KiB, d_index_key 256 KiB
+  spec.seed = 96;
+  const int64_t query_gradient = spec.T * spec.H_I * spec.D_I * 4;
+  // The outputs' bytes fit; their tensors' dtype and shape, and the
+  // result, do not.
+  Start({absl::StrCat("--max_message_bytes=", query_gradient + 16)});
+  ShmObject object(4 << 20);
+  ASSERT_TRUE(Register("r", object.key(), 0, 4 << 20).ok());
+  RegionLayout layout(object, "r");
+  v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  MoveAllIn(request, layout);
+  request.mutable_options()->set_want_row_kl(false);
+  v1::OutputRegions& outputs = *request.mutable_outputs();
+  *outputs.mutable_d_index_key() = layout.Next(spec.S * spec.D_I * 4);
+  *outputs.mutable_d_index_weights() = layout.Next(spec.T * spec.H_I * 4);
+  const absl::Status refused = client().ComputeLossUnary(request).status();
+  ExpectCode(refused, absl::StatusCode::kResourceExhausted, "d_index_query:");
+  *outputs.mutable_d_index_query() = layout.Next(query_gradient);
+  EXPECT_TRUE(client().ComputeLossUnary(request).ok());
+}
+
 TEST_F(SharedMemoryTest, StreamsCarryTheirBytes) {
   Start();
   ShmObject object(4096);

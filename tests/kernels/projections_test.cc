@@ -9,9 +9,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -96,6 +98,8 @@ struct Extras {
   std::optional<std::pair<std::string, std::pair<int64_t, float>>> poke;
   // Asked between the steps of each tile (unary only).
   StopCheck stop;
+  // Changes the outputs before the computation (unary only).
+  std::function<void(ProjectionsOutputs&)> edit_outputs;
 };
 
 // The block of rows `rows` of a whole query-side tensor, in a stream
@@ -167,12 +171,10 @@ absl::StatusOr<IndexerKlResult> ComputeInBlocks(
     // Outputs from the first row the call may complete: the held ones.
     const int64_t first = rows.begin - computation->held_rows();
     const ProjectionsBlockOutputs block_out{
-        .d_index_query = out.d_index_query + first * p.H_I * p.D_I * grad,
-        .d_index_weights = out.d_index_weights + first * p.H_I * grad,
-        .topk_indices = out.topk_indices == nullptr
-                            ? nullptr
-                            : out.topk_indices + first * p.K,
-        .row_kl = out.row_kl + first,
+        .d_index_query = out.rows.d_index_query + first * p.H_I * p.D_I * grad,
+        .d_index_weights = out.rows.d_index_weights + first * p.H_I * grad,
+        .topk_indices = out.rows.topk_indices + first * p.K,
+        .row_kl = out.rows.row_kl + first,
         .capacity_rows = p.num_rows() - first};
     absl::StatusOr<RowRange> done =
         computation->Compute(rows, *data, block_out);
@@ -283,11 +285,13 @@ LibraryRun RunLibrary(const RefProjections& ref, const Extras& x = {}) {
   run.raw_dw.resize(ref.B * ref.T * ref.H_I * size);
   run.topk_indices.assign(ref.B * ref.T * std::max<int64_t>(x.topk, 1), -7);
   run.row_kl.assign(ref.B * ref.T, NAN);
-  ProjectionsOutputs out{.d_index_query = run.raw_dq.data(),
-                         .d_index_key = run.raw_dk.data(),
-                         .d_index_weights = run.raw_dw.data(),
-                         .topk_indices = run.topk_indices.data(),
-                         .row_kl = run.row_kl.data()};
+  ProjectionsOutputs out{.rows = {.d_index_query = run.raw_dq.data(),
+                                  .d_index_weights = run.raw_dw.data(),
+                                  .topk_indices = run.topk_indices.data(),
+                                  .row_kl = run.row_kl.data(),
+                                  .capacity_rows = ref.B * ref.T},
+                         .d_index_key = run.raw_dk.data()};
+  if (x.edit_outputs) x.edit_outputs(out);
   CpuBackend backend(x.threads, x.isa.value_or(testdata::TestIsa()));
   absl::StatusOr<IndexerKlResult> result;
   if (absl::StatusOr<ProjectionsRowData> rows =
@@ -912,6 +916,40 @@ TEST(ProjectionsTest, ShapeAndOptionErrorsNameTheField) {
   x.key_start = std::vector<int32_t>{0, 0, 0};
   x.key_end = std::vector<int32_t>{1, 5, 2};
   ExpectInvalid(p, x, "key_end: must be <= S = 4, got 5 at (b=0, t=1)");
+}
+
+// A library caller that leaves out an output the problem asks for, or gives
+// buffers for fewer rows than the problem's, is told which.
+TEST(ProjectionsTest, MissingOrShortOutputsAreRefusedNamingThem) {
+  const RefProjections p = RandomProblem(23, 1, 3, 4, 2, 1, 4, 2, 4);
+  const std::pair<const char*, std::function<void(ProjectionsOutputs&)>>
+      cases[] = {
+          {"d_index_query",
+           [](ProjectionsOutputs& o) { o.rows.d_index_query = nullptr; }},
+          {"d_index_weights",
+           [](ProjectionsOutputs& o) { o.rows.d_index_weights = nullptr; }},
+          {"topk_indices",
+           [](ProjectionsOutputs& o) { o.rows.topk_indices = nullptr; }},
+          {"row_kl", [](ProjectionsOutputs& o) { o.rows.row_kl = nullptr; }},
+          {"d_index_key",
+           [](ProjectionsOutputs& o) { o.d_index_key = nullptr; }},
+          {"outputs: must hold 3 rows, got 2",
+           [](ProjectionsOutputs& o) { o.rows.capacity_rows = 2; }},
+      };
+  for (const auto& [name, edit] : cases) {
+    Extras x;
+    x.topk = 2;
+    x.edit_outputs = edit;
+    const LibraryRun run = RunLibrary(p, x);
+    EXPECT_EQ(run.status.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_TRUE(absl::StartsWith(run.status.message(), name))
+        << name << ": " << run.status;
+  }
+  // Outputs the problem does not ask for need no buffer: without the
+  // service's selection, topk_indices.
+  Extras x;
+  x.edit_outputs = [](ProjectionsOutputs& o) { o.rows.topk_indices = nullptr; };
+  EXPECT_TRUE(RunLibrary(p, x).status.ok());
 }
 
 // Logits [B, H, T, S] (or K) too large to have a size are refused naming

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
@@ -217,6 +218,43 @@ TEST(TensorCodec, ProjectionsRowOutputsNameTheirAnswerAndRegionFields) {
           << message->name() << "." << tensor.field;
     }
   }
+}
+
+// An output placed by its name (the output tables name them) sets that
+// response field alone, with the dtype and shape given, and its bytes are
+// the ones returned.
+TEST(TensorCodec, PlaceOutputSetsTheResponseFieldOfItsNameAlone) {
+  const v1::ComputeLossRequest request;  // no region slices
+  const google::protobuf::Descriptor* descriptor =
+      v1::ComputeLossResponse::descriptor();
+  for (const char* name : {"grad", "row_kl", "d_index_query", "d_index_key",
+                           "d_index_weights", "topk_indices"}) {
+    v1::ComputeLossResponse response;
+    absl::StatusOr<std::byte*> bytes =
+        PlaceOutput(name, "INT32", 4, {2, 3}, request, NoRegions(), response);
+    ASSERT_TRUE(bytes.ok()) << name << ": " << bytes.status();
+    const google::protobuf::Reflection* reflection = response.GetReflection();
+    std::vector<const google::protobuf::FieldDescriptor*> set;
+    reflection->ListFields(response, &set);
+    ASSERT_EQ(set.size(), 1u) << name;
+    EXPECT_EQ(set[0], descriptor->FindFieldByName(name)) << name;
+    const auto& tensor = static_cast<const v1::Tensor&>(
+        reflection->GetMessage(response, set[0]));
+    EXPECT_EQ(tensor.dtype(), "INT32") << name;
+    EXPECT_EQ(
+        std::vector<int64_t>(tensor.shape().begin(), tensor.shape().end()),
+        (std::vector<int64_t>{2, 3}))
+        << name;
+    ASSERT_EQ(tensor.data().size(), 24u) << name;
+    EXPECT_EQ(*bytes, reinterpret_cast<const std::byte*>(tensor.data().data()))
+        << name;
+  }
+  v1::ComputeLossResponse response;
+  EXPECT_EQ(PlaceOutput("d_index_bias", "FP32", 4, {1}, request, NoRegions(),
+                        response)
+                .status()
+                .code(),
+            absl::StatusCode::kInternal);
 }
 
 TEST(TensorCodec, KeyBoundsAreViewedInTheLogitsForm) {
