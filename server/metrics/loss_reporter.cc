@@ -103,7 +103,11 @@ absl::Status LossReporter::Add(const LossTags& tags,
   absl::MutexLock order(&order_mu_);
   absl::StatusOr<AddResult> added = aggregator_.Add(sample, absl::Now());
   if (!added.ok()) return added.status();
-  if (added->late) metrics_->CountLateSample(sample.run);
+  if (added->of_evicted_run) {
+    metrics_->CountLateSampleOfEvictedRun();
+  } else if (added->late) {
+    metrics_->CountLateSample(sample.run);
+  }
   Publish(added->finished);
   for (const std::string& run : added->evicted_runs) {
     metrics_->RemoveRun(run);

@@ -110,6 +110,13 @@ Metrics::Metrics(const MetricsOptions& options)
                                   "Runs whose series were removed (evicted "
                                   "past the limit on tracked runs).")
                         .Add({})),
+      late_samples_of_evicted_runs_(
+          CounterFamily(*registry_,
+                        "klserve_late_samples_of_evicted_runs_total",
+                        "Samples of a step already finished of a run "
+                        "evicted past the limit on tracked runs (which "
+                        "they do not take back).")
+              .Add({})),
       last_step_(GaugeFamily(*registry_, "klserve_indexer_last_step",
                              "The last finished step of the run.")),
       microbatches_(GaugeFamily(
@@ -397,6 +404,10 @@ void Metrics::RemoveRun(absl::string_view run) {
   }
   runs_.erase(it);
   runs_removed_.Increment();
+}
+
+void Metrics::CountLateSampleOfEvictedRun() {
+  late_samples_of_evicted_runs_.Increment();
 }
 
 void Metrics::CountTensorBoardError() { tensorboard_errors_.Increment(); }

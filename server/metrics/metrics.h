@@ -73,6 +73,7 @@ struct MetricsOptions {
 //   klserve_tensorboard_write_errors_total       counter
 //   klserve_tensorboard_skipped_steps_total      counter
 //   klserve_indexer_runs_removed_total           counter
+//   klserve_late_samples_of_evicted_runs_total   counter
 // and per run (`run` sanitized by SanitizeLabelValue, which leaves the names
 // the server accepts (CheckRunName) as they are; `layer` a layer number,
 // "none" for untagged samples, "all" for the step's mean over layers):
@@ -161,6 +162,9 @@ class Metrics {
 
   // A sample that arrived after its step was finished.
   void CountLateSample(absl::string_view run);
+  // The same for a run evicted past --max_runs, which has no series (the
+  // sample does not take it back).
+  void CountLateSampleOfEvictedRun();
 
   // Removes every series of `run` (for a run the aggregator evicted). A
   // later PublishStep or CountLateSample of the run creates them anew.
@@ -222,6 +226,7 @@ class Metrics {
   prometheus::Counter& tensorboard_errors_;
   prometheus::Counter& tensorboard_skipped_steps_;
   prometheus::Counter& runs_removed_;
+  prometheus::Counter& late_samples_of_evicted_runs_;
 
   prometheus::Family<prometheus::Gauge>& last_step_;
   prometheus::Family<prometheus::Gauge>& microbatches_;

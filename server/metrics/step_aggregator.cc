@@ -66,6 +66,11 @@ absl::StatusOr<AddResult> StepAggregator::Add(const StepSample& sample,
     // (taken before this arrival evicts another run, which may push it out).
     std::optional<int64_t> last_finished_step;
     if (auto kept = evicted_.find(sample.run); kept != evicted_.end()) {
+      if (sample.step <= kept->second.last_finished_step) {
+        result.late = true;
+        result.of_evicted_run = true;
+        return result;
+      }
       last_finished_step = kept->second.last_finished_step;
       evicted_.erase(kept);
     }

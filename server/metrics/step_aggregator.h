@@ -119,6 +119,10 @@ struct AddResult {
   // The sample was for a step already finished (older than the run's open
   // step, or at most its last finished step): counted, not merged.
   bool late = false;
+  // With `late`: the run was evicted, and stays so. Taking it back would
+  // evict a live run for a sample that publishes nothing; the sample is
+  // counted where no run has series of its own.
+  bool of_evicted_run = false;
 };
 
 struct StepAggregatorOptions {
@@ -140,7 +144,8 @@ struct StepAggregatorOptions {
 // open one; a sample of an earlier step, or of a step at most the run's last
 // finished step, is late. An evicted run's last finished step is kept (for
 // kEvictedRunsKeptPerRun * max_runs runs evicted last), so that a late sample
-// of a run that comes back is late too rather than publishing a step again. A
+// of a run that comes back is late too rather than publishing a step again;
+// only a sample of a later step takes the run back. A
 // job resumed from an earlier checkpoint under the same run name therefore has
 // its samples counted late until it passes the last step it reported; a resumed
 // job should take a new run name.

@@ -68,6 +68,40 @@ TEST(LossReporterTest, RunsEvictedWhileOthersPublishKeepNoSeries) {
   EXPECT_LE(RunsWithSeries(metrics->Scrape()), options.steps.max_runs);
 }
 
+// A late sample of a run evicted past --max_runs is counted without series
+// of its own, and leaves the tracked runs' series as they were: it used to
+// take its run back, evicting a live run and removing that run's series.
+TEST(LossReporterTest, ALateSampleOfAnEvictedRunKeepsTheLiveRunsSeries) {
+  std::unique_ptr<Metrics> metrics = MetricsWithoutPort();
+  ASSERT_NE(metrics, nullptr);
+  LossReporterOptions options;
+  options.steps.max_runs = 1;
+  LossReporter reporter(metrics.get(), options);
+  IndexerKlResult result;
+  result.kl_sum = 1;
+  result.denominator = 1;
+  const auto add = [&](const std::string& run, int64_t step) {
+    LossTags tags;
+    tags.run = run;
+    tags.step = step;
+    ASSERT_TRUE(reporter.Add(tags, result, 1.0).ok());
+  };
+  add("old", 1);
+  add("old", 2);   // publishes step 1
+  add("live", 1);  // evicts old, publishing step 2
+  add("live", 2);  // publishes step 1
+  add("old", 2);   // late
+  const std::string exposition = metrics->Scrape();
+  EXPECT_TRUE(
+      absl::StrContains(exposition, "klserve_indexer_last_step{run=\"live\"}"))
+      << exposition;
+  EXPECT_EQ(RunsWithSeries(exposition), 1) << exposition;
+  EXPECT_FALSE(absl::StrContains(exposition, "run=\"old\"")) << exposition;
+  EXPECT_TRUE(absl::StrContains(exposition,
+                                "klserve_late_samples_of_evicted_runs_total 1"))
+      << exposition;
+}
+
 // A step, a layer or a microbatch without a run is aggregated nowhere: the
 // caller learns it (an ML-engineer helper's job tagged steps and saw no
 // curve, with no error).

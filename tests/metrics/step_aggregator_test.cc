@@ -386,18 +386,28 @@ TEST(StepAggregator, EvictsTheRunIdleLongest) {
   ExpectFinishFails(agg, "b", 5, absl::StatusCode::kNotFound,
                     "no samples received");
   // An evicted run that comes back remembers the step it published: a
-  // late sample of it is late, not a second point at step 4; a new step
-  // opens as usual. The late sample takes the run back (evicting the run
-  // idle longest), so that the series it is counted in belongs to a
-  // tracked run: only those may have series.
+  // late sample of it is late, not a second point at step 4, and does not
+  // take the run back, which would evict a live run for a sample that
+  // publishes nothing.
   const AddResult late =
       MustAdd(agg, Sample("b", 4, 0, 0, 2.0, 1), kT0 + absl::Seconds(4));
   EXPECT_TRUE(late.late);
-  ASSERT_EQ(late.evicted_runs.size(), 1u);
-  EXPECT_EQ(late.evicted_runs[0], "a");
+  EXPECT_TRUE(late.of_evicted_run);
+  EXPECT_TRUE(late.evicted_runs.empty());
+  EXPECT_TRUE(late.finished.empty());
+  EXPECT_EQ(agg.num_runs(), 2);
+  EXPECT_EQ(MustFinish(agg, "a", 1).loss, 1.0);  // still tracked, step whole
+  // It stays remembered: a second late sample is late again.
+  EXPECT_TRUE(MustAdd(agg, Sample("b", 3, 0, 0, 2.0, 1), kT0 + absl::Seconds(5))
+                  .of_evicted_run);
+  // A new step takes it back as usual, evicting the run idle longest (a,
+  // whose step is finished).
   const AddResult next =
-      MustAdd(agg, Sample("b", 5, 0, 0, 2.0, 1), kT0 + absl::Seconds(5));
+      MustAdd(agg, Sample("b", 5, 0, 0, 2.0, 1), kT0 + absl::Seconds(6));
   EXPECT_FALSE(next.late);
+  EXPECT_FALSE(next.of_evicted_run);
+  ASSERT_EQ(next.evicted_runs.size(), 1u);
+  EXPECT_EQ(next.evicted_runs[0], "a");
   EXPECT_DOUBLE_EQ(MustFinish(agg, "b", 5).loss, 2.0);
 }
 
