@@ -73,13 +73,13 @@ absl::Status CheckInputBytes(const ProjectionsInputs& in,
   return CheckEveryInput(in, options);
 }
 
-const char* LargestInMessage(absl::Span<const OutputBytes> outputs) {
+const OutputBytes* LargestInMessage(absl::Span<const OutputBytes> outputs) {
   const OutputBytes* largest = nullptr;
   for (const OutputBytes& output : outputs) {
     if (!output.in_message || output.bytes <= 0) continue;
     if (largest == nullptr || output.bytes > largest->bytes) largest = &output;
   }
-  return largest == nullptr ? nullptr : largest->field;
+  return largest;
 }
 
 absl::Status CheckOutputsFit(absl::Span<const OutputBytes> outputs,
@@ -100,10 +100,12 @@ absl::Status CheckOutputsFit(absl::Span<const OutputBytes> outputs,
     }
   }
   if (total <= options.max_message_bytes) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      LargestInMessage(outputs), ": the response would carry at least ", total,
-      " bytes, over the message limit of ", options.max_message_bytes,
-      " (--max_message_bytes); ", remedy));
+  const OutputBytes& largest = *LargestInMessage(outputs);
+  return absl::ResourceExhaustedError(
+      absl::StrCat(largest.field, ": the response would carry at least ", total,
+                   " bytes, over the message limit of ",
+                   options.max_message_bytes, " (--max_message_bytes); ",
+                   largest.remedy.empty() ? remedy : largest.remedy));
 }
 
 int64_t OutputByteSize(int64_t element_bytes, absl::Span<const int64_t> dims) {
@@ -172,12 +174,16 @@ std::vector<OutputBytes> OutputBytesOf(const ProjectionsProblem& p,
   const IndexerKlOptions& o = p.logits.options;
   std::vector<OutputBytes> outputs = RowOutputBytes(p, {p.B, p.T}, placed);
   // Last: where it is as large as d_index_query, the error names the one
-  // that the remedy, a stream, splits into blocks.
-  outputs.push_back({"d_index_key",
-                     o.want_grad ? OutputByteSize(DTypeSize(o.grad_dtype),
-                                                  p.key_gradient_shape())
-                                 : 0,
-                     !Placed(placed, "d_index_key")});
+  // that a stream splits into blocks.
+  outputs.push_back(
+      {"d_index_key",
+       o.want_grad
+           ? OutputByteSize(DTypeSize(o.grad_dtype), p.key_gradient_shape())
+           : 0,
+       !Placed(placed, "d_index_key"),
+       "a stream's last message carries it whole too: place it in a "
+       "shared-memory region (outputs.d_index_key), ask for a 16-bit "
+       "grad_dtype, or send fewer keys (batch entries) per call"});
   return outputs;
 }
 

@@ -34,6 +34,9 @@ struct OutputBytes {
   const char* field;
   int64_t bytes;
   bool in_message;
+  // What the caller can do when the message is too large and this output is
+  // its largest part; empty: what the call's check says.
+  absl::string_view remedy = {};
 };
 
 // The bytes of a tensor of `element_bytes` elements shaped `dims`; -1 when
@@ -42,13 +45,13 @@ int64_t OutputByteSize(int64_t element_bytes, absl::Span<const int64_t> dims);
 
 // The output a message too large is blamed on: the largest the message
 // carries (the first of equals); null when it carries none.
-const char* LargestInMessage(absl::Span<const OutputBytes> outputs);
+const OutputBytes* LargestInMessage(absl::Span<const OutputBytes> outputs);
 
 // Checked before any output is allocated: each output against the tensor
 // limit, and the sum of those the message carries against the message limit
-// (RESOURCE_EXHAUSTED naming the largest; `remedy` says what the caller can
-// do). The sum is a lower bound of the encoded message, which is weighed
-// once allocated (CheckMessageBytes).
+// (RESOURCE_EXHAUSTED naming the largest; its remedy, or else `remedy`,
+// says what the caller can do). The sum is a lower bound of the encoded
+// message, which is weighed once allocated (CheckMessageBytes).
 absl::Status CheckOutputsFit(absl::Span<const OutputBytes> outputs,
                              absl::string_view remedy,
                              const ServerOptions& options);
@@ -72,7 +75,8 @@ absl::Status CheckOneRowFits(const IndexerKlProblem& problem,
                              const ServerOptions& options);
 
 // The outputs of a whole projections problem: its per-row outputs over all
-// B*T rows (ProjectionsRowOutputTensors), then d_index_key.
+// B*T rows (ProjectionsRowOutputTensors), then d_index_key, with a remedy of
+// its own (a stream's last message carries it whole too).
 std::vector<OutputBytes> OutputBytesOf(const ProjectionsProblem& problem,
                                        const v1::OutputRegions& placed);
 

@@ -41,9 +41,14 @@ absl::Status CheckResponseFits(absl::Span<const OutputBytes> outputs,
   WidestResultTo(response.mutable_result());
   const auto bytes = static_cast<int64_t>(response.ByteSizeLong());
   response.clear_result();
-  const char* largest = LargestInMessage(outputs);
-  return CheckMessageBytes(largest == nullptr ? "request_id" : largest, bytes,
-                           kUnaryRemedy, options);
+  const OutputBytes* largest = LargestInMessage(outputs);
+  if (largest == nullptr) {
+    return CheckMessageBytes("request_id", bytes, "send a shorter request_id",
+                             options);
+  }
+  return CheckMessageBytes(
+      largest->field, bytes,
+      largest->remedy.empty() ? kUnaryRemedy : largest->remedy, options);
 }
 
 // A logits-form request's computation into `response`.

@@ -395,6 +395,38 @@ TEST_F(ServerTest, AnOversizeAnswerOfEqualGradientsNamesTheOneAStreamSplits) {
   EXPECT_TRUE(streamed.ok()) << Describe(streamed.status());
 }
 
+// d_index_key the largest output (few queries, many keys): a stream would
+// not serve it, as its last message carries d_index_key whole, so the
+// error names what does, among them a 16-bit gradient.
+TEST_F(ServerTest, AnOversizeKeyGradientNamesRemediesThatServeIt) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_bytes=50000"}));
+  ProjectionsSpec spec;
+  spec.name = "KeyGradientHeavy";
+  spec.T = 4, spec.S = 2048, spec.H = 1, spec.H_kv = 1, spec.D = 1;
+  spec.H_I = 1, spec.D_I = 8;  // index_key 32 KiB in BF16, 64 KiB in FP32
+  spec.dtype = "BF16";
+  spec.options.set_grad_dtype("FP32");
+  v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  ASSERT_LT(request.ByteSizeLong(), 50000u);
+  const absl::Status unary = client().ComputeLossUnary(request).status();
+  EXPECT_EQ(unary.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(unary.message(), "d_index_key:"))
+      << Describe(unary);
+  for (const char* remedy :
+       {"shared-memory region (outputs.d_index_key)", "16-bit grad_dtype",
+        "fewer keys (batch entries) per call"}) {
+    EXPECT_TRUE(absl::StrContains(unary.message(), remedy))
+        << remedy << ": " << Describe(unary);
+  }
+  EXPECT_FALSE(absl::StrContains(unary.message(), "ComputeLossStream"))
+      << Describe(unary);
+  EXPECT_EQ(client().ComputeLossStreaming(request).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  request.mutable_options()->set_grad_dtype("BF16");
+  const absl::Status bf16 = client().ComputeLossUnary(request).status();
+  EXPECT_TRUE(bf16.ok()) << Describe(bf16);
+}
+
 // A projections problem's work grows with T * S from a message that grows
 // with T + S: a unary computation, and each block of a stream (which
 // computes on the same threads), stops at --max_compute_duration
