@@ -83,11 +83,16 @@ bool ResetPeak() {
   return static_cast<bool>(clear);
 }
 
+constexpr int64_t kH = 16, kD = 128, kHI = 8, kDI = 64;
+
 struct Case {
   const char* name;
   int64_t T;
   int64_t K = 0;  // sparse
   bool server_topk = false;
+  // Key heads: kH (MHA), or 1 (MQA, as DeepSeek-V3.2's sparse stage has
+  // its absorbed MLA), whose heads share each row's gathered keys.
+  int64_t H_kv = kH;
 };
 
 struct Data {
@@ -99,8 +104,6 @@ struct Data {
   ProjectionsOptions options;
   int64_t pairs = 0;  // valid (query, key) pairs
 };
-
-constexpr int64_t kH = 16, kD = 128, kHI = 8, kDI = 64;
 
 std::vector<uint16_t> RandomBf16(std::mt19937_64& rng, int64_t n) {
   std::normal_distribution<float> normal;
@@ -125,15 +128,15 @@ std::unique_ptr<Data> MakeData(const Case& c) {
   std::mt19937_64 rng(7);
   const int64_t T = c.T, S = c.T;
   d->query = RandomBf16(rng, T * kH * kD);
-  d->key = RandomBf16(rng, S * kH * kD);
+  d->key = RandomBf16(rng, S * c.H_kv * kD);
   d->index_query = RandomBf16(rng, T * kHI * kDI);
   d->index_key = RandomBf16(rng, S * kDI);
   d->index_weights = RandomBf16(rng, T * kHI);
   ProjectionsInputs& in = d->inputs;
   in.query = View(DType::kBFloat16, {1, T, kH, kD}, d->query.data(),
                   2 * d->query.size());
-  in.key =
-      View(DType::kBFloat16, {1, S, kH, kD}, d->key.data(), 2 * d->key.size());
+  in.key = View(DType::kBFloat16, {1, S, c.H_kv, kD}, d->key.data(),
+                2 * d->key.size());
   in.index_query = View(DType::kBFloat16, {1, T, kHI, kDI},
                         d->index_query.data(), 2 * d->index_query.size());
   in.index_key = View(DType::kBFloat16, {1, S, kDI}, d->index_key.data(),
@@ -209,6 +212,7 @@ int main(int argc, char** argv) {
       {"dense_causal_4k", 4096},
       {"sparse_k512_4k", 4096, 512, false},
       {"sparse_topk512_4k", 4096, 512, true},
+      {"sparse_mqa_k512_4k", 4096, 512, false, 1},
       {"dense_causal_16k", 16384},
   };
   for (const Case& c : cases) {

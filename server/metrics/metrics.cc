@@ -290,8 +290,6 @@ void Metrics::SharedMemoryRegions(int regions, int64_t bytes) {
 Metrics::RunSeries& Metrics::SeriesOf(const std::string& run) {
   auto [it, inserted] = runs_.try_emplace(run);
   if (inserted) {
-    it->second.last_step = &last_step_.Add({{"run", run}});
-    it->second.microbatches = &microbatches_.Add({{"run", run}});
     // The counters of rare events start at 0 with the run, so that a
     // dashboard shows 0 rather than "No data" until one happens.
     it->second.nonfinite_steps = &nonfinite_steps_.Add({{"run", run}});
@@ -335,6 +333,12 @@ void Metrics::PublishStep(const FinishedStep& step) {
   const std::string run = SanitizeLabelValue(step.run);
   absl::MutexLock lock(&runs_mu_);
   RunSeries& series = SeriesOf(run);
+  // The gauges of a step start with the run's first step, not with a late
+  // sample that comes before it (which showed a last step of 0).
+  if (series.last_step == nullptr) {
+    series.last_step = &last_step_.Add({{"run", run}});
+    series.microbatches = &microbatches_.Add({{"run", run}});
+  }
   series.last_step->Set(static_cast<double>(step.step));
   series.microbatches->Set(static_cast<double>(step.microbatches));
 
@@ -387,8 +391,10 @@ void Metrics::RemoveRun(absl::string_view run) {
   auto it = runs_.find(label);
   if (it == runs_.end()) return;
   RunSeries& s = it->second;
-  last_step_.Remove(s.last_step);
-  microbatches_.Remove(s.microbatches);
+  if (s.last_step != nullptr) {
+    last_step_.Remove(s.last_step);
+    microbatches_.Remove(s.microbatches);
+  }
   if (s.distribution != nullptr) loss_distribution_.Remove(s.distribution);
   nonfinite_steps_.Remove(s.nonfinite_steps);
   if (s.entropy_p != nullptr) entropy_p_.Remove(s.entropy_p);

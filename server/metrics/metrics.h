@@ -185,8 +185,8 @@ class Metrics {
     prometheus::Counter* steps = nullptr;
   };
   struct RunSeries {
-    prometheus::Gauge* last_step = nullptr;
-    prometheus::Gauge* microbatches = nullptr;
+    prometheus::Gauge* last_step = nullptr;     // from the first step
+    prometheus::Gauge* microbatches = nullptr;  // likewise
     prometheus::Histogram* distribution = nullptr;
     prometheus::Counter* nonfinite_steps = nullptr;  // from the start
     prometheus::Gauge* entropy_p = nullptr;

@@ -65,6 +65,7 @@ absl::StatusOr<AddResult> StepAggregator::Add(const StepSample& sample,
     // A run that comes back after its eviction keeps its last finished step
     // (taken before this arrival evicts another run, which may push it out).
     std::optional<int64_t> last_finished_step;
+    PublishedValues last_values;
     if (auto kept = evicted_.find(sample.run); kept != evicted_.end()) {
       if (sample.step <= kept->second.last_finished_step) {
         result.late = true;
@@ -72,13 +73,15 @@ absl::StatusOr<AddResult> StepAggregator::Add(const StepSample& sample,
         return result;
       }
       last_finished_step = kept->second.last_finished_step;
-      evicted_.erase(kept);
+      last_values = kept->second.last_values;
+      evicted_.erase(kept);  // its entry in evicted_order_ is stale now
     }
     if (static_cast<int>(runs_.size()) >= std::max(options_.max_runs, 1)) {
       EvictOne(result);
     }
     it = runs_.emplace(sample.run, RunState{}).first;
     it->second.last_finished_step = last_finished_step;
+    it->second.last_values = last_values;
   }
   RunState& state = it->second;
   state.last_activity = now;
@@ -211,17 +214,30 @@ void StepAggregator::EvictOne(AddResult& result) {
   result.evicted_runs.push_back(victim->first);
   if (victim->second.last_finished_step.has_value()) {
     const int64_t order = ++evictions_;
-    evicted_[victim->first] = {*victim->second.last_finished_step, order};
+    evicted_[victim->first] = {*victim->second.last_finished_step,
+                               victim->second.last_values, order};
     evicted_order_.emplace_back(victim->first, order);
+    // The bound counts runs, not evictions: runs that evict each other in
+    // turn must not push out a run evicted once (whose late samples would
+    // then publish its steps again).
     const size_t kept = static_cast<size_t>(kEvictedRunsKeptPerRun) *
                         static_cast<size_t>(std::max(options_.max_runs, 1));
-    while (evicted_order_.size() > kept) {
-      const auto& [name, when] = evicted_order_.front();
-      if (auto stale = evicted_.find(name);
-          stale != evicted_.end() && stale->second.order == when) {
-        evicted_.erase(stale);
+    const auto live = [&](const std::pair<std::string, int64_t>& entry) {
+      auto run = evicted_.find(entry.first);
+      return run != evicted_.end() && run->second.order == entry.second;
+    };
+    while (evicted_.size() > kept) {
+      if (live(evicted_order_.front())) {
+        evicted_.erase(evicted_order_.front().first);
       }
       evicted_order_.pop_front();
+    }
+    // Stale entries (of runs taken back or evicted again since) go once
+    // they are as many as the runs kept: a pass over 2 * kept entries at
+    // most every kept evictions.
+    if (evicted_order_.size() > 2 * kept) {
+      std::erase_if(evicted_order_,
+                    [&](const auto& entry) { return !live(entry); });
     }
   }
   runs_.erase(victim);
@@ -274,11 +290,16 @@ absl::StatusOr<FinishedStep> StepAggregator::Finish(absl::string_view run,
 std::optional<PublishedValues> StepAggregator::LastPublished(
     absl::string_view run, int64_t step) const {
   absl::MutexLock lock(&mu_);
-  auto it = runs_.find(run);
-  if (it == runs_.end() || it->second.last_finished_step != step) {
-    return std::nullopt;
+  if (auto it = runs_.find(run); it != runs_.end()) {
+    if (it->second.last_finished_step != step) return std::nullopt;
+    return it->second.last_values;
   }
-  return it->second.last_values;
+  // A run evicted since (every rank of its job may finish the step).
+  if (auto kept = evicted_.find(run);
+      kept != evicted_.end() && kept->second.last_finished_step == step) {
+    return kept->second.last_values;
+  }
+  return std::nullopt;
 }
 
 std::vector<FinishedStep> StepAggregator::FinishIdle(absl::Time now) {

@@ -152,8 +152,10 @@ struct StepAggregatorOptions {
 class StepAggregator {
  public:
   // Evicted runs whose last finished step is kept, per tracked run: each is
-  // its name (at most 128 bytes, kept twice) and two integers, so 16 *
-  // max_runs of them stay small.
+  // its name (at most 128 bytes, kept at most three times: the map, and
+  // evicted_order_ with up to twice as many entries as runs kept), its
+  // published values and three integers, so 16 * max_runs of them stay
+  // small.
   static constexpr int kEvictedRunsKeptPerRun = 16;
 
   explicit StepAggregator(StepAggregatorOptions options = {});
@@ -176,8 +178,8 @@ class StepAggregator {
   absl::StatusOr<FinishedStep> Finish(absl::string_view run, int64_t step);
 
   // The values `step` of `run` was published with, when it is the run's last
-  // finished step (what another rank's Finish of it was answered); nullopt
-  // for any other step, or a run not tracked.
+  // finished step (what another rank's Finish of it was answered), the run
+  // tracked or evicted and still remembered; nullopt otherwise.
   std::optional<PublishedValues> LastPublished(absl::string_view run,
                                                int64_t step) const;
 
@@ -245,6 +247,7 @@ class StepAggregator {
   // first, and an entry whose order is no longer the name's is stale.
   struct EvictedRun {
     int64_t last_finished_step = 0;
+    PublishedValues last_values;
     int64_t order = 0;
   };
   absl::flat_hash_map<std::string, EvictedRun> evicted_ ABSL_GUARDED_BY(mu_);

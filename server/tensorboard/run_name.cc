@@ -1,6 +1,7 @@
 #include "server/tensorboard/run_name.h"
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -42,6 +43,15 @@ absl::Status CheckRunName(absl::string_view run, absl::string_view field) {
     }
     if (part == "." || part == "..") {
       return Invalid(field, absl::StrCat("has a \"", part, "\" part"));
+    }
+    // TensorBoard takes any file or directory whose name holds "tfevents"
+    // for an event file of the run it lies in: a run "a/x.tfevents" would
+    // break run "a" for its Python loader.
+    if (absl::StrContains(part, "tfevents")) {
+      return Invalid(field,
+                     absl::StrCat("has a part \"", part,
+                                  "\" holding \"tfevents\", which TensorBoard "
+                                  "would read as an event file"));
     }
   }
   return absl::OkStatus();

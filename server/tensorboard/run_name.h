@@ -23,8 +23,9 @@ inline constexpr absl::string_view kRunNameCharacters =
     "ASCII letters, digits and . _ - + = , with / between parts";
 
 // OK when `run` is 1 to kMaxRunNameBytes bytes of kRunNameCharacters, and
-// each '/'-separated part is non-empty and neither "." nor "..": a relative
-// path that stays inside the directory it is joined to (TensorBoard shows
+// each '/'-separated part is non-empty, neither "." nor "..", and without
+// "tfevents" (which marks TensorBoard's event files): a relative path that
+// stays inside the directory it is joined to (TensorBoard shows
 // "exp/seed_1" as a run of that name). Otherwise INVALID_ARGUMENT whose
 // message starts with `field` ("tags.run", "run") and says what is wrong.
 absl::Status CheckRunName(absl::string_view run, absl::string_view field);

@@ -414,9 +414,26 @@ TEST(Metrics, CountsTensorBoardErrorsAndLateSamples) {
   m->CountTensorBoardError();
   m->CountTensorBoardError();
   m->CountLateSample("r");
+  m->CountLateSampleOfEvictedRun();
   const std::string text = m->Scrape();
   EXPECT_EQ(ValueOf(text, "klserve_tensorboard_write_errors_total"), 2.0);
   EXPECT_EQ(ValueOf(text, "klserve_late_samples_total", {{"run", "r"}}), 1.0);
+  EXPECT_EQ(ValueOf(text, "klserve_late_samples_of_evicted_runs_total"), 1.0);
+  // A late sample before the run's first step makes no step gauges (they
+  // read 0 as if step 0 had been published); the step makes them, and a
+  // run removed before its first step goes whole.
+  EXPECT_EQ(text.find("klserve_indexer_last_step{run=\"r\"}"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("klserve_indexer_microbatches{run=\"r\"}"),
+            std::string::npos)
+      << text;
+  m->PublishStep(TwoLayerStep("r", 5));
+  EXPECT_EQ(ValueOf(m->Scrape(), "klserve_indexer_last_step", {{"run", "r"}}),
+            5.0);
+  m->CountLateSample("early");
+  m->RemoveRun("early");
+  EXPECT_EQ(m->Scrape().find("run=\"early\""), std::string::npos);
 }
 
 TEST(Metrics, EmptyListenAddressServesNothing) {

@@ -430,6 +430,31 @@ TEST(StepAggregator, EvictedRunsRememberedAreBounded) {
   EXPECT_TRUE(MustAdd(agg, Sample("run2", 7, 0, 0, 1.0, 1), now).late);
 }
 
+// The bound counts runs, not evictions: two runs that evict each other many
+// times over (each eviction remembered anew) do not push out a third run
+// evicted once, whose late sample must stay late (a helper's finding: it
+// was forgotten after 16 evictions, taken back by a late sample, which
+// evicted a live run, and its step published twice).
+TEST(StepAggregator, RunsEvictingEachOtherDoNotPushOutARunEvictedOnce) {
+  StepAggregator agg({.max_runs = 1, .idle_timeout = absl::Minutes(5)});
+  absl::Time now = kT0;
+  MustAdd(agg, Sample("x", 1, 0, 0, 3.0, 1), now);
+  MustFinish(agg, "x", 1);
+  for (int i = 1; i <= 10 * StepAggregator::kEvictedRunsKeptPerRun; ++i) {
+    now += absl::Seconds(1);
+    MustAdd(agg, Sample(i % 2 == 0 ? "y" : "z", i, 0, 0, 1.0, 1), now);
+  }
+  const AddResult late = MustAdd(agg, Sample("x", 1, 0, 0, 1.0, 1), now);
+  EXPECT_TRUE(late.of_evicted_run);
+  EXPECT_TRUE(late.evicted_runs.empty());
+  // x's published values are still those another rank's FinishStep gets.
+  const std::optional<PublishedValues> values = agg.LastPublished("x", 1);
+  ASSERT_TRUE(values.has_value());
+  EXPECT_DOUBLE_EQ(values->loss, 3.0);
+  EXPECT_EQ(values->samples, 1);
+  EXPECT_FALSE(agg.LastPublished("x", 0).has_value());
+}
+
 TEST(StepAggregator, EvictsARunWithoutAnOpenStep) {
   StepAggregator agg({.max_runs = 1, .idle_timeout = absl::Minutes(5)});
   MustAdd(agg, Sample("a", 1, 0, 0, 1.0, 1), kT0);

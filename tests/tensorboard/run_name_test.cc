@@ -44,6 +44,8 @@ TEST(CheckRunName, RefusesWhatWouldBeRewrittenOrEscape) {
       {".", "a \".\" part"},
       {"../x", "a \"..\" part"},
       {"a/../b", "a \"..\" part"},
+      {"victim/events.out.tfevents.0", "part \"events.out.tfevents.0\""},
+      {"x.tfevents", "TensorBoard would read as an event file"},
   };
   for (const Case& c : cases) {
     const absl::Status status = CheckRunName(c.run, "tags.run");
