@@ -127,9 +127,10 @@ class ProjectionsComputation {
                                    const ProjectionsRowData& data,
                                    const ProjectionsBlockOutputs& outputs);
 
-  // Once every row is computed: d_index_key [B, S, D_I] into `d_index_key`
-  // (when the gradient is asked for; INVALID_ARGUMENT naming it if an entry
-  // is not finite in the gradient dtype) and the result.
+  // Once every row is computed: d_index_key (key_gradient_shape) into
+  // `d_index_key` (when the gradient is asked for; INVALID_ARGUMENT naming
+  // it if the buffer is null or an entry is not finite in the gradient
+  // dtype) and the result.
   absl::StatusOr<IndexerKlResult> Finish(std::byte* d_index_key);
 
  private:

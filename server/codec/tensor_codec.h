@@ -9,7 +9,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"

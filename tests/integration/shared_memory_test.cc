@@ -500,9 +500,11 @@ TEST_F(SharedMemoryTest, AnEncodingPastTheLimitNamesTheLargestOutputInIt) {
   spec.H_I = 4, spec.D_I = 16;  // d_index_query 2 KiB, d_index_key 256 KiB
   spec.seed = 96;
   const int64_t query_gradient = spec.T * spec.H_I * spec.D_I * 4;
+  const int64_t weights_gradient = spec.T * spec.H_I * 4;
   // The outputs' bytes fit; their tensors' dtype and shape, and the
   // result, do not.
-  Start({absl::StrCat("--max_message_bytes=", query_gradient + 16)});
+  Start({absl::StrCat("--max_message_bytes=",
+                      query_gradient + weights_gradient + 16)});
   ShmObject object(4 << 20);
   ASSERT_TRUE(Register("r", object.key(), 0, 4 << 20).ok());
   RegionLayout layout(object, "r");
@@ -511,7 +513,7 @@ TEST_F(SharedMemoryTest, AnEncodingPastTheLimitNamesTheLargestOutputInIt) {
   request.mutable_options()->set_want_row_kl(false);
   v1::OutputRegions& outputs = *request.mutable_outputs();
   *outputs.mutable_d_index_key() = layout.Next(spec.S * spec.D_I * 4);
-  *outputs.mutable_d_index_weights() = layout.Next(spec.T * spec.H_I * 4);
+  // d_index_weights stays in the message too: the smaller of the two.
   const absl::Status refused = client().ComputeLossUnary(request).status();
   ExpectCode(refused, absl::StatusCode::kResourceExhausted, "d_index_query:");
   *outputs.mutable_d_index_query() = layout.Next(query_gradient);

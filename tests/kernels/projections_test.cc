@@ -98,7 +98,7 @@ struct Extras {
   std::optional<std::pair<std::string, std::pair<int64_t, float>>> poke;
   // Asked between the steps of each tile (unary only).
   StopCheck stop;
-  // Changes the outputs before the computation (unary only).
+  // Changes the outputs before the computation.
   std::function<void(ProjectionsOutputs&)> edit_outputs;
 };
 
@@ -173,7 +173,9 @@ absl::StatusOr<IndexerKlResult> ComputeInBlocks(
     const ProjectionsBlockOutputs block_out{
         .d_index_query = out.rows.d_index_query + first * p.H_I * p.D_I * grad,
         .d_index_weights = out.rows.d_index_weights + first * p.H_I * grad,
-        .topk_indices = out.rows.topk_indices + first * p.K,
+        .topk_indices = out.rows.topk_indices == nullptr
+                            ? nullptr
+                            : out.rows.topk_indices + first * p.K,
         .row_kl = out.rows.row_kl + first,
         .capacity_rows = p.num_rows() - first};
     absl::StatusOr<RowRange> done =
