@@ -58,7 +58,8 @@ struct ClientOptions {
   // ComputeLoss sends requests whose tensor bytes exceed this through
   // ComputeLossStream, the rest as one unary message.
   int64_t stream_threshold_bytes = 64 << 20;
-  // Target bytes of per-row data per RowBlock when streaming; > 0.
+  // Target bytes of per-row data per RowBlock when streaming, and per
+  // GradBlock answering it (whichever a row has more of); > 0.
   int64_t block_bytes = 4 << 20;
 
   // Transport security (docs/security.md). PEM root certificates to verify

@@ -75,7 +75,8 @@ ABSL_FLAG(klserve::flags::ByteCount, stream_threshold,
           "Requests with more tensor bytes than this are streamed (auto)");
 ABSL_FLAG(klserve::flags::ByteCount, block_bytes,
           klserve::flags::ByteCount{int64_t{4} << 20},
-          "Per-row bytes per RowBlock when streaming");
+          "Per-row bytes per RowBlock (and per GradBlock answering it) "
+          "when streaming");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM roots to verify the server with; TLS when set");
 ABSL_FLAG(std::string, tls_cert, "",

@@ -44,6 +44,40 @@ absl::Status CheckRowShape(const RequestTensor& tensor, const v1::Tensor& t,
   return CheckTensorBytes(tensor.name, t);
 }
 
+// The bytes of one row's answer in a GradBlock, which the block's answer
+// must fit as its rows must: the gradients (of indexer_scores, or of
+// index_query and index_weights; d_index_key comes whole in the last
+// message), the service's top-k selection and row KL. The shapes are checked
+// against their bytes first, so a row's count is within 64 bits.
+int64_t AnswerRowBytes(const v1::ComputeLossRequest& request, RequestForm form,
+                       int64_t row_width) {
+  const v1::LossOptions& o = request.options();
+  int64_t bytes = 0;
+  if (!o.skip_grad()) {
+    // A dtype the wire has no name for is the server's to name: counted
+    // here as the widest.
+    const int64_t grad =
+        WireDTypeSize(o.grad_dtype().empty() ? "FP32" : o.grad_dtype())
+            .value_or(4);
+    int64_t elements = row_width;
+    if (form == RequestForm::kProjections) {
+      elements = 0;
+      for (const v1::Tensor* t :
+           {&request.index_query(), &request.index_weights()}) {
+        int64_t row = 1;
+        for (int d = 2; d < t->shape_size(); ++d) row *= t->shape(d);
+        elements += row;
+      }
+    }
+    bytes += elements * grad;
+  }
+  if (form == RequestForm::kProjections && o.topk() > 0) {
+    bytes += int64_t{o.topk()} * 4;
+  }
+  if (o.want_row_kl()) bytes += 8;
+  return bytes;
+}
+
 absl::Status ProtocolError(absl::string_view what) {
   return absl::InternalError(
       absl::StrCat("ComputeLossStream: server broke the protocol: ", what));
@@ -113,6 +147,7 @@ absl::StatusOr<RequestSlicer> RequestSlicer::Create(
       slicer.parts_.push_back(part);
     }
   }
+  slicer.answer_row_bytes_ = AnswerRowBytes(request, form, slicer.row_width_);
   return slicer;
 }
 
@@ -178,7 +213,8 @@ int64_t RequestSlicer::row_bytes() const {
 }
 
 int64_t RequestSlicer::BlockRowsFor(int64_t block_bytes) const {
-  const int64_t per_row = std::max<int64_t>(row_bytes(), 1);
+  const int64_t per_row =
+      std::max({row_bytes(), answer_row_bytes_, int64_t{1}});
   return std::clamp<int64_t>(block_bytes / per_row, 1, num_rows());
 }
 

@@ -62,8 +62,10 @@ class RequestSlicer {
   // the server knows only once it has seen every row.
   bool counts_first() const { return counts_first_; }
 
-  // Rows per block so that a block holds about `block_bytes` of per-row
-  // data: at least 1, at most num_rows().
+  // Rows per block so that a block, and its answer, hold about
+  // `block_bytes` of per-row data: at least 1, at most num_rows(). (An
+  // answer may be the larger: a wide top-k selection, FP32 gradients of BF16
+  // projections.)
   int64_t BlockRowsFor(int64_t block_bytes) const;
 
   int64_t num_rows() const { return batch_ * rows_per_batch_; }
@@ -97,6 +99,7 @@ class RequestSlicer {
   int64_t batch_ = 0;
   int64_t rows_per_batch_ = 0;
   int64_t row_width_ = 0;
+  int64_t answer_row_bytes_ = 0;  // one row's in a GradBlock
   std::vector<Part> parts_;
 };
 

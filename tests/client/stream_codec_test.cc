@@ -376,6 +376,33 @@ v1::ComputeLossRequest ProjectionsRequest() {
   return request;
 }
 
+// A block's answer must fit as its rows do: where a row's answer is the
+// larger (here a top-k selection of 512 slots, 2 KiB a row, against 57
+// bytes of rows), it sets the rows per block (a helper's finding: the
+// default blocks' answers passed the message limit).
+TEST(RequestSlicer, BlockRowsFollowTheLargerOfARowAndItsAnswer) {
+  v1::ComputeLossRequest request = ProjectionsRequest();
+  const int64_t grads = (kHi * kDi + kHi) * 4;  // FP32 by default
+  absl::StatusOr<RequestSlicer> slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << slicer.status();
+  const int64_t row_bytes = slicer->row_bytes();
+  ASSERT_GT(row_bytes, grads);
+  EXPECT_EQ(slicer->BlockRowsFor(2 * row_bytes), 2);
+  request.mutable_options()->set_topk(512);
+  request.mutable_options()->set_want_row_kl(true);
+  const int64_t answer = grads + 512 * 4 + 8;
+  ASSERT_GT(answer, row_bytes);
+  slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << slicer.status();
+  EXPECT_EQ(slicer->BlockRowsFor(2 * answer), 2);
+  EXPECT_EQ(slicer->BlockRowsFor(2 * answer - 1), 1);
+  // Without the gradients, the selection and row KL alone.
+  request.mutable_options()->set_skip_grad(true);
+  slicer = RequestSlicer::Create(request);
+  ASSERT_TRUE(slicer.ok()) << slicer.status();
+  EXPECT_EQ(slicer->BlockRowsFor(3 * (512 * 4 + 8)), 3);
+}
+
 // The one kind the stream cannot carry: the projections form under
 // MEAN_VALID without row_valid, with topk_indices or an attention_mask.
 TEST(StreamCarries, AllButProjectionsMeanValidThatNeedsEveryRow) {

@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 
+import grpc
 import ml_dtypes
 import numpy as np
 import pytest
@@ -253,6 +254,31 @@ def test_projections_form_over_shared_memory(shm_server, shm_client):
         if "topk" in options:
             np.testing.assert_array_equal(got.topk_indices,
                                           ref["topk_indices"])
+
+
+def test_an_output_past_the_servers_limit_leaves_shared_memory_on(
+        shm_server, caplog):
+    """A topk the server refuses (2^31) gives an output past its tensor
+    limit: the call goes inline and the server names topk, rather than the
+    client failing to make a 34 GB region and turning shared memory off for
+    the rest of its life (an ML-engineer helper's finding)."""
+    rng = np.random.default_rng(5)
+    f32 = np.float32
+    p = dict(query=rng.standard_normal((1, 4, 2, 8)).astype(f32),
+             key=rng.standard_normal((1, 6, 2, 8)).astype(f32),
+             index_query=rng.standard_normal((1, 4, 2, 8)).astype(f32),
+             index_key=rng.standard_normal((1, 6, 8)).astype(f32),
+             index_weights=rng.standard_normal((1, 4, 2)).astype(f32))
+    with shm_server.client(shared_memory=True) as c:
+        assert c.compute_loss_from_projections(**p).shared_memory
+        with caplog.at_level(logging.WARNING, logger="klserve"):
+            with pytest.raises(klserve.KlserveError) as refused:
+                c.compute_loss_from_projections(**p, topk=2**31)
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "topk" in refused.value.details
+        assert not [r for r in caplog.records if "shared memory off" in
+                    r.getMessage()]
+        assert c.compute_loss_from_projections(**p).shared_memory
 
 
 def test_a_call_shape_keeps_its_region(shm_client):

@@ -196,3 +196,32 @@ def test_counting_pass_answer_with_a_gradient_breaks_the_protocol():
     with pytest.raises(klserve.KlserveError) as info:
         assembler.finish()  # the result before the second pass
     assert info.value.code == grpc.StatusCode.INTERNAL
+
+
+def test_blocks_are_sized_by_their_answers_too(small_server, client):
+    """A top-k selection of 1024 slots answers 4 KiB a row, thirty times a
+    row's projections: the client sizes blocks by the larger, so each
+    GradBlock fits the 256 KiB message limit where one block of all the
+    rows answered 512 KiB (an ML-engineer helper's finding). The bits are
+    the unary call's."""
+    rng = np.random.default_rng(11)
+    f32 = np.float32
+    p = dict(query=rng.standard_normal((2, 64, 2, 8)).astype(f32),
+             key=rng.standard_normal((2, 64, 1, 8)).astype(f32),
+             index_query=rng.standard_normal((2, 64, 2, 8)).astype(f32),
+             index_key=rng.standard_normal((2, 64, 8)).astype(f32),
+             index_weights=rng.standard_normal((2, 64, 2)).astype(f32))
+    with small_server.client(block_bytes=65536) as c:
+        with pytest.raises(klserve.KlserveError) as unary:
+            c.compute_loss_from_projections(**p, topk=1024, stream=False)
+        assert unary.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert unary.value.details.startswith("topk_indices")
+        streamed = c.compute_loss_from_projections(**p, topk=1024,
+                                                   stream=True)
+    assert streamed.streamed
+    want = client.compute_loss_from_projections(**p, topk=1024)
+    assert streamed.loss == want.loss
+    for field in ("d_index_query", "d_index_key", "d_index_weights",
+                  "topk_indices"):
+        assert (getattr(streamed, field).tobytes() ==
+                getattr(want, field).tobytes()), field

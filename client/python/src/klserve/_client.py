@@ -5,6 +5,7 @@ klserve::Client (client/client.h)."""
 import dataclasses
 import inspect
 import logging
+import math
 import numbers
 import os
 import random
@@ -28,7 +29,8 @@ from klserve._errors import (KlserveError, explain_message_limit,
                              explain_unavailable, invalid_argument)
 from klserve._results import (LossResult, RegionList, RegionStatus,
                               ServerInfo, StepResult, loss_result)
-from klserve._shm_layouts import Layout, LayoutPool, output_specs, plan
+from klserve._shm_layouts import (Layout, LayoutPool, answer_row_bytes,
+                                 output_specs, plan)
 from klserve._signature import (PROJECTIONS_ARGUMENTS, PROJECTIONS_OPTIONS,
                                 ComputeLossOptions, loss_signature,
                                 projections_parameters, split_arguments)
@@ -196,7 +198,8 @@ class Client:
     after that); every other error raises KlserveError at once with the
     server's code and message. compute_loss sends a request whose tensors exceed
     `stream_threshold_bytes` through ComputeLossStream in blocks of about
-    `block_bytes` of rows, the rest as one message, and so one the stream
+    `block_bytes` of rows (and of their answer, where a row's is the
+    larger), the rest as one message, and so one the stream
     cannot carry (the projections form under reduction="mean_valid" without
     row_valid, with topk_indices or an attention_mask). Thread-safe: calls share
     one channel.
@@ -342,6 +345,8 @@ class Client:
         self.shared_memory = bool(shared_memory)
         self.copy_outputs = bool(copy_outputs)
         self._shm_on: Optional[bool] = None if shared_memory else False
+        # The server's --max_tensor_bytes, learnt with _shm_on.
+        self._shm_tensor_limit = 0
         self._shm_lock = threading.Lock()
         # Through a weak reference: a bound method would tie the client in
         # a cycle, freed only by the cyclic collector, on whatever thread
@@ -619,11 +624,14 @@ class Client:
         if not is_local_target(self.target):
             self._shared_memory_off("the target %r is not on this host" %
                                     self.target)
-        elif not self.server_info().shared_memory:
+            return False
+        info = self.server_info()
+        if not info.shared_memory:
             self._shared_memory_off("the server does not serve regions "
                                     "(start it with --shared_memory)")
         else:
             with self._shm_lock:
+                self._shm_tensor_limit = info.max_tensor_bytes
                 if self._shm_on is None:
                     self._shm_on = True
         return bool(self._shm_on)
@@ -806,6 +814,13 @@ class Client:
         outputs = output_specs(tensors, options)
         if outputs is None:
             return None
+        # An output past the server's tensor limit (a topk of 2^31, say):
+        # the server refuses the call however it travels, and a region
+        # that large could not be made, which would turn shared memory off
+        # for good. Inline, the server names the field.
+        if any(math.prod(shape) * dtype.itemsize > self._shm_tensor_limit
+               for _, dtype, shape in outputs.values()):
+            return None
         # Arrays in a region the caller registered go by reference.
         with self._shm_lock:
             user_regions = list(self._user_regions.values())
@@ -966,7 +981,8 @@ class Client:
     def _compute_streaming(self, tensors, options, tags, request_id,
                            call_deadline):
         slicer = RequestSlicer(tensors)
-        block_rows = slicer.block_rows_for(self.block_bytes)
+        block_rows = slicer.block_rows_for(
+            self.block_bytes, answer_row_bytes(tensors, options))
         header = slicer.make_header(pb2, request_id, tags, options)
         counting_pass = needs_counting_pass(pb2, options, tensors)
 

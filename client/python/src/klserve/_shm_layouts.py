@@ -1,9 +1,10 @@
 """How Client(shared_memory=True) lays a call out in a region: what a
-call's outputs are, and the pool of regions kept for reuse, one per call
-shape."""
+call's outputs are (which a stream's blocks are sized by too), and the pool
+of regions kept for reuse, one per call shape."""
 
 import collections
 import dataclasses
+import math
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -53,6 +54,17 @@ def output_specs(tensors: Dict[str, Tuple[str, np.ndarray]], options: Any
     if options.want_row_kl:
         specs["row_kl"] = ("FP64", FP64, rows)
     return specs
+
+
+def answer_row_bytes(tensors: Dict[str, Tuple[str, np.ndarray]],
+                     options: Any) -> int:
+    """Bytes of one (b, t) row's answer in a stream's GradBlock: each
+    output the call produces but d_index_key, which the last message
+    carries whole; 0 for shapes too malformed to tell."""
+    specs = output_specs(tensors, options) or {}
+    return sum(math.prod(shape[2:]) * dtype.itemsize
+               for field, (_, dtype, shape) in specs.items()
+               if field != "d_index_key")
 
 
 @dataclasses.dataclass

@@ -116,9 +116,13 @@ class RequestSlicer:
         return sum(view.shape[1] * view.shape[3] * view.itemsize
                    for _, view in self._parts)
 
-    def block_rows_for(self, block_bytes: int) -> int:
-        """Rows per block so that a block holds about block_bytes."""
-        per_row = max(self.row_bytes, 1)
+    def block_rows_for(self, block_bytes: int,
+                       answer_row_bytes: int = 0) -> int:
+        """Rows per block so that a block, and its answer of
+        answer_row_bytes a row, hold about block_bytes (an answer may be
+        the larger: a wide top-k selection, fp32 gradients of bf16
+        projections)."""
+        per_row = max(self.row_bytes, answer_row_bytes, 1)
         return int(min(max(block_bytes // per_row, 1), self.num_rows))
 
     def make_header(self, pb2: Any, request_id: str, tags: Optional[Any],
