@@ -420,8 +420,13 @@ TEST_F(ServerTest, AnOversizeKeyGradientNamesRemediesThatServeIt) {
   }
   EXPECT_FALSE(absl::StrContains(unary.message(), "ComputeLossStream"))
       << Describe(unary);
-  EXPECT_EQ(client().ComputeLossStreaming(request).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  // Nor would a stream, which says what would.
+  const absl::Status streamed = client().ComputeLossStreaming(request).status();
+  EXPECT_EQ(streamed.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(streamed.message(), "d_index_key:"))
+      << Describe(streamed);
+  EXPECT_TRUE(absl::StrContains(streamed.message(), "16-bit grad_dtype"))
+      << Describe(streamed);
   request.mutable_options()->set_grad_dtype("BF16");
   const absl::Status bf16 = client().ComputeLossUnary(request).status();
   EXPECT_TRUE(bf16.ok()) << Describe(bf16);
