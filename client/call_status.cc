@@ -61,8 +61,10 @@ absl::Status ExplainMessageLimit(const absl::Status& status,
                                          : "the server's --max_message_bytes",
       " is ", limit,
       " bytes: klctl --stream=always, or a --stream_threshold below it, "
-      "sends the tensors in blocks of --block_bytes, which must be below it "
-      "too (ClientOptions::stream_threshold_bytes, block_bytes))"));
+      "sends the tensors in blocks of --block_bytes, which must be well "
+      "below it too, as a projections-form block's answer also carries the "
+      "rows of a tile the block before left open "
+      "(ClientOptions::stream_threshold_bytes, block_bytes))"));
 }
 
 absl::Status ExplainUnavailable(const absl::Status& status, bool tls,

@@ -105,7 +105,7 @@ absl::Status CheckOutputsFit(absl::Span<const OutputBytes> outputs,
       absl::StrCat(largest.field, ": the response would carry at least ", total,
                    " bytes, over the message limit of ",
                    options.max_message_bytes, " (--max_message_bytes); ",
-                   largest.remedy.empty() ? remedy : largest.remedy));
+                   largest.RemedyUnder(options.max_message_bytes, remedy)));
 }
 
 int64_t OutputByteSize(int64_t element_bytes, absl::Span<const int64_t> dims) {
@@ -181,9 +181,13 @@ std::vector<OutputBytes> OutputBytesOf(const ProjectionsProblem& p,
            ? OutputByteSize(DTypeSize(o.grad_dtype), p.key_gradient_shape())
            : 0,
        !Placed(placed, "d_index_key"),
-       "a stream's last message carries it whole too: place it in a "
-       "shared-memory region (outputs.d_index_key), ask for a 16-bit "
-       "grad_dtype, or send fewer keys (batch entries) per call"});
+       DTypeSize(o.grad_dtype) > 2
+           ? "a stream's last message carries it whole too: place it in a "
+             "shared-memory region (outputs.d_index_key), ask for a 16-bit "
+             "grad_dtype, or send fewer keys (batch entries) per call"
+           : "a stream's last message carries it whole too: place it in a "
+             "shared-memory region (outputs.d_index_key), or send fewer "
+             "keys (batch entries) per call"});
   return outputs;
 }
 

@@ -34,9 +34,16 @@ struct OutputBytes {
   const char* field;
   int64_t bytes;
   bool in_message;
-  // What the caller can do when the message is too large and this output is
-  // its largest part; empty: what the call's check says.
+  // What the caller can do when this output alone passes the message limit
+  // (and is the largest part of a message too large); empty, or the output
+  // within the limit: what the call's check says.
   absl::string_view remedy = {};
+
+  // `remedy` when it applies under `max_message_bytes`, else `otherwise`.
+  absl::string_view RemedyUnder(int64_t max_message_bytes,
+                                absl::string_view otherwise) const {
+    return !remedy.empty() && bytes > max_message_bytes ? remedy : otherwise;
+  }
 };
 
 // The bytes of a tensor of `element_bytes` elements shaped `dims`; -1 when

@@ -48,7 +48,7 @@ absl::Status CheckResponseFits(absl::Span<const OutputBytes> outputs,
   }
   return CheckMessageBytes(
       largest->field, bytes,
-      largest->remedy.empty() ? kUnaryRemedy : largest->remedy, options);
+      largest->RemedyUnder(options.max_message_bytes, kUnaryRemedy), options);
 }
 
 // A logits-form request's computation into `response`.

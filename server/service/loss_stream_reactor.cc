@@ -156,10 +156,13 @@ absl::Status LossStreamReactor::TakeProjectionsHeader() {
   RETURN_IF_ERROR(CheckKeySideBytes(p, /*stream=*/true, limits));
   {
     // The last message carries d_index_key whole and echoes request_id.
-    constexpr char kKeyRemedy[] =
-        "ask for a 16-bit grad_dtype, send fewer keys (batch entries) per "
-        "stream, or send the problem unary with d_index_key in a "
-        "shared-memory region";
+    const char* key_remedy =
+        DTypeSize(o.grad_dtype) > 2
+            ? "ask for a 16-bit grad_dtype, send fewer keys (batch entries) "
+              "per stream, or send the problem unary with d_index_key in a "
+              "shared-memory region"
+            : "send fewer keys (batch entries) per stream, or send the "
+              "problem unary with d_index_key in a shared-memory region";
     Response last;
     v1::ComputeLossResponse* result = last.mutable_result();
     result->set_request_id(header_.request_id());
@@ -172,14 +175,14 @@ absl::Status LossStreamReactor::TakeProjectionsHeader() {
       // Its bytes alone, before they are allocated to weigh the message
       // exactly: a header past the limit costs no allocation.
       RETURN_IF_ERROR(
-          CheckMessageBytes("d_index_key", bytes, kKeyRemedy, limits));
+          CheckMessageBytes("d_index_key", bytes, key_remedy, limits));
       AllocateTensor(o.grad_dtype, p.key_gradient_shape(),
                      result->mutable_d_index_key());
     }
     RETURN_IF_ERROR(CheckMessageBytes(
         o.want_grad ? "d_index_key" : "request_id",
         static_cast<int64_t>(last.ByteSizeLong()),
-        o.want_grad ? kKeyRemedy : "send a shorter request_id", limits));
+        o.want_grad ? key_remedy : "send a shorter request_id", limits));
   }
   if (const char* first = FirstWantedOutput(p); first != nullptr) {
     // A GradBlock carries at least the whole tile its block completes,

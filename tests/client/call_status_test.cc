@@ -119,7 +119,9 @@ TEST(ExplainMessageLimit, NamesWhoseLimitAMessageMet) {
                   int64_t{1} << 30),
             " (the server's --max_message_bytes is 1048576 bytes: klctl "
             "--stream=always, or a --stream_threshold below it, sends the "
-            "tensors in blocks of --block_bytes, which must be below it too "
+            "tensors in blocks of --block_bytes, which must be well below it "
+            "too, as a projections-form block's answer also carries the rows "
+            "of a tile the block before left open "
             "(ClientOptions::stream_threshold_bytes, block_bytes))");
   // This client would not send it, or not take the answer.
   EXPECT_TRUE(absl::StartsWith(

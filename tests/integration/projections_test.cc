@@ -432,6 +432,31 @@ TEST_F(ServerTest, AnOversizeKeyGradientNamesRemediesThatServeIt) {
   EXPECT_TRUE(bf16.ok()) << Describe(bf16);
 }
 
+// d_index_key the largest output but within the limit by itself: the
+// outputs together pass it, and a stream, which splits the others, serves
+// the problem, so the error says so (a reviewing helper's finding: it had
+// said a stream would not).
+TEST_F(ServerTest, AKeyGradientWithinTheLimitLeavesTheStreamAsTheRemedy) {
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_bytes=50000"}));
+  ProjectionsSpec spec;
+  spec.name = "KeyGradientLargestButWithin";
+  spec.T = 1000, spec.S = 1200, spec.H = 1, spec.H_kv = 1, spec.D = 1;
+  spec.H_I = 1, spec.D_I = 8;  // d_index_key 38400 bytes, d_index_query 32000
+  spec.dtype = "BF16";
+  spec.options.set_grad_dtype("FP32");
+  const v1::ComputeLossRequest request = MakeProjectionsRequest(spec);
+  ASSERT_LT(request.ByteSizeLong(), 50000u);
+  const absl::Status unary = client().ComputeLossUnary(request).status();
+  EXPECT_EQ(unary.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(unary.message(), "d_index_key:"))
+      << Describe(unary);
+  EXPECT_TRUE(absl::StrContains(unary.message(),
+                                "send the problem with ComputeLossStream"))
+      << Describe(unary);
+  const absl::Status streamed = client().ComputeLossStreaming(request).status();
+  EXPECT_TRUE(streamed.ok()) << Describe(streamed);
+}
+
 // A projections problem's work grows with T * S from a message that grows
 // with T + S: a unary computation, and each block of a stream (which
 // computes on the same threads), stops at --max_compute_duration

@@ -660,9 +660,10 @@ def test_a_message_past_a_size_limit_says_whose_and_how_to_stream():
             assert e.value.details.endswith(
                 "(the server's --max_message_bytes is 1048576 bytes: "
                 "stream=True, or a stream_threshold_bytes below it, sends "
-                "the tensors in blocks of block_bytes, which must be below it "
-                "too; a projections-form stream's header carries key and "
-                "index_key whole)"), e.value.details
+                "the tensors in blocks of block_bytes, which must be well "
+                "below it too (a projections-form block's answer also "
+                "carries the rows of a tile the block before left open); its "
+                "header carries key and index_key whole)"), e.value.details
         # ... and the way it names works.
         with server.client(max_attempts=1, block_bytes=256 << 10) as c:
             r = c.compute_loss(scores, attention_weights=weights, stream=True)

@@ -257,7 +257,7 @@ def test_projections_form_over_shared_memory(shm_server, shm_client):
 
 
 def test_an_output_past_the_servers_limit_leaves_shared_memory_on(
-        shm_server, caplog):
+        shm_server, caplog, monkeypatch):
     """A topk the server refuses (2^31) gives an output past its tensor
     limit: the call goes inline and the server names topk, rather than the
     client failing to make a 34 GB region and turning shared memory off for
@@ -269,11 +269,22 @@ def test_an_output_past_the_servers_limit_leaves_shared_memory_on(
              index_query=rng.standard_normal((1, 4, 2, 8)).astype(f32),
              index_key=rng.standard_normal((1, 6, 8)).astype(f32),
              index_weights=rng.standard_normal((1, 4, 2)).astype(f32))
+    # The sizes of the regions the client makes (where /dev/shm could hold
+    # 34 GB, one that size would be made, and allocated).
+    made = []
+    real = klserve._client.SharedMemoryRegion
+
+    def recording(size, *args, **kwargs):
+        made.append(size)
+        return real(size, *args, **kwargs)
+
+    monkeypatch.setattr(klserve._client, "SharedMemoryRegion", recording)
     with shm_server.client(shared_memory=True) as c:
         assert c.compute_loss_from_projections(**p).shared_memory
         with caplog.at_level(logging.WARNING, logger="klserve"):
             with pytest.raises(klserve.KlserveError) as refused:
                 c.compute_loss_from_projections(**p, topk=2**31)
+        assert made and max(made) < 1 << 20, made
         assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert "topk" in refused.value.details
         assert not [r for r in caplog.records if "shared memory off" in

@@ -815,9 +815,11 @@ class Client:
         if outputs is None:
             return None
         # An output past the server's tensor limit (a topk of 2^31, say):
-        # the server refuses the call however it travels, and a region
-        # that large could not be made, which would turn shared memory off
-        # for good. Inline, the server names the field.
+        # the server refuses it whole, in a region or inline, and a region
+        # that large may not be made, which would turn shared memory off
+        # for good. The call goes as it would without shared memory: a
+        # stream, which splits the per-row outputs, or inline, where the
+        # server names the field.
         if any(math.prod(shape) * dtype.itemsize > self._shm_tensor_limit
                for _, dtype, shape in outputs.values()):
             return None

@@ -106,9 +106,10 @@ def explain_message_limit(error, max_message_bytes):
              "the server's --max_message_bytes")
     return KlserveError(error.code, (
         "%s (%s is %d bytes: stream=True, or a stream_threshold_bytes below "
-        "it, sends the tensors in blocks of block_bytes, which must be below "
-        "it too; a projections-form stream's header carries key and "
-        "index_key whole)" % (error.details, whose, limit)),
+        "it, sends the tensors in blocks of block_bytes, which must be well "
+        "below it too (a projections-form block's answer also carries the "
+        "rows of a tile the block before left open); its header carries key "
+        "and index_key whole)" % (error.details, whose, limit)),
         error.debug_error_string, error.overloaded)
 
 
