@@ -101,7 +101,9 @@ absl::StatusOr<AddResult> StepAggregator::Add(const StepSample& sample,
     return result;
   }
   if (!state.open.has_value()) {
-    state.open.emplace();
+    // Not emplace(): clang 14 finds no constructor for it, as it does not
+    // see a nested class's default member initializers there.
+    state.open = OpenStep();
     state.open->step = sample.step;
     state.open->scaling_factor = sample.scaling_factor;
     state.open->first_sample_time = now;
