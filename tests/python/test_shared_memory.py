@@ -23,6 +23,7 @@ import klserve
 from conftest import Server
 from klserve._targets import is_local_target
 from reference import indexer_kl_reference, projections_reference
+from test_projections import projections
 from test_stream import big_problem
 
 SHM = "/dev/shm"
@@ -262,13 +263,8 @@ def test_an_output_past_the_servers_limit_leaves_shared_memory_on(
     limit: the call goes inline and the server names topk, rather than the
     client failing to make a 34 GB region and turning shared memory off for
     the rest of its life (an ML-engineer helper's finding)."""
-    rng = np.random.default_rng(5)
-    f32 = np.float32
-    p = dict(query=rng.standard_normal((1, 4, 2, 8)).astype(f32),
-             key=rng.standard_normal((1, 6, 2, 8)).astype(f32),
-             index_query=rng.standard_normal((1, 4, 2, 8)).astype(f32),
-             index_key=rng.standard_normal((1, 6, 8)).astype(f32),
-             index_weights=rng.standard_normal((1, 4, 2)).astype(f32))
+    p = projections(5, batch=1, rows=4, keys=6, heads=2, kv_heads=2, dim=8,
+                    index_heads=2, index_dim=8)
     # The sizes of the regions the client makes (where /dev/shm could hold
     # 34 GB, one that size would be made, and allocated).
     made = []

@@ -13,6 +13,7 @@ from klserve._tensor_table import TENSORS
 from klserve.v1 import klserve_pb2 as pb2
 from reference import indexer_kl_reference
 from test_client import check
+from test_projections import projections
 
 LIMIT = 256 << 10
 
@@ -204,13 +205,8 @@ def test_blocks_are_sized_by_their_answers_too(small_server, client):
     GradBlock fits the 256 KiB message limit where one block of all the
     rows answered 512 KiB (an ML-engineer helper's finding). The bits are
     the unary call's."""
-    rng = np.random.default_rng(11)
-    f32 = np.float32
-    p = dict(query=rng.standard_normal((2, 64, 2, 8)).astype(f32),
-             key=rng.standard_normal((2, 64, 1, 8)).astype(f32),
-             index_query=rng.standard_normal((2, 64, 2, 8)).astype(f32),
-             index_key=rng.standard_normal((2, 64, 8)).astype(f32),
-             index_weights=rng.standard_normal((2, 64, 2)).astype(f32))
+    p = projections(11, batch=2, rows=64, keys=64, heads=2, kv_heads=1,
+                    dim=8, index_heads=2, index_dim=8)
     with small_server.client(block_bytes=65536) as c:
         with pytest.raises(klserve.KlserveError) as unary:
             c.compute_loss_from_projections(**p, topk=1024, stream=False)
